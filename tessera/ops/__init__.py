@@ -1,0 +1,8 @@
+"""Operator families: ONNX operator semantics and their fission rules.
+
+Importing this package registers every rule.
+"""
+from tessera.ops import elementwise, layout, linear, normalization, pooling, resize  # noqa: F401  (registers rules)
+from tessera.ops.registry import OpCtx, OpDef, Unsupported, lookup, register, supported_ops
+
+__all__ = ["OpCtx", "OpDef", "Unsupported", "lookup", "register", "supported_ops"]

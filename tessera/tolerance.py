@@ -1,0 +1,47 @@
+"""The tolerance table: the one place that says how close is close enough.
+
+Outputs are judged by relative L2 error ||out - ref|| / ||ref|| (DESIGN.md).
+NaN never passes; integer and bool outputs must match exactly.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+TOLERANCE: dict[str, float] = {
+    "fp32": 1e-5,
+    "tf32": 1e-3,
+    "fp16": 1e-2,
+    "bf16": 1e-2,
+}
+
+
+def rel_l2(out: np.ndarray, ref: np.ndarray) -> float:
+    """||out - ref|| / ||ref|| in float64; inf on NaN or a shape mismatch.
+
+    Integer and bool tensors give 0.0 when equal and inf otherwise. An all-zero
+    reference falls back to the absolute error.
+    """
+    out, ref = np.asarray(out), np.asarray(ref)
+    if out.shape != ref.shape:
+        return float("inf")
+    if ref.dtype.kind in "biu" and out.dtype.kind in "biu":
+        return 0.0 if np.array_equal(out, ref) else float("inf")
+    o, r = out.astype(np.float64), ref.astype(np.float64)
+    if np.isnan(o).any() or np.isnan(r).any():
+        same_nan = np.array_equal(np.isnan(o), np.isnan(r))
+        if not same_nan or np.isnan(r).all():
+            return float("inf")
+        keep = ~np.isnan(r)
+        o, r = o[keep], r[keep]
+    if np.isinf(o).any() or np.isinf(r).any():
+        if not np.array_equal(o[np.isinf(r)], r[np.isinf(r)]) or np.isinf(o[~np.isinf(r)]).any():
+            return float("inf")
+        keep = ~np.isinf(r)
+        o, r = o[keep], r[keep]
+    denom = float(np.linalg.norm(r))
+    err = float(np.linalg.norm(o - r))
+    return err / denom if denom > 0 else err
+
+
+def passes(err: float, precision: str = "fp32") -> bool:
+    return bool(np.isfinite(err)) and err < TOLERANCE[precision]
