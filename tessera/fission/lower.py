@@ -32,7 +32,7 @@ def lower_node(b: PrimBuilder, node: Node, opset: int) -> list[str]:
         dom = f"{node.domain}." if node.domain else ""
         raise Unsupported(f"no fission rule for {dom}{node.op} at opset {opset}")
     b.source = (node.name,)
-    b.where = node_ref(node.name, node.op)
+    b.context = node_ref(node.name, node.op)
     outs = list(opdef.rule(OpCtx(b, node, opset)))
     if len(outs) < sum(1 for o in node.outputs if o):
         raise Unsupported(f"the rule produces {len(outs)} of {len(node.outputs)} outputs")

@@ -25,7 +25,7 @@ class PrimBuilder:
         self.graph = graph
         self._taken: set[str] = set(graph.types) | {n.name for n in graph.nodes}
         self.source: tuple[str, ...] = ()
-        self.where = ""  # "node 'x' (Op)" for error messages
+        self.context = ""  # "node 'x' (Op)" for error messages
 
     # ---- queries ------------------------------------------------------------
     def type(self, t: str) -> TensorType:
@@ -69,7 +69,7 @@ class PrimBuilder:
         try:
             t = out_type if out_type is not None else infer(prim, [self.type(i) for i in inputs], attrs)
         except ShapeError as e:
-            raise ShapeError(f"{self.where or 'graph'}: {prim.value}: {e}") from None
+            raise ShapeError(f"{self.context or 'graph'}: {prim.value}: {e}") from None
         if name is None:
             name = self.fresh(self._hint(hint or prim.value))
         elif name in self._taken:
@@ -136,7 +136,7 @@ class PrimBuilder:
         try:
             return tuple(int(d) for d in np.broadcast_shapes(*[tuple(s) for s in shapes]))
         except ValueError:
-            raise ShapeError(f"{self.where or 'graph'}: shapes "
+            raise ShapeError(f"{self.context or 'graph'}: shapes "
                              + ", ".join(str(list(s)) for s in shapes) + " do not broadcast") from None
 
     def broadcast_to(self, x: str, shape: Sequence[int]) -> str:
@@ -144,7 +144,7 @@ class PrimBuilder:
         shape = tuple(shape)
         xs = self.shape(x)
         if len(xs) > len(shape):
-            raise ShapeError(f"{self.where}: cannot broadcast {list(xs)} to {list(shape)}")
+            raise ShapeError(f"{self.context}: cannot broadcast {list(xs)} to {list(shape)}")
         x = self.reshape(x, (1,) * (len(shape) - len(xs)) + tuple(xs))
         if self.shape(x) == shape:
             return x

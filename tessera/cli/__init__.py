@@ -1,0 +1,4 @@
+"""Stage `cli`: the `tessera` command."""
+from tessera.cli.main import main
+
+__all__ = ["main"]
