@@ -51,12 +51,23 @@ def build_model(op_type: str, inputs: Mapping[str, Any], attrs: Mapping[str, Any
                 name, DType.from_numpy(arr.dtype).to_onnx(), list(arr.shape)))
     outs = [f"out{i}" for i in range(n_outputs)]
     node = helper.make_node(op_type, names, outs, name=f"{op_type.lower()}_0", domain=domain, **(attrs or {}))
-    g = helper.make_graph([node], "one_op", graph_inputs,
-                          [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in outs],
-                          initializer=inits)
     opsets = [helper.make_opsetid("", opset)]
     if domain:
         opsets.append(helper.make_opsetid(domain, 1))
+    # Output types come from ONNX shape inference: onnxruntime rejects undefined
+    # output types and the checker rejects missing ones.
+    g = helper.make_graph([node], "one_op", graph_inputs, [], initializer=inits)
+    inferred = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=opsets, ir_version=8))
+    types = {vi.name: vi for vi in inferred.graph.value_info}
+    for o in outs:
+        vi = types.get(o)
+        if vi is None or not vi.type.tensor_type.HasField("shape"):
+            # ONNX cannot infer it (e.g. a function op): assume input 0's type;
+            # tessera's own shape check reports a contradiction if that is wrong.
+            vi = onnx.ValueInfoProto()
+            vi.CopyFrom(graph_inputs[0])
+            vi.name = o
+        g.output.append(vi)
     return helper.make_model(g, opset_imports=opsets, ir_version=8)
 
 

@@ -89,7 +89,7 @@ def test_override_of_unknown_input():
 
 def test_mismatched_shapes():
     m = _model([helper.make_node("Add", ["x", "z"], ["y"], name="add_bad")],
-               [_vi("x", [3, 4]), _vi("z", [5, 4])], [_vi("y", None)])
+               [_vi("x", [3, 4]), _vi("z", [5, 4])], [_vi("y", [3, 4])])
     with pytest.raises(ShapeError, match=r"add_bad.*\[3, 4\].*\[5, 4\]"):
         load(m)
 

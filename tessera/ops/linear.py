@@ -1,1 +1,250 @@
-"""(being written)"""
+"""Linear operators: MatMul, Gemm, Conv and ConvTranspose.
+
+Each becomes one MATMUL / CONV / CONV_TRANSPOSE primitive plus the layout,
+broadcast and elementwise primitives around it (transposes, batch folding,
+scaling, bias). The linear primitives take no implied broadcast and no bias,
+so everything ONNX does implicitly is spelled out here.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from tessera.ir.prims import Prim
+from tessera.ops.registry import OpCtx, Unsupported, float_dtype_check, register
+
+_AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
+
+
+# ---- attribute helpers --------------------------------------------------------
+def _str_attr(ctx: OpCtx, name: str, default: str) -> str:
+    v = ctx.attr(name, default)
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _ints_attr(ctx: OpCtx, name: str, n: int, default: int) -> list[int]:
+    """An int-list attribute of length n (one per spatial axis), or the default."""
+    v = ctx.attr(name)
+    if v is None:
+        return [default] * n
+    out = [int(x) for x in v]
+    if len(out) != n:
+        raise ctx.fail(f"attribute {name} has {len(out)} values, expected {n}")
+    return out
+
+
+def _auto_pad(ctx: OpCtx) -> str:
+    mode = _str_attr(ctx, "auto_pad", "NOTSET")
+    if mode not in _AUTO_PADS:
+        raise ctx.fail(f"auto_pad '{mode}' is not one of {', '.join(_AUTO_PADS)}")
+    return mode
+
+
+def _kernel(ctx: OpCtx, w_shape: Sequence[int]) -> list[int]:
+    """The kernel extents from W, checked against kernel_shape when it is given."""
+    k = [int(d) for d in w_shape[2:]]
+    given = ctx.attr("kernel_shape")
+    if given is not None and [int(d) for d in given] != k:
+        raise ctx.fail(f"kernel_shape {list(given)} does not match weight shape {list(w_shape)}")
+    return k
+
+
+def _bias(ctx: OpCtx, y: str, i: int) -> str:
+    """y + B[c] for an optional per-channel bias input i of length C = y.shape[1]."""
+    bias = ctx.optional(i)
+    if bias is None:
+        return y
+    b = ctx.b
+    c, rank = b.shape(y)[1], b.rank(y)
+    if b.shape(bias) != (c,):
+        raise ctx.fail(f"bias shape {list(b.shape(bias))} is not [{c}]")
+    return b.add(y, b.reshape(bias, (1, c) + (1,) * (rank - 2)))
+
+
+# ---- MatMul ---------------------------------------------------------------------
+@register("MatMul", since=1)
+def matmul(ctx: OpCtx) -> list[str]:
+    # Versions 9 and 13 only added types; numpy.matmul semantics throughout.
+    b, x, w = ctx.b, ctx.input(0), ctx.input(1)
+    sa, sb = b.shape(x), b.shape(w)
+    if not sa or not sb:
+        raise ctx.fail(f"MatMul operands must have rank >= 1, got {list(sa)} and {list(sb)}")
+    # numpy promotes 1-D operands to a row / column and drops that dim afterwards.
+    a2 = (1,) + sa if len(sa) == 1 else sa
+    b2 = sb + (1,) if len(sb) == 1 else sb
+    (m, k), (k2, n) = a2[-2:], b2[-2:]
+    if k != k2:
+        raise ctx.fail(f"MatMul inner dims differ: {list(sa)} @ {list(sb)}")
+    batch = b.broadcast_shape(a2[:-2], b2[:-2])
+    out_shape = batch + ((m,) if len(sa) > 1 else ()) + ((n,) if len(sb) > 1 else ())
+    if math.prod(b2[:-2]) == 1:
+        # One right matrix for every batch: fold the left batch into M, no copies.
+        y = b.matmul(b.reshape(x, (math.prod(a2[:-2]) * m, k)), b.reshape(w, (k, n)))
+    else:
+        y = b.matmul(b.broadcast_to(b.reshape(x, a2), batch + (m, k)),
+                     b.broadcast_to(b.reshape(w, b2), batch + (k, n)))
+    return [b.reshape(y, out_shape)]
+
+
+# ---- Gemm -------------------------------------------------------------------------
+def _gemm(ctx: OpCtx, c: str | None, legacy_broadcast: bool) -> str:
+    """alpha * A' @ B' + beta * C, with A' and B' optionally transposed."""
+    b, x, w = ctx.b, ctx.input(0), ctx.input(1)
+    if b.rank(x) != 2 or b.rank(w) != 2:
+        raise ctx.fail(f"Gemm needs 2-D A and B, got {list(b.shape(x))} and {list(b.shape(w))}")
+    alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
+    if not b.dtype(x).is_float and not (alpha.is_integer() and beta.is_integer()):
+        raise Unsupported(f"Gemm on {b.dtype(x).value} with fractional alpha/beta")
+    if int(ctx.attr("transA", 0)):
+        x = b.transpose(x, (1, 0))
+    if int(ctx.attr("transB", 0)):
+        w = b.transpose(w, (1, 0))
+    (m, k), (k2, n) = b.shape(x), b.shape(w)
+    if k != k2:
+        raise ctx.fail(f"Gemm inner dims differ: A' is [{m}, {k}], B' is [{k2}, {n}]")
+    y = b.matmul(x, w)
+    if alpha != 1.0:
+        y = b.mul_scalar(y, alpha)
+    # beta == 0 drops C, as onnxruntime does (it never reads C then).
+    if c is None or beta == 0.0:
+        return y
+    cs = b.shape(c)
+    if legacy_broadcast and not int(ctx.attr("broadcast", 0)) and cs != (m, n):
+        raise ctx.fail(f"C is {list(cs)} but broadcast=0 requires [{m}, {n}]")
+    if len(cs) > 2 or b.broadcast_shape(cs, (m, n)) != (m, n):
+        raise ctx.fail(f"C of shape {list(cs)} does not broadcast to [{m}, {n}]")
+    if beta != 1.0:
+        c = b.mul_scalar(c, beta)  # before the broadcast: C is usually the smaller tensor
+    return b.add(y, c)
+
+
+@register("Gemm", since=1)
+def gemm1(ctx: OpCtx) -> list[str]:
+    # Opsets 1-6: C is required and broadcast only when attribute broadcast=1.
+    return [_gemm(ctx, ctx.input(2), legacy_broadcast=True)]
+
+
+@register("Gemm", since=7)
+def gemm7(ctx: OpCtx) -> list[str]:
+    # Opset 7: C broadcasts unidirectionally to [M, N]; still required.
+    return [_gemm(ctx, ctx.input(2), legacy_broadcast=False)]
+
+
+@register("Gemm", since=11)
+def gemm11(ctx: OpCtx) -> list[str]:
+    # Opset 11: C is optional.
+    return [_gemm(ctx, ctx.optional(2), legacy_broadcast=False)]
+
+
+# ---- Conv -------------------------------------------------------------------------
+def _same_pads(size: int, k: int, stride: int, dil: int, upper: bool) -> tuple[int, int]:
+    """auto_pad SAME_*: pads so that out = ceil(size / stride); the odd one goes
+    to the end for SAME_UPPER and to the beginning for SAME_LOWER."""
+    out = -(-size // stride)
+    total = max(0, (out - 1) * stride + dil * (k - 1) + 1 - size)
+    return (total // 2, total - total // 2) if upper else (total - total // 2, total // 2)
+
+
+def _conv_pads(ctx: OpCtx, spatial: Sequence[int], k: Sequence[int], strides: Sequence[int],
+               dils: Sequence[int]) -> list[int]:
+    n = len(spatial)
+    mode = _auto_pad(ctx)
+    if mode == "NOTSET":
+        pads = _ints_attr(ctx, "pads", 2 * n, 0)
+        if any(p < 0 for p in pads):
+            raise ctx.fail(f"negative pads {pads}")
+        return pads
+    if mode == "VALID":
+        return [0] * (2 * n)
+    # onnxruntime rejects SAME with dilations; this follows the ONNX spec (dilated span).
+    pairs = [_same_pads(spatial[i], k[i], strides[i], dils[i], mode == "SAME_UPPER") for i in range(n)]
+    return [p[0] for p in pairs] + [p[1] for p in pairs]
+
+
+@register("Conv", since=1)
+@register("Conv", since=11)
+def conv(ctx: OpCtx) -> list[str]:
+    # Opset 11 only restated auto_pad SAME as out = ceil(in / stride), which is
+    # also what opset 1 means in practice; one rule serves both.
+    b, x, w = ctx.b, ctx.input(0), ctx.input(1)
+    float_dtype_check(ctx, x)
+    xs, ws = b.shape(x), b.shape(w)
+    if len(xs) < 3 or len(ws) != len(xs):
+        raise ctx.fail(f"Conv needs X [N, C, *spatial] and W of the same rank, got {list(xs)} and {list(ws)}")
+    n = len(xs) - 2
+    group = int(ctx.attr("group", 1))
+    if group < 1 or xs[1] != ws[1] * group or ws[0] % group:
+        raise ctx.fail(f"weight {list(ws)} does not fit input {list(xs)} with group {group}")
+    k = _kernel(ctx, ws)
+    strides = _ints_attr(ctx, "strides", n, 1)
+    dils = _ints_attr(ctx, "dilations", n, 1)
+    pads = _conv_pads(ctx, xs[2:], k, strides, dils)
+    for i in range(n):
+        if xs[2 + i] + pads[i] + pads[i + n] < dils[i] * (k[i] - 1) + 1:
+            raise ctx.fail(f"kernel {k} (dilations {dils}) is larger than the padded input {list(xs)}")
+    y = b.emit(Prim.CONV, [x, w], {"strides": tuple(strides), "pads": tuple(pads),
+                                   "dilations": tuple(dils), "group": group})
+    return [_bias(ctx, y, 2)]
+
+
+# ---- ConvTranspose -------------------------------------------------------------------
+def _conv_transpose_pads(ctx: OpCtx, spatial: Sequence[int], k: Sequence[int], strides: Sequence[int],
+                         dils: Sequence[int], out_pad: Sequence[int]) -> list[int]:
+    """Explicit pads, or the pads implied by output_shape / auto_pad SAME_*."""
+    n = len(spatial)
+    mode = _auto_pad(ctx)
+    natural = [strides[i] * (spatial[i] - 1) + out_pad[i] + dils[i] * (k[i] - 1) + 1 for i in range(n)]
+    target = ctx.attr("output_shape")
+    if target is not None:
+        target = [int(t) for t in target]
+        if len(target) != n:
+            raise ctx.fail(f"output_shape {target} must list the {n} spatial extents")
+    elif mode in ("SAME_UPPER", "SAME_LOWER"):
+        target = [spatial[i] * strides[i] for i in range(n)]
+    elif mode == "VALID":
+        return [0] * (2 * n)
+    else:
+        pads = _ints_attr(ctx, "pads", 2 * n, 0)
+        if any(p < 0 for p in pads):
+            raise ctx.fail(f"negative pads {pads}")
+        return pads
+    begins, ends = [], []
+    for i in range(n):
+        total = natural[i] - target[i]
+        if total < 0:
+            # A larger output than the kernel covers: onnxruntime zero-fills (output_shape)
+            # or ignores the target (auto_pad), neither as the spec says.
+            raise Unsupported(f"output extent {target[i]} exceeds the computed {natural[i]}")
+        # Matches onnxruntime (and the opset-11 text): the odd pad goes to the end for
+        # SAME_UPPER and to the beginning otherwise.
+        lo = total // 2 if mode == "SAME_UPPER" else total - total // 2
+        begins.append(lo)
+        ends.append(total - lo)
+    return begins + ends
+
+
+@register("ConvTranspose", since=1)
+@register("ConvTranspose", since=11)
+def conv_transpose(ctx: OpCtx) -> list[str]:
+    # Opset 11 documented defaults and the output_shape pad split; semantics as in 1.
+    b, x, w = ctx.b, ctx.input(0), ctx.input(1)
+    float_dtype_check(ctx, x)
+    xs, ws = b.shape(x), b.shape(w)
+    if len(xs) < 3 or len(ws) != len(xs):
+        raise ctx.fail(f"ConvTranspose needs X [N, C, *spatial] and W of the same rank, "
+                       f"got {list(xs)} and {list(ws)}")
+    n = len(xs) - 2
+    group = int(ctx.attr("group", 1))
+    if group < 1 or xs[1] != ws[0] or xs[1] % group:
+        raise ctx.fail(f"weight {list(ws)} does not fit input {list(xs)} with group {group}")
+    k = _kernel(ctx, ws)
+    strides = _ints_attr(ctx, "strides", n, 1)
+    dils = _ints_attr(ctx, "dilations", n, 1)
+    out_pad = _ints_attr(ctx, "output_padding", n, 0)
+    if any(p < 0 for p in out_pad):
+        raise ctx.fail(f"negative output_padding {out_pad}")
+    pads = _conv_transpose_pads(ctx, xs[2:], k, strides, dils, out_pad)
+    y = b.emit(Prim.CONV_TRANSPOSE, [x, w], {"strides": tuple(strides), "pads": tuple(pads),
+                                             "dilations": tuple(dils), "group": group,
+                                             "output_padding": tuple(out_pad)})
+    return [_bias(ctx, y, 2)]

@@ -1,0 +1,100 @@
+"""Build the large benchmark models and export them to ONNX.
+
+ResNet-50 and Inception-V3 come from torchvision, BERT-base and GPT-2 from
+transformers, all with random weights from a fixed seed, batch 1, exported
+with `torch.onnx.export(..., dynamo=True)`. Needs the `models` extra (the GPU
+machine has it). Usage:
+
+    python scripts/model_zoo.py OUTDIR [--models resnet50,gpt2]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+def resnet50() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    import torchvision
+
+    return torchvision.models.resnet50(weights=None), (torch.randn(1, 3, 224, 224),)
+
+
+def inception_v3() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    import torchvision
+
+    m = torchvision.models.inception_v3(weights=None, aux_logits=True, init_weights=True)
+    return m, (torch.randn(1, 3, 299, 299),)
+
+
+def mobilenet_v2() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    import torchvision
+
+    return torchvision.models.mobilenet_v2(weights=None), (torch.randn(1, 3, 224, 224),)
+
+
+class _LastHidden(torch.nn.Module):
+    """A transformers model returning only its last hidden state (one output)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids).last_hidden_state
+
+
+def bert_base(seq: int = 128) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    import transformers
+
+    cfg = transformers.BertConfig()  # bert-base-uncased dimensions
+    model = transformers.BertModel(cfg, add_pooling_layer=False)
+    return _LastHidden(model), (torch.randint(0, cfg.vocab_size, (1, seq)),)
+
+
+def gpt2(seq: int = 128) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    import transformers
+
+    cfg = transformers.GPT2Config()  # gpt2 (124M) dimensions
+    cfg.use_cache = False
+    model = transformers.GPT2Model(cfg)
+    return _LastHidden(model), (torch.randint(0, cfg.vocab_size, (1, seq)),)
+
+
+ZOO: dict[str, Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]] = {
+    "resnet50": resnet50, "inception_v3": inception_v3, "mobilenet_v2": mobilenet_v2,
+    "bert_base": bert_base, "gpt2": gpt2,
+}
+
+
+def build(name: str, out: Path, seed: int = 0) -> Path:
+    """Export model `name` to OUT/name.onnx (weights inside the file)."""
+    torch.manual_seed(seed)
+    model, args = ZOO[name]()
+    model.eval()
+    path = out / f"{name}.onnx"
+    with torch.no_grad():
+        prog = torch.onnx.export(model, args, dynamo=True, optimize=True, verbose=False)
+    prog.save(str(path), external_data=False)
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--models", default=",".join(ZOO))
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.models.split(","):
+        t = time.perf_counter()
+        path = build(name, args.out)
+        print(f"{name}: {path} ({path.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t:.1f}s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

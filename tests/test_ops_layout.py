@@ -1,0 +1,349 @@
+"""Fission rules of ops/layout.py against onnxruntime, at every opset variant."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from opcheck import Const, build_model, check_op, rand
+
+from tessera.fission import fission
+from tessera.frontend import load
+
+I64 = np.int64
+BIG = np.iinfo(np.int64).max
+LAYOUT_PRIMS = {"transpose", "reshape", "slice", "pad", "concat", "gather", "gather_elements", "broadcast"}
+
+
+def _ops(pg) -> list[str]:
+    return [n.op for n in pg.nodes]
+
+
+def _only_layout(pg) -> None:
+    assert set(_ops(pg)) <= LAYOUT_PRIMS, _ops(pg)
+
+
+def _opaque_reasons(op: str, inputs: dict, attrs: dict | None = None, opset: int = 20, n_outputs: int = 1) -> list[str]:
+    model = build_model(op, inputs, attrs, n_outputs=n_outputs, opset=opset)
+    return [o.reason for o in fission(load(model).graph).opaque]
+
+
+def _ints(*v: int) -> Const:
+    return Const(np.array(v, dtype=I64))
+
+
+def _omit() -> Const:
+    # build_model drops inputs named "__omit*"; a Const keeps it out of the feeds.
+    return Const(np.zeros(0, dtype=I64))
+
+
+# ---- Transpose ------------------------------------------------------------------------
+@pytest.mark.parametrize("opset", [1, 13])
+@pytest.mark.parametrize("shape,perm", [
+    ((2, 3, 5), None),
+    ((2, 3, 5), [2, 0, 1]),
+    ((7, 1, 3, 2), [0, 3, 1, 2]),
+    ((3, 7), [1, 0]),
+    ((2, 3, 5, 7, 1), [4, 2, 0, 3, 1]),
+])
+def test_transpose(shape, perm, opset):
+    attrs = {} if perm is None else {"perm": perm}
+    pg = check_op("Transpose", {"x": rand(*shape, seed=1)}, attrs, opset=opset, expect_prims=["transpose"])
+    _only_layout(pg)
+
+
+def test_transpose_identity_emits_nothing():
+    pg = check_op("Transpose", {"x": rand(5, seed=2)}, {}, opset=13)
+    assert "transpose" not in _ops(pg)
+
+
+# ---- Reshape, Flatten, Squeeze, Unsqueeze ------------------------------------------------
+@pytest.mark.parametrize("opset", [5, 13, 14, 19])
+@pytest.mark.parametrize("shape,target", [
+    ((2, 3, 5), (6, 5)),
+    ((2, 3, 5), (0, -1)),
+    ((2, 3, 5), (-1,)),
+    ((2, 3, 5), (0, 0, 5, 1)),
+    ((7, 11), (11, -1, 1)),
+    ((1, 13), (13,)),
+])
+def test_reshape(shape, target, opset):
+    pg = check_op("Reshape", {"x": rand(*shape, seed=3), "shape": _ints(*target)}, opset=opset,
+                  expect_prims=["reshape"])
+    assert _ops(pg) == ["reshape"]
+
+
+def test_reshape_allowzero_without_zeros():
+    check_op("Reshape", {"x": rand(2, 3, 5, seed=4), "shape": _ints(5, -1, 2)}, {"allowzero": 1}, opset=14)
+
+
+
+
+@pytest.mark.parametrize("opset", [9, 11, 13])
+@pytest.mark.parametrize("axis", [0, 1, 2, 3, -1, -3])
+def test_flatten(axis, opset):
+    if axis < 0 and opset < 11:
+        pytest.skip("negative axes arrive in opset 11")
+    check_op("Flatten", {"x": rand(2, 3, 5, 7, seed=6)}, {"axis": axis}, opset=opset, expect_prims=["reshape"])
+
+
+@pytest.mark.parametrize("axes", [None, [1], [-1], [1, -1], [3, 1]])
+def test_squeeze11(axes):
+    attrs = {} if axes is None else {"axes": axes}
+    check_op("Squeeze", {"x": rand(5, 1, 3, 1, seed=7)}, attrs, opset=11, expect_prims=["reshape"])
+
+
+@pytest.mark.parametrize("axes", [None, [1], [-1, 1]])
+def test_squeeze13(axes):
+    inputs = {"x": rand(5, 1, 3, 1, seed=8)}
+    if axes is not None:
+        inputs["axes"] = _ints(*axes)
+    check_op("Squeeze", inputs, opset=13, expect_prims=["reshape"])
+
+
+@pytest.mark.parametrize("axes", [[0], [-1], [1, 3], [0, -1], [4, 0, 2]])
+def test_unsqueeze(axes):
+    check_op("Unsqueeze", {"x": rand(3, 5, seed=9)}, {"axes": axes}, opset=11, expect_prims=["reshape"])
+    check_op("Unsqueeze", {"x": rand(3, 5, seed=9), "axes": _ints(*axes)}, opset=13, expect_prims=["reshape"])
+
+
+# ---- Concat, Split -----------------------------------------------------------------------
+@pytest.mark.parametrize("opset", [4, 11, 13])
+@pytest.mark.parametrize("axis", [0, 1, 2, -1, -2])
+def test_concat(axis, opset):
+    if axis < 0 and opset < 11:
+        pytest.skip("negative axes arrive in opset 11")
+    base = [2, 3, 5]
+    shapes = []
+    for n in (1, 4, 3):
+        s = list(base)
+        s[axis] = n
+        shapes.append(s)
+    inputs = {"a": rand(*shapes[0], seed=10), "b": rand(*shapes[1], seed=11), "c": Const(rand(*shapes[2], seed=12))}
+    pg = check_op("Concat", inputs, {"axis": axis}, opset=opset, expect_prims=["concat"])
+    _only_layout(pg)
+
+
+def test_concat_single_input():
+    check_op("Concat", {"a": rand(3, 7, seed=13)}, {"axis": 1}, opset=13)
+
+
+@pytest.mark.parametrize("axis,split", [(1, [2, 3, 2]), (-1, [1, 4]), (0, None), (2, [5])])
+def test_split_attribute(axis, split):
+    shape = (3, 7, 5)
+    n = len(split) if split else 3
+    attrs = {"axis": axis} | ({"split": split} if split else {})
+    pg = check_op("Split", {"x": rand(*shape, seed=14)}, attrs, n_outputs=n, opset=11)
+    assert set(_ops(pg)) <= {"slice", "reshape"}
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("axis,split", [(1, [2, 3, 2]), (-2, [6, 1]), (0, None)])
+def test_split_input(axis, split, opset):
+    if opset >= 18 and split is None:
+        pytest.skip("opset 18 needs split or num_outputs (test_split_num_outputs)")
+    inputs = {"x": rand(3, 7, 5, seed=15)}
+    if split:
+        inputs["split"] = _ints(*split)
+    n = len(split) if split else 3
+    pg = check_op("Split", inputs, {"axis": axis}, n_outputs=n, opset=opset, expect_prims=["slice"])
+    assert _ops(pg).count("slice") == n
+
+
+@pytest.mark.parametrize("dim,n", [(7, 3), (9, 3), (5, 2), (13, 4)])
+def test_split_num_outputs(dim, n):
+    pg = check_op("Split", {"x": rand(2, dim, seed=16)}, {"axis": -1, "num_outputs": n}, n_outputs=n, opset=18)
+    assert _ops(pg).count("slice") == n
+
+
+# ---- Slice -----------------------------------------------------------------------------
+SLICES = [  # starts, ends, axes (None: omitted), steps (None: omitted)
+    ([1], [4], None, None),
+    ([0, 1], [2, 5], [0, 1], None),
+    ([-3], [BIG], [1], None),  # ends past the dim clamp
+    ([-100], [100], [2], None),  # starts before 0 clamp
+    ([2, 1], [-1, -1], [-1, 0], None),  # negative axes and ends
+    ([5], [0], [2], [-1]),  # backwards, end exclusive
+    ([-1], [-BIG], [1], [-2]),  # backwards over the whole dim
+    ([100], [-100], [2], [-3]),  # backwards, both clamped
+    ([0, 0, 0], [BIG, BIG, BIG], [0, 1, 2], [2, 3, 4]),  # uneven strides
+    ([1, 6], [3, 0], [0, 2], [1, -2]),
+]
+
+
+@pytest.mark.parametrize("opset", [10, 11, 13])
+@pytest.mark.parametrize("starts,ends,axes,steps", SLICES)
+def test_slice(starts, ends, axes, steps, opset):
+    if opset < 11 and (any(a < 0 for a in axes or []) or steps and any(s < 0 for s in steps)):
+        pytest.skip("negative axes and steps arrive in opset 11")
+    inputs = {"x": rand(3, 5, 7, seed=17), "starts": _ints(*starts), "ends": _ints(*ends)}
+    if axes is not None:
+        inputs["axes"] = _ints(*axes)
+    elif steps is not None:
+        inputs["__omit_axes"] = _omit()
+    if steps is not None:
+        inputs["steps"] = _ints(*steps)
+    pg = check_op("Slice", inputs, opset=opset)
+    # Clamping can make a slice the identity, which emits nothing (the output is a copy).
+    assert _ops(pg) in (["slice"], ["reshape"])
+
+
+@pytest.mark.parametrize("starts,ends,axes", [([1], [4], None), ([-3, 0], [BIG, 2], [2, 0]), ([2], [-1], [1])])
+def test_slice1_attributes(starts, ends, axes):
+    attrs = {"starts": starts, "ends": ends} | ({"axes": axes} if axes else {})
+    check_op("Slice", {"x": rand(5, 6, 7, seed=18)}, attrs, opset=1, expect_prims=["slice"])
+
+
+def test_slice_int32_and_graph_int64_data():
+    x = np.random.default_rng(19).integers(-50, 50, size=(4, 9)).astype(np.int32)
+    check_op("Slice", {"x": x, "starts": Const(np.array([7], np.int32)), "ends": Const(np.array([1], np.int32)),
+                       "axes": Const(np.array([1], np.int32)), "steps": Const(np.array([-3], np.int32))}, opset=13)
+
+
+def test_slice_empty_is_opaque():
+    inputs = {"x": rand(3, 5, seed=20), "starts": _ints(3), "ends": _ints(1), "axes": _ints(1)}
+    assert "empty" in _opaque_reasons("Slice", inputs, opset=13)[0]
+
+
+# ---- Pad ----------------------------------------------------------------------------------
+PADS = [  # pads for a rank-3 input [3, 5, 7]: begins then ends
+    [0, 1, 2, 0, 2, 1],
+    [1, 0, 0, 2, 0, 3],
+    [0, -1, 2, 0, 1, -2],  # crop the second dim's start, the third's end
+    [0, 2, -3, 0, -2, 3],  # reflect pads count from the cropped tensor
+    [-1, 0, 0, 0, 0, 0],
+]
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
+@pytest.mark.parametrize("pads", PADS)
+def test_pad11(pads, mode):
+    inputs = {"x": rand(3, 5, 7, seed=21), "pads": _ints(*pads)}
+    if mode == "constant":
+        inputs["value"] = Const(np.array(1.5, np.float32))
+    pg = check_op("Pad", inputs, {"mode": mode}, opset=11)
+    _only_layout(pg)
+    if any(p > 0 for p in pads):
+        assert "pad" in _ops(pg)
+    if any(p < 0 for p in pads):
+        assert "slice" in _ops(pg)
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
+def test_pad2_attributes(mode):
+    attrs = {"pads": [0, 2, 1, 1, 3, 0], "mode": mode} | ({"value": -0.75} if mode == "constant" else {})
+    check_op("Pad", {"x": rand(4, 5, 6, seed=22)}, attrs, opset=2, expect_prims=["pad"])
+
+
+@pytest.mark.parametrize("opset", [18, 19])
+@pytest.mark.parametrize("axes,pads", [([1], [2, 3]), ([-1, 0], [1, -1, 2, 0]), ([2, 1], [3, 0, -2, 1])])
+def test_pad18_axes(axes, pads, opset):
+    for mode in ("constant", "reflect", "edge"):
+        inputs = {"x": rand(3, 5, 7, seed=23), "pads": _ints(*pads), "__omit_value": _omit(), "axes": _ints(*axes)}
+        check_op("Pad", inputs, {"mode": mode}, opset=opset)
+
+
+def test_pad_int32_constant():
+    x = np.random.default_rng(24).integers(1, 9, size=(3, 4)).astype(np.int32)
+    check_op("Pad", {"x": x, "pads": _ints(1, 0, 2, 3), "value": Const(np.array(-7, np.int32))}, opset=13,
+             expect_prims=["pad"])
+
+
+def test_pad_value_not_constant_is_opaque():
+    inputs = {"x": rand(3, 5, seed=5), "pads": _ints(0, 1, 0, 2), "value": np.array(0.5, np.float32)}
+    assert "constant" in _opaque_reasons("Pad", inputs, opset=13)[0]
+
+
+def test_pad_wrap_is_opaque():
+    inputs = {"x": rand(3, 5, seed=25), "pads": _ints(0, 1, 0, 2)}
+    assert "wrap" in _opaque_reasons("Pad", inputs, {"mode": "wrap"}, opset=19)[0]
+
+
+# ---- Expand, Tile --------------------------------------------------------------------------
+@pytest.mark.parametrize("opset", [8, 13])
+@pytest.mark.parametrize("shape,target", [
+    ((3, 1), (2, 1, 4)),  # result has higher rank than both
+    ((1, 5), (3, 1)),
+    ((2, 3, 4), (4,)),  # target of lower rank
+    ((7,), (3, 2, 7)),
+    ((2, 1, 1), (2, 3, 5)),
+    ((3, 5), (1, 1)),  # no growth: nothing but a reshape at most
+])
+def test_expand(shape, target, opset):
+    pg = check_op("Expand", {"x": rand(*shape, seed=26), "shape": _ints(*target)}, opset=opset)
+    assert set(_ops(pg)) <= {"reshape", "broadcast"}
+
+
+@pytest.mark.parametrize("opset", [6, 13])
+@pytest.mark.parametrize("shape,reps", [
+    ((3, 5), (2, 1)),
+    ((3, 5), (1, 3)),
+    ((2, 3, 5), (2, 3, 2)),
+    ((1, 7), (4, 2)),
+    ((5,), (1,)),
+])
+def test_tile(shape, reps, opset):
+    pg = check_op("Tile", {"x": rand(*shape, seed=27), "repeats": _ints(*reps)}, opset=opset)
+    assert set(_ops(pg)) <= {"reshape", "broadcast"}
+    if any(r > 1 for r in reps):
+        assert "broadcast" in _ops(pg)
+
+
+# ---- Gather, GatherElements ----------------------------------------------------------------
+@pytest.mark.parametrize("opset", [1, 11, 13])
+@pytest.mark.parametrize("axis,indices,prims", [
+    (0, np.array(2), {"slice", "reshape"}),  # scalar: the dim disappears
+    (1, np.array(-1), {"slice", "reshape"}),
+    (-1, np.array([0, 2, 4]), {"slice"}),  # progression -> strided slice
+    (1, np.array([4, 3, 2, 1, 0]), {"slice"}),  # reversed -> negative step
+    (2, np.array([3, 0, 6, 6, 1]), {"gather"}),
+    (2, np.array([[1, -2], [0, -7]]), {"gather", "reshape"}),
+    (0, np.array([1, 1, 1]), {"slice", "broadcast", "reshape"}),  # one row repeated
+])
+def test_gather_const(axis, indices, prims, opset):
+    if opset < 11 and ((indices < 0).any() or axis < 0):
+        pytest.skip("negative indices and axes arrive in opset 11")
+    pg = check_op("Gather", {"x": rand(3, 5, 7, seed=28), "i": Const(indices.astype(I64))}, {"axis": axis},
+                  opset=opset)
+    assert set(_ops(pg)) <= prims, _ops(pg)
+
+
+@pytest.mark.parametrize("axis,ishape", [(0, ()), (1, (4,)), (-1, (2, 3)), (2, ())])
+def test_gather_graph_indices(axis, ishape):
+    x = rand(3, 5, 7, seed=29)
+    d = x.shape[axis]
+    i = np.random.default_rng(30).integers(-d, d, size=ishape).astype(I64)
+    pg = check_op("Gather", {"x": x, "i": i}, {"axis": axis}, opset=13, expect_prims=["gather"])
+    _only_layout(pg)
+
+
+def test_gather_int32_indices_and_int_data():
+    x = np.random.default_rng(31).integers(-9, 9, size=(6, 4)).astype(I64)
+    check_op("Gather", {"x": x, "i": Const(np.array([5, -6, 2], np.int32))}, {"axis": 0}, opset=13)
+    check_op("Gather", {"x": x, "i": np.array([[3, 0], [-1, 2]], np.int32)}, {"axis": 0}, opset=13)
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+@pytest.mark.parametrize("axis,ishape", [(0, (2, 5, 7)), (1, (3, 4, 7)), (-1, (3, 5, 9)), (2, (1, 2, 3))])
+@pytest.mark.parametrize("const", [False, True])
+def test_gather_elements(axis, ishape, const, opset):
+    x = rand(3, 5, 7, seed=32)
+    d = x.shape[axis]
+    i = np.random.default_rng(33).integers(-d, d, size=ishape).astype(I64)
+    inputs = {"x": x, "i": Const(i) if const else i}
+    check_op("GatherElements", inputs, {"axis": axis}, opset=opset, expect_prims=["gather_elements"])
+
+
+# ---- SpaceToDepth, DepthToSpace -----------------------------------------------------------
+@pytest.mark.parametrize("opset", [1, 13])
+@pytest.mark.parametrize("shape,bs", [((1, 3, 4, 6), 2), ((2, 5, 9, 3), 3)])
+def test_space_to_depth(shape, bs, opset):
+    check_op("SpaceToDepth", {"x": rand(*shape, seed=34)}, {"blocksize": bs}, opset=opset, expect_prims=["transpose"])
+
+
+@pytest.mark.parametrize("opset", [1, 11, 13])
+@pytest.mark.parametrize("mode", ["DCR", "CRD"])
+@pytest.mark.parametrize("shape,bs", [((1, 12, 2, 3), 2), ((2, 18, 3, 5), 3)])
+def test_depth_to_space(shape, bs, mode, opset):
+    if opset < 11 and mode == "CRD":
+        pytest.skip("CRD arrives in opset 11")
+    attrs = {"blocksize": bs} | ({"mode": mode} if opset >= 11 else {})
+    check_op("DepthToSpace", {"x": rand(*shape, seed=35)}, attrs, opset=opset, expect_prims=["transpose"])

@@ -1,0 +1,263 @@
+"""Fission rules of ops/linear.py (MatMul, Gemm, Conv, ConvTranspose) against onnxruntime."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx.reference import ReferenceEvaluator
+from opcheck import Const, build_model, check_op, rand
+
+from tessera.errors import ShapeError
+from tessera.fission import fission
+from tessera.frontend import load
+from tessera.ir import interp
+from tessera.tolerance import rel_l2
+
+
+def _ops(pg) -> list[str]:
+    return [n.op for n in pg.nodes]
+
+
+def _check_reference(model, feeds) -> None:
+    """Like check_op, with the ONNX reference implementation as the reference."""
+    ref = ReferenceEvaluator(model).run(None, feeds)[0]
+    pg = fission(load(model).graph).graph
+    assert all(n.op != "opaque" for n in pg.nodes)
+    out = interp.run(pg, feeds)[pg.outputs[0]]
+    assert out.shape == ref.shape
+    assert rel_l2(out, ref) < 1e-5
+
+
+def _opaque_reasons(model) -> list[str]:
+    return [o.reason for o in fission(load(model).graph).opaque]
+
+
+# ---- MatMul -------------------------------------------------------------------------
+MATMUL_SHAPES = [
+    ((7,), (7,)),  # dot product -> scalar
+    ((7,), (7, 5)),
+    ((3, 7), (7,)),
+    ((5, 7), (7, 3)),
+    ((1, 1), (1, 1)),
+    ((2, 5, 7), (7, 4)),  # batch folded into M
+    ((2, 3, 5, 7), (7,)),  # folded, 1-D right operand
+    ((1, 1, 5, 7), (7, 4)),
+    ((3, 5, 7), (1, 7, 4)),  # right batch is all ones: still folded
+    ((5, 7), (1, 1, 7, 4)),  # output gains the right's size-1 batch dims
+    ((3, 5, 7), (3, 7, 4)),
+    ((2, 3, 5, 7), (2, 3, 7, 4)),
+    ((2, 1, 5, 7), (3, 7, 4)),  # both batches broadcast
+    ((5, 7), (3, 7, 4)),  # only the right operand has a batch
+    ((7,), (2, 7, 4)),
+    ((3, 1, 2, 5, 7), (4, 1, 7, 6)),  # 5-D
+]
+
+
+@pytest.mark.parametrize("sa,sb", MATMUL_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("const_b", [False, True], ids=["input", "const"])
+def test_matmul(sa, sb, const_b):
+    b = rand(*sb, seed=2)
+    check_op("MatMul", {"a": rand(*sa, seed=1), "b": Const(b) if const_b else b}, expect_prims=["matmul"])
+
+
+@pytest.mark.parametrize("sa,sb", [((2, 5, 7), (7, 4)), ((2, 3, 5, 7), (7,)), ((3, 5, 7), (1, 7, 4))])
+def test_matmul_fold_has_no_broadcast(sa, sb):
+    pg = check_op("MatMul", {"a": rand(*sa, seed=1), "b": Const(rand(*sb, seed=2))})
+    ops = _ops(pg)
+    assert ops.count("matmul") == 1 and "broadcast" not in ops, ops
+    mm = next(n for n in pg.nodes if n.op == "matmul")
+    assert len(pg.types[mm.inputs[0]].shape) == 2  # [prod(batch) * M, K]
+
+
+def test_matmul_broadcast_batches():
+    pg = check_op("MatMul", {"a": rand(2, 1, 5, 7, seed=1), "b": rand(3, 7, 4, seed=2)},
+                  expect_prims=["matmul", "broadcast"])
+    mm = next(n for n in pg.nodes if n.op == "matmul")
+    assert pg.types[mm.inputs[0]].shape == (2, 3, 5, 7)
+    assert pg.types[mm.inputs[1]].shape == (2, 3, 7, 4)
+
+
+@pytest.mark.parametrize("opset", [1, 9, 13])
+def test_matmul_opsets(opset):
+    check_op("MatMul", {"a": rand(2, 5, 7, seed=1), "b": rand(7, 3, seed=2)}, opset=opset)
+
+
+def test_matmul_large_k():
+    # K = 4099 (prime): float32 accumulation error grows like sqrt(K) * 6e-8,
+    # far below 1e-5 for random inputs, so the usual bound holds.
+    check_op("MatMul", {"a": rand(3, 4099, seed=1), "b": Const(rand(4099, 5, seed=2))})
+
+
+def test_matmul_int32():
+    rng = np.random.default_rng(0)
+    a = rng.integers(-9, 10, size=(2, 5, 7)).astype(np.int32)
+    b = rng.integers(-9, 10, size=(7, 3)).astype(np.int32)
+    check_op("MatMul", {"a": a, "b": b})
+
+
+# ---- Gemm ---------------------------------------------------------------------------
+M, K, N = 5, 7, 3
+C_SHAPES = [None, (), (1,), (N,), (1, N), (M, 1), (M, N)]
+
+
+@pytest.mark.parametrize("c_shape", C_SHAPES, ids=lambda s: "noC" if s is None else "C" + "x".join(map(str, s)))
+@pytest.mark.parametrize("alpha,beta", [(1.0, 1.0), (0.5, 1.0), (1.0, -1.5), (2.5, 0.25)])
+@pytest.mark.parametrize("trans_a", [0, 1])
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_gemm(c_shape, alpha, beta, trans_a, trans_b):
+    a = rand(*((K, M) if trans_a else (M, K)), seed=1)
+    b = rand(*((N, K) if trans_b else (K, N)), seed=2)
+    inputs = {"a": a, "b": Const(b)}
+    if c_shape is not None:
+        inputs["c"] = rand(*c_shape, seed=3)
+    attrs = {"transA": trans_a, "transB": trans_b, "alpha": alpha, "beta": beta}
+    pg = check_op("Gemm", inputs, attrs, opset=13)
+    ops = _ops(pg)
+    assert ops.count("matmul") == 1
+    assert ops.count("transpose") == trans_a + trans_b
+    assert ops.count("add") == (c_shape is not None)
+    assert ops.count("mul") == (alpha != 1.0) + (beta != 1.0 and c_shape is not None)
+
+
+def test_gemm_is_matmul_add():
+    pg = check_op("Gemm", {"a": rand(M, K, seed=1), "b": Const(rand(K, N, seed=2)), "c": Const(rand(N, seed=3))},
+                  expect_prims=["matmul", "add"])
+    assert sorted(_ops(pg)) == ["add", "broadcast", "matmul", "reshape"]  # C: [N] -> [1, N] -> [M, N]
+
+
+def test_gemm_beta_zero_drops_c():
+    pg = check_op("Gemm", {"a": rand(M, K, seed=1), "b": rand(K, N, seed=2), "c": rand(M, N, seed=3)},
+                  {"beta": 0.0})
+    assert _ops(pg) == ["matmul"]
+
+
+@pytest.mark.parametrize("opset", [7, 9, 11])
+def test_gemm_old_opsets(opset):
+    check_op("Gemm", {"a": rand(K, M, seed=1), "b": rand(K, N, seed=2), "c": rand(N, seed=3)},
+             {"transA": 1, "alpha": 0.75}, opset=opset)
+
+
+@pytest.mark.parametrize("c_shape,broadcast", [((N,), 1), ((M, N), 0)])
+def test_gemm_opset6_broadcast_attr(c_shape, broadcast):
+    # onnxruntime has no Gemm before opset 7: the ONNX reference implementation judges.
+    feeds = {"a": rand(M, K, seed=1), "b": rand(K, N, seed=2), "c": rand(*c_shape, seed=3)}
+    _check_reference(build_model("Gemm", feeds, {"broadcast": broadcast, "alpha": 0.5}, opset=6), feeds)
+
+
+def test_gemm_opset6_needs_broadcast_attr():
+    feeds = {"a": rand(M, K, seed=1), "b": rand(K, N, seed=2), "c": rand(N, seed=3)}
+    with pytest.raises(ShapeError, match="broadcast=0"):
+        fission(load(build_model("Gemm", feeds, opset=6)).graph)
+
+
+# ---- Conv ----------------------------------------------------------------------------
+CONV_CASES = {
+    "2d_pad1": ((2, 3, 9, 11), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "2d_nopad": ((1, 3, 7, 5), (2, 3, 3, 2), {}),
+    "1x1": ((2, 5, 6, 7), (3, 5, 1, 1), {}),
+    "strided_dilated_asym": ((1, 3, 13, 11), (5, 3, 3, 2), {"strides": [2, 3], "dilations": [2, 1],
+                                                             "pads": [0, 1, 2, 1]}),
+    "grouped": ((1, 6, 7, 7), (4, 3, 3, 3), {"group": 2, "pads": [1, 0, 1, 2]}),
+    "depthwise": ((2, 5, 8, 9), (5, 1, 3, 3), {"group": 5, "pads": [1, 1, 1, 1]}),
+    "depthwise_mult2": ((1, 5, 8, 9), (10, 1, 3, 3), {"group": 5, "strides": [2, 2]}),
+    "kernel_shape_given": ((1, 3, 9, 9), (4, 3, 3, 3), {"kernel_shape": [3, 3], "strides": [2, 1]}),
+    "1d": ((2, 3, 13), (5, 3, 4), {"strides": [3], "pads": [2, 1]}),
+    "1d_dilated": ((1, 2, 17), (3, 2, 3), {"dilations": [3], "pads": [0, 2]}),
+    "3d": ((1, 2, 5, 6, 7), (3, 2, 2, 3, 2), {"strides": [1, 2, 2], "dilations": [2, 1, 1],
+                                              "pads": [0, 1, 1, 1, 0, 0]}),
+    "3d_grouped": ((1, 4, 5, 5, 5), (6, 2, 3, 3, 3), {"group": 2, "pads": [1, 1, 1, 1, 1, 1]}),
+}
+
+
+@pytest.mark.parametrize("case", list(CONV_CASES))
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_conv(case, bias):
+    xs, ws, attrs = CONV_CASES[case]
+    inputs = {"x": rand(*xs, seed=1), "w": Const(rand(*ws, seed=2))}
+    if bias:
+        inputs["b"] = Const(rand(ws[0], seed=3))
+    pg = check_op("Conv", inputs, attrs, expect_prims=["conv"] + (["add"] if bias else []))
+    assert _ops(pg).count("conv") == 1
+
+
+@pytest.mark.parametrize("auto_pad", ["VALID", "SAME_UPPER", "SAME_LOWER"])
+@pytest.mark.parametrize("xs,ws,strides", [
+    ((1, 3, 9, 10), (4, 3, 4, 3), [2, 3]),  # even kernel: odd total pad
+    ((2, 2, 7, 8), (3, 2, 3, 2), [1, 1]),
+    ((1, 2, 11), (2, 2, 4), [3]),
+    ((1, 2, 4, 5, 6), (2, 2, 2, 3, 2), [2, 1, 3]),
+], ids=["2d_s23", "2d_s1", "1d", "3d"])
+def test_conv_auto_pad(auto_pad, xs, ws, strides):
+    check_op("Conv", {"x": rand(*xs, seed=1), "w": Const(rand(*ws, seed=2)), "b": Const(rand(ws[0], seed=3))},
+             {"auto_pad": auto_pad, "strides": strides})
+
+
+@pytest.mark.parametrize("opset", [1, 11, 22])
+def test_conv_opsets(opset):
+    check_op("Conv", {"x": rand(1, 4, 8, 9, seed=1), "w": rand(6, 2, 3, 3, seed=2), "b": rand(6, seed=3)},
+             {"group": 2, "auto_pad": "SAME_UPPER", "strides": [2, 2]}, opset=opset)
+
+
+def test_conv_weights_as_inputs():
+    check_op("Conv", {"x": rand(2, 3, 6, 7, seed=1), "w": rand(4, 3, 2, 3, seed=2), "b": rand(4, seed=3)},
+             {"pads": [1, 0, 0, 1]})
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER"])
+def test_conv_same_dilated_follows_spec(auto_pad):
+    # onnxruntime refuses SAME with dilations, so the ONNX reference implementation judges.
+    x, w = rand(1, 2, 9, 10, seed=1), rand(3, 2, 3, 2, seed=2)
+    model = build_model("Conv", {"x": x, "w": Const(w)},
+                        {"auto_pad": auto_pad, "dilations": [2, 3], "strides": [1, 2]})
+    _check_reference(model, {"x": x})
+
+
+# ---- ConvTranspose ---------------------------------------------------------------------
+CONVT_CASES = {
+    "basic": ((1, 3, 5, 5), (3, 2, 3, 3), {}),
+    "strided": ((2, 3, 4, 5), (3, 4, 3, 3), {"strides": [2, 2]}),
+    "output_padding": ((1, 3, 4, 5), (3, 2, 3, 3), {"strides": [2, 3], "output_padding": [1, 2]}),
+    "pads_asym": ((1, 2, 5, 6), (2, 3, 3, 4), {"strides": [2, 1], "pads": [1, 0, 2, 1]}),
+    "dilated": ((1, 2, 5, 5), (2, 3, 3, 2), {"dilations": [2, 1], "strides": [1, 2], "output_padding": [0, 1]}),
+    "grouped": ((1, 4, 5, 5), (4, 3, 3, 3), {"group": 2, "strides": [2, 2]}),
+    "depthwise": ((1, 3, 6, 5), (3, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}),
+    "output_shape": ((1, 3, 5, 5), (3, 2, 3, 3), {"strides": [2, 2], "output_shape": [10, 9]}),
+    "output_shape_outpad": ((1, 3, 4, 4), (3, 2, 3, 3), {"strides": [3, 2], "output_padding": [2, 1],
+                                                         "output_shape": [11, 8]}),
+    "output_shape_same_upper": ((1, 2, 5, 5), (2, 2, 3, 3), {"strides": [2, 2], "output_shape": [9, 10],
+                                                             "auto_pad": "SAME_UPPER"}),
+    "output_shape_same_lower": ((1, 2, 5, 5), (2, 2, 3, 3), {"strides": [2, 2], "output_shape": [9, 10],
+                                                             "auto_pad": "SAME_LOWER"}),
+    "same_upper": ((1, 2, 5, 7), (2, 3, 3, 4), {"strides": [2, 3], "auto_pad": "SAME_UPPER"}),  # odd pads
+    "same_lower": ((1, 2, 5, 7), (2, 3, 3, 4), {"strides": [2, 3], "auto_pad": "SAME_LOWER"}),
+    "same_dilated": ((1, 2, 5, 5), (2, 3, 3, 3), {"dilations": [2, 2], "auto_pad": "SAME_UPPER"}),
+    "valid": ((1, 2, 5, 7), (2, 3, 4, 3), {"strides": [2, 3], "auto_pad": "VALID"}),
+    "1d": ((2, 3, 7), (3, 5, 4), {"strides": [3], "output_padding": [1], "pads": [1, 2]}),
+    "1d_output_shape": ((1, 3, 7), (3, 2, 3), {"strides": [2], "output_shape": [14]}),
+    "3d": ((1, 2, 3, 4, 5), (2, 3, 2, 3, 2), {"strides": [2, 1, 2], "pads": [0, 1, 0, 1, 0, 1]}),
+    "3d_grouped": ((1, 4, 3, 3, 3), (4, 2, 2, 2, 2), {"group": 2, "strides": [2, 2, 2],
+                                                      "output_padding": [1, 0, 1]}),
+}
+
+
+@pytest.mark.parametrize("case", list(CONVT_CASES))
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_conv_transpose(case, bias):
+    xs, ws, attrs = CONVT_CASES[case]
+    group = attrs.get("group", 1)
+    inputs = {"x": rand(*xs, seed=1), "w": Const(rand(*ws, seed=2))}
+    if bias:
+        inputs["b"] = Const(rand(ws[1] * group, seed=3))
+    check_op("ConvTranspose", inputs, attrs, expect_prims=["conv_transpose"] + (["add"] if bias else []))
+
+
+@pytest.mark.parametrize("opset", [1, 11])
+def test_conv_transpose_opsets(opset):
+    check_op("ConvTranspose", {"x": rand(1, 2, 4, 5, seed=1), "w": rand(2, 3, 3, 3, seed=2), "b": rand(3, seed=3)},
+             {"strides": [2, 2], "output_shape": [8, 10]}, opset=opset)
+
+
+def test_conv_transpose_larger_output_shape_is_opaque():
+    model = build_model("ConvTranspose", {"x": rand(1, 2, 4, 4, seed=1), "w": Const(rand(2, 2, 3, 3, seed=2))},
+                        {"strides": [2, 2], "output_shape": [10, 10]})
+    reasons = _opaque_reasons(model)
+    assert len(reasons) == 1 and "exceeds" in reasons[0]

@@ -1,0 +1,348 @@
+"""Fission rules of ops/normalization.py against onnxruntime: softmax, the
+normalizations and the Reduce* family."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from opcheck import Const, build_model, check_op, rand, run_ort
+from tessera.errors import TesseraError
+from tessera.fission import fission, lower_node
+from tessera.frontend import load
+from tessera.ir import interp
+from tessera.ir.builder import PrimBuilder
+from tessera.ir.dtype import DType
+from tessera.ir.graph import Graph, GraphKind, Node, TensorType
+from tessera.ops import Unsupported
+from tessera.tolerance import rel_l2
+
+SOFTMAX_PRIMS = ["reduce_max", "broadcast", "sub", "exp", "reduce_sum", "div"]
+LOG_SOFTMAX_PRIMS = ["reduce_max", "broadcast", "sub", "exp", "reduce_sum", "log"]
+NORM_PRIMS = ["reduce_sum", "fill", "mul", "sub", "sqrt", "reciprocal", "broadcast"]
+
+
+def _declare(model, *shapes, elem: int = TensorProto.FLOAT):
+    """Give a build_model model's outputs explicit types (for models loaded directly)."""
+    for out, shape in zip(model.graph.output, shapes):
+        out.CopyFrom(helper.make_tensor_value_info(out.name, elem, list(shape)))
+    return model
+
+
+def _lower(op: str, inputs: dict, attrs: dict | None = None, opset: int = 20) -> Graph:
+    """Apply op's fission rule directly, without the frontend (for models it
+    cannot load); `Const` inputs become constants. The graph's outputs are the rule's."""
+    g = Graph(name="t", kind=GraphKind.PRIMITIVE, opsets={"": opset})
+    for name, v in inputs.items():
+        arr = v.value if isinstance(v, Const) else np.asarray(v)
+        g.types[name] = TensorType(arr.shape, DType.from_numpy(arr.dtype))
+        if isinstance(v, Const):
+            g.constants[name] = arr
+        else:
+            g.inputs.append(name)
+    node = Node(name=f"{op.lower()}_0", op=op, inputs=tuple(inputs), outputs=("y",), attrs=attrs or {})
+    g.outputs = lower_node(PrimBuilder(g), node, opset)
+    return g
+
+
+def _opaque_reasons(model) -> dict[str, str]:
+    """op type -> why fission left it opaque."""
+    return {o.op_type: o.reason for o in fission(load(model).graph).opaque}
+
+
+def _positive(*shape: int, seed: int) -> np.ndarray:
+    return rand(*shape, seed=seed, lo=0.5, hi=2.0)
+
+
+# ---- Softmax / LogSoftmax -------------------------------------------------------
+@pytest.mark.parametrize("shape,axis", [
+    ((7,), -1), ((3, 5), 1), ((3, 5), 0), ((2, 3, 7), -1), ((2, 3, 7), -2),
+    ((2, 5, 3, 11), 2), ((2, 5, 3, 11), -4), ((4, 1), 1),
+])
+@pytest.mark.parametrize("op,prims", [("Softmax", SOFTMAX_PRIMS), ("LogSoftmax", LOG_SOFTMAX_PRIMS)])
+def test_softmax_axis(op, prims, shape, axis):
+    x = rand(*shape, seed=len(shape) * 10 + axis)
+    expect = prims if shape[axis] > 1 else None  # extent 1: nothing to broadcast
+    check_op(op, {"x": x}, {"axis": axis}, opset=13, expect_prims=expect)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("opset", [1, 11])
+@pytest.mark.parametrize("shape,axis", [((2, 3, 5), 1), ((2, 3, 5), 0), ((3, 4, 5, 7), 2), ((5, 13), 1), ((5, 13), -1)])
+def test_softmax_flattened_tail(op, opset, shape, axis):
+    if opset == 1 and axis < 0:
+        pytest.skip("negative axes from opset 11")
+    pg = check_op(op, {"x": rand(*shape, seed=axis + 7)}, {"axis": axis}, opset=opset)
+    (red,) = [n for n in pg.nodes if n.op == "reduce_max"]
+    assert tuple(red.attrs["axes"]) == tuple(range(axis % len(shape), len(shape)))
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax_default_axis_by_opset(op):
+    x = rand(3, 4, 5, seed=3)
+    check_op(op, {"x": x}, opset=11)  # axis 1, over dims 1 and 2
+    check_op(op, {"x": x}, opset=13)  # axis -1
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax_is_stable_on_large_inputs(op):
+    # exp(500) overflows float32: only the max-shifted form is finite.
+    x = rand(4, 9, seed=11, lo=-500.0, hi=500.0)
+    check_op(op, {"x": x}, {"axis": -1}, opset=13)
+
+
+def test_softmax_float16():
+    check_op("Softmax", {"x": rand(3, 17, seed=5).astype(np.float16)}, {"axis": -1}, opset=13, tol=1e-2)
+
+
+def test_softmax_bad_axis_names_node():
+    with pytest.raises(TesseraError, match="softmax_0"):
+        load(_declare(build_model("Softmax", {"x": rand(2, 3, seed=1)}, {"axis": 2}, opset=13), (2, 3)))
+
+
+# ---- LayerNormalization ---------------------------------------------------------
+@pytest.mark.parametrize("shape,axis,pshape", [
+    ((2, 3, 8), -1, (8,)),
+    ((3, 5, 7), 1, (5, 7)),
+    ((3, 5, 7), -2, (5, 7)),
+    ((3, 5, 7), 1, (7,)),  # broadcast over the normalized shape
+    ((4, 13), 0, (4, 13)),
+    ((2, 3, 5, 11), -1, (11,)),
+])
+def test_layer_norm(shape, axis, pshape):
+    check_op("LayerNormalization",
+             {"x": rand(*shape, seed=1), "scale": Const(rand(*pshape, seed=2)), "bias": Const(rand(*pshape, seed=3))},
+             {"axis": axis}, opset=17, expect_prims=NORM_PRIMS)
+
+
+def test_layer_norm_inputs_not_constant_no_bias_and_epsilon():
+    check_op("LayerNormalization", {"x": rand(6, 10, seed=4), "scale": rand(10, seed=5)},
+             {"epsilon": 1e-2}, opset=17)
+
+
+def test_layer_norm_large_mean():
+    # A mean much larger than the spread: E[x^2]-E[x]^2 would lose ~1e-4 here.
+    x = rand(4, 33, seed=6) + np.float32(100.0)
+    check_op("LayerNormalization", {"x": x, "scale": Const(rand(33, seed=7)), "b": Const(rand(33, seed=8))},
+             opset=17)
+
+
+@pytest.mark.parametrize("n_outputs", [2, 3])
+@pytest.mark.parametrize("axis,pshape", [(-1, (7,)), (1, (5, 7))])
+def test_layer_norm_optional_outputs(n_outputs, axis, pshape):
+    check_op("LayerNormalization",
+             {"x": rand(3, 5, 7, seed=9), "scale": Const(rand(*pshape, seed=10)), "b": Const(rand(*pshape, seed=11))},
+             {"axis": axis}, n_outputs=n_outputs, opset=17)
+
+
+def test_layer_norm_inv_std_without_mean():
+    """Outputs (Y, "", InvStdDev): the rule must not hand Mean to InvStdDev's slot."""
+    model = build_model("LayerNormalization",
+                        {"x": rand(4, 6, seed=12), "scale": Const(rand(6, seed=13))}, n_outputs=3, opset=17)
+    node = model.graph.node[0]
+    node.output[1] = ""
+    del model.graph.output[1]
+    feeds = {"x": rand(4, 6, seed=12)}
+    ref = run_ort(model, feeds)
+    pg = fission(load(model).graph).graph
+    assert all(n.op != "opaque" for n in pg.nodes)
+    got = interp.run(pg, feeds)
+    assert pg.outputs == ["out0", "out2"]
+    for name, r in zip(pg.outputs, ref):
+        assert got[name].shape == r.shape and rel_l2(got[name], r) < 1e-5, name
+
+
+def test_layer_norm_float16_stashes_float32():
+    x = rand(3, 24, seed=14).astype(np.float16)
+    pg = check_op("LayerNormalization", {"x": x, "scale": Const(rand(24, seed=15).astype(np.float16))},
+                  n_outputs=3, opset=17, tol=1e-2, expect_prims=["cast"])
+    assert pg.types[pg.outputs[1]].dtype.value == "float32"
+
+
+def test_layer_norm_scale_must_broadcast():
+    with pytest.raises(TesseraError, match="layernormalization_0"):
+        load(_declare(build_model("LayerNormalization", {"x": rand(3, 4, seed=1), "scale": Const(rand(5, seed=2))},
+                                  opset=17), (3, 4)))
+
+
+# ---- InstanceNormalization ------------------------------------------------------
+@pytest.mark.parametrize("shape", [(2, 3, 5), (2, 4, 3, 7), (1, 5, 2, 3, 3), (3, 1, 11)])
+def test_instance_norm(shape):
+    c = shape[1]
+    check_op("InstanceNormalization",
+             {"x": rand(*shape, seed=20), "scale": Const(rand(c, seed=21)), "b": Const(rand(c, seed=22))},
+             opset=6, expect_prims=NORM_PRIMS + ["reshape"])
+
+
+def test_instance_norm_epsilon_and_opset22():
+    check_op("InstanceNormalization",
+             {"x": rand(2, 3, 4, 5, seed=23), "scale": rand(3, seed=24), "b": rand(3, seed=25)},
+             {"epsilon": 0.1}, opset=22)
+
+
+def test_instance_norm_float16():
+    h = np.float16
+    inp = {"x": rand(2, 3, 64, seed=26).astype(h),
+           "scale": Const(rand(3, seed=27).astype(h)), "b": Const(rand(3, seed=28).astype(h))}
+    check_op("InstanceNormalization", inp, opset=6, tol=1e-2)
+
+
+# ---- BatchNormalization ---------------------------------------------------------
+def _bn_inputs(shape, seed: int, dtype=np.float32, pdtype=None, sdtype=None) -> dict:
+    c = shape[1]
+    pdtype, sdtype = pdtype or dtype, sdtype or dtype
+    return {"x": rand(*shape, seed=seed).astype(dtype),
+            "scale": Const(rand(c, seed=seed + 1).astype(pdtype)), "b": Const(rand(c, seed=seed + 2).astype(pdtype)),
+            "mean": Const(rand(c, seed=seed + 3).astype(sdtype)),
+            "var": Const(_positive(c, seed=seed + 4).astype(sdtype))}
+
+
+@pytest.mark.parametrize("opset", [7, 9, 14, 15])
+@pytest.mark.parametrize("shape", [(5, 3), (2, 7, 5), (2, 3, 5, 7), (1, 6, 2, 3, 5)])
+def test_batch_norm(opset, shape):
+    check_op("BatchNormalization", _bn_inputs(shape, seed=30), opset=opset,
+             expect_prims=["mul", "add", "broadcast", "reshape"])
+
+
+def test_batch_norm_runtime_statistics_and_epsilon():
+    inp = {"x": rand(2, 4, 3, 3, seed=40), "scale": rand(4, seed=41), "b": rand(4, seed=42),
+           "mean": rand(4, seed=43), "var": _positive(4, seed=44)}
+    check_op("BatchNormalization", inp, {"epsilon": 1e-3}, opset=15)
+
+
+def test_batch_norm_mixed_types_opset15():
+    check_op("BatchNormalization", _bn_inputs((2, 3, 4, 5), seed=45, dtype=np.float16, pdtype=np.float32,
+                                              sdtype=np.float32), opset=15, tol=1e-2)
+
+
+def test_batch_norm_training_is_unsupported():
+    # The frontend cannot type this node at all (onnxruntime will not run it), so call the rule.
+    with pytest.raises(Unsupported, match="training_mode"):
+        _lower("BatchNormalization", _bn_inputs((2, 3, 4), seed=50), {"training_mode": 1}, opset=15)
+
+
+def test_batch_norm_non_spatial_is_opaque():
+    inp = _bn_inputs((2, 3, 4), seed=51)
+    c = Const(rand(3, 4, seed=52))
+    inp = {**inp, "scale": c, "b": c, "mean": c, "var": Const(_positive(3, 4, seed=53))}
+    model = _declare(build_model("BatchNormalization", inp, {"spatial": 0}, opset=7), (2, 3, 4))
+    assert "spatial" in _opaque_reasons(model)["BatchNormalization"]
+
+
+# ---- GroupNormalization ---------------------------------------------------------
+GROUP_CASES = [((2, 6, 5), 3), ((1, 4, 3, 3), 2), ((2, 9, 7), 3), ((2, 5, 3, 2), 1), ((2, 5, 3, 2), 5), ((3, 4), 2)]
+
+
+@pytest.mark.parametrize("shape,groups", GROUP_CASES)
+def test_group_norm21(shape, groups):
+    c = shape[1]
+    check_op("GroupNormalization",
+             {"x": rand(*shape, seed=60), "scale": Const(rand(c, seed=61)), "bias": Const(rand(c, seed=62))},
+             {"num_groups": groups}, opset=21, expect_prims=NORM_PRIMS + ["reshape"])
+
+
+@pytest.mark.parametrize("shape,groups", GROUP_CASES)
+def test_group_norm18_scale_per_group(shape, groups):
+    # The ONNX checker rejects GroupNormalization-18 (deprecated), so neither the
+    # frontend nor onnxruntime loads it: check the rule against NumPy.
+    x, scale, bias = rand(*shape, seed=66), rand(groups, seed=67), rand(groups, seed=68)
+    g = _lower("GroupNormalization", {"x": x, "scale": Const(scale), "bias": Const(bias)},
+               {"num_groups": groups, "epsilon": 1e-3}, opset=18)
+    xg = x.astype(np.float64).reshape(shape[0], groups, -1)
+    ref = (xg - xg.mean(-1, keepdims=True)) / np.sqrt(xg.var(-1, keepdims=True) + 1e-3)
+    ref = (ref * scale[:, None] + bias[:, None]).reshape(shape)
+    got = interp.run(g, {"x": x})[g.outputs[0]]
+    assert got.shape == shape and rel_l2(got, ref) < 1e-5
+
+
+def test_group_norm_epsilon_and_runtime_params():
+    check_op("GroupNormalization", {"x": rand(2, 8, 5, seed=63), "scale": rand(8, seed=64), "bias": rand(8, seed=65)},
+             {"num_groups": 4, "epsilon": 0.3}, opset=21)
+
+
+def test_group_norm_groups_must_divide_channels():
+    with pytest.raises(TesseraError, match="groupnormalization_0"):
+        load(_declare(build_model("GroupNormalization", {"x": rand(2, 6, 5, seed=1), "scale": Const(rand(6, seed=2)),
+                                                         "bias": Const(rand(6, seed=3))}, {"num_groups": 4}, opset=21),
+                      (2, 6, 5)))
+
+
+# ---- Reduce* --------------------------------------------------------------------
+REDUCE_SHAPES = [(3, 5, 7), (2, 3, 5, 11), (13,)]
+
+
+def _axes_cases(rank: int) -> list[list[int] | None]:
+    return [None, [0], [-1], [0, rank - 1], [-2, 0] if rank > 1 else [-1]]
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("shape", REDUCE_SHAPES)
+@pytest.mark.parametrize("opset", [11, 13])
+def test_reduce_sum_axes_attribute_vs_input(opset, shape, keepdims):
+    x = rand(*shape, seed=70)
+    for axes in _axes_cases(len(shape)):
+        if opset < 13:
+            attrs = {"keepdims": keepdims} | ({} if axes is None else {"axes": axes})
+            check_op("ReduceSum", {"x": x}, attrs, opset=opset, expect_prims=["reduce_sum"])
+        else:
+            inp = {"x": x} | ({} if axes is None else {"axes": Const(np.array(axes, np.int64))})
+            check_op("ReduceSum", inp, {"keepdims": keepdims}, opset=opset, expect_prims=["reduce_sum"])
+
+
+@pytest.mark.parametrize("op,prims", [
+    ("ReduceMean", ["reduce_sum", "fill", "mul"]), ("ReduceMax", ["reduce_max"]), ("ReduceMin", ["reduce_min"]),
+    ("ReduceSumSquare", ["mul", "reduce_sum"]), ("ReduceL1", ["abs", "reduce_sum"]),
+    ("ReduceL2", ["mul", "reduce_sum", "sqrt"]), ("ReduceLogSumExp", ["reduce_max", "exp", "reduce_sum", "log"]),
+    ("ReduceLogSum", ["reduce_sum", "log"]),
+])
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("opset", [13, 18])
+def test_reduce_family(op, prims, opset, keepdims):
+    for shape in REDUCE_SHAPES:
+        x = _positive(*shape, seed=71) if op == "ReduceLogSum" else rand(*shape, seed=71)
+        for axes in _axes_cases(len(shape)):
+            if opset < 18:
+                attrs = {"keepdims": keepdims} | ({} if axes is None else {"axes": axes})
+                check_op(op, {"x": x}, attrs, opset=opset, expect_prims=prims)
+            else:
+                inp = {"x": x} | ({} if axes is None else {"axes": Const(np.array(axes, np.int64))})
+                check_op(op, inp, {"keepdims": keepdims}, opset=opset, expect_prims=prims)
+
+
+@pytest.mark.parametrize("op,opset", [("ReduceSum", 13), ("ReduceMean", 18), ("ReduceMax", 18),
+                                      ("ReduceSumSquare", 18), ("ReduceL1", 18), ("ReduceLogSumExp", 18)])
+def test_reduce_noop_with_empty_axes(op, opset):
+    x = rand(3, 5, seed=72)
+    check_op(op, {"x": x, "axes": Const(np.array([], np.int64))}, {"noop_with_empty_axes": 1}, opset=opset)
+    check_op(op, {"x": x}, {"noop_with_empty_axes": 1}, opset=opset)
+    # noop only applies to empty axes; with axes it reduces.
+    check_op(op, {"x": x, "axes": Const(np.array([1], np.int64))}, {"noop_with_empty_axes": 1}, opset=opset)
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL1"])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_reduce_integer(op, dtype):
+    x = np.random.default_rng(73).integers(-50, 50, size=(4, 7, 3)).astype(dtype)
+    check_op(op, {"x": x, "axes": Const(np.array([1, -1], np.int64))}, {"keepdims": 0}, opset=18)
+
+
+def test_reduce_mean_large_extent():
+    check_op("ReduceMean", {"x": rand(3, 1031, seed=74)}, {"axes": [1]}, opset=13)
+
+
+def test_reduce_mean_integer_is_opaque():
+    x = np.arange(1, 13, dtype=np.int32).reshape(3, 4)
+    model = _declare(build_model("ReduceMean", {"x": x}, {"axes": [1]}, opset=13), (3, 1), elem=TensorProto.INT32)
+    assert "int32" in _opaque_reasons(model)["ReduceMean"]
+
+
+def test_reduce_runtime_axes_is_unsupported():
+    # Axes computed at run time make the output shape unknown: the rule declines.
+    with pytest.raises(Unsupported, match="constant"):
+        _lower("ReduceSum", {"x": rand(3, 4, seed=1), "axes": np.array([1], np.int64)}, opset=13)
+
+
+def test_reduce_bad_axis_names_node():
+    with pytest.raises(TesseraError, match="reducesum_0"):
+        load(_declare(build_model("ReduceSum", {"x": rand(3, 4, seed=1), "axes": Const(np.array([2], np.int64))},
+                                  opset=13), (3, 4)))
