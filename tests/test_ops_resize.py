@@ -1,0 +1,216 @@
+"""Fission rules of ops/resize.py (Resize, Upsample) against onnxruntime."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from opcheck import Const, build_model, check_op, rand
+
+from tessera.fission import fission
+from tessera.frontend import load
+
+F32 = np.float32
+COORD_MODES = ["half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric"]
+NEAREST_MODES = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
+INDEX_PRIMS = {"gather", "slice", "reshape", "broadcast"}  # what nearest may emit
+
+
+def _ops(pg) -> list[str]:
+    return [n.op for n in pg.nodes]
+
+
+def _scales(*s: float) -> Const:
+    return Const(np.array(s, dtype=F32))
+
+
+def _sizes(*s: int) -> Const:
+    return Const(np.array(s, dtype=np.int64))
+
+
+def _inputs(x: np.ndarray, scales: Const | None = None, sizes: Const | None = None) -> dict:
+    """Resize-11+ inputs: X, roi (omitted), scales (omitted when sizes are given), sizes."""
+    inputs: dict = {"x": x, "": None}
+    if scales is not None:
+        inputs["scales"] = scales
+    else:
+        inputs["__omit_scales"] = Const(np.zeros(0, F32))
+        inputs["sizes"] = sizes
+    return inputs
+
+
+def _resize(x: np.ndarray, attrs: dict, opset: int, scales: Const | None = None, sizes: Const | None = None,
+            **kw):
+    return check_op("Resize", _inputs(x, scales, sizes), attrs, opset=opset, **kw)
+
+
+def _opaque_reasons(inputs: dict, attrs: dict, opset: int) -> list[str]:
+    return [o.reason for o in fission(load(build_model("Resize", inputs, attrs, opset=opset)).graph).opaque]
+
+
+# ---- nearest ---------------------------------------------------------------------------------
+NEAREST_SCALES = [
+    (1, 1, 1.7, 0.6),  # non-integer up and down
+    (1, 1, 2.5, 0.43),
+    (1, 1, 0.5, 3.0),  # integer factors
+    (1, 2, 1.0, 1.3),  # channels too
+]
+
+
+@pytest.mark.parametrize("scales", NEAREST_SCALES)
+@pytest.mark.parametrize("nearest", NEAREST_MODES)
+@pytest.mark.parametrize("coord", COORD_MODES)
+def test_nearest_scales(coord, nearest, scales):
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": coord, "nearest_mode": nearest}
+    pg = _resize(rand(2, 3, 7, 5, seed=1), attrs, 19, scales=_scales(*scales))
+    assert set(_ops(pg)) <= INDEX_PRIMS, _ops(pg)
+
+
+@pytest.mark.parametrize("sizes", [(2, 3, 11, 3), (2, 3, 4, 13), (1, 3, 7, 2)])
+@pytest.mark.parametrize("nearest", NEAREST_MODES)
+@pytest.mark.parametrize("coord", COORD_MODES)
+def test_nearest_sizes(coord, nearest, sizes):
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": coord, "nearest_mode": nearest}
+    pg = _resize(rand(2, 3, 7, 5, seed=2), attrs, 19, sizes=_sizes(*sizes))
+    assert set(_ops(pg)) <= INDEX_PRIMS, _ops(pg)
+
+
+@pytest.mark.parametrize("opset", [11, 13, 18])
+@pytest.mark.parametrize("coord", ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"])
+def test_nearest_opsets(coord, opset):
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": coord, "nearest_mode": "round_prefer_ceil"}
+    x = rand(1, 2, 5, 11, seed=3)
+    _resize(x, attrs, opset, scales=_scales(1, 1, 1.4, 0.7), expect_prims=["gather"])
+    _resize(x, attrs, opset, sizes=_sizes(1, 2, 9, 4), expect_prims=["gather"])
+
+
+def test_nearest_non_integer_is_gather_only():
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": "half_pixel"}
+    pg = _resize(rand(1, 1, 7, 5, seed=4), attrs, 19, scales=_scales(1, 1, 1.7, 1.3))
+    assert set(_ops(pg)) == {"gather"} and _ops(pg).count("gather") == 2
+
+
+def test_nearest_integer_upscale_is_broadcast():
+    # Each source row and column repeated: one RESHAPE, BROADCAST, RESHAPE for both axes.
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+    pg = _resize(rand(2, 3, 5, 7, seed=5), attrs, 19, scales=_scales(1, 1, 2, 3))
+    assert _ops(pg) == ["reshape", "broadcast", "reshape"]
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": "half_pixel"}
+    pg = _resize(rand(2, 3, 5, 7, seed=5), attrs, 19, scales=_scales(1, 1, 2, 2))
+    assert _ops(pg) == ["reshape", "broadcast", "reshape"]
+
+
+def test_nearest_integer_downscale_is_slice():
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+    pg = _resize(rand(2, 3, 8, 9, seed=6), attrs, 19, scales=_scales(1, 1, 0.5, 1 / 3))
+    assert _ops(pg) == ["slice"]
+
+
+def test_identity_emits_nothing():
+    pg = _resize(rand(2, 3, 5, 7, seed=7), {"mode": "linear"}, 19, scales=_scales(1, 1, 1, 1))
+    assert _ops(pg) == ["reshape"]  # only the copy to the graph output
+
+
+def test_nearest_tf_half_pixel_for_nn():
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": "tf_half_pixel_for_nn"}
+    _resize(rand(1, 2, 5, 7, seed=8), attrs, 11, scales=_scales(1, 1, 1.6, 0.6))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8])
+def test_nearest_integer_data(dtype):
+    x = np.random.default_rng(9).integers(1, 100, size=(1, 2, 5, 7)).astype(dtype)
+    _resize(x, {"mode": "nearest"}, 19, scales=_scales(1, 1, 1.5, 0.8))
+
+
+@pytest.mark.parametrize("shape,scales", [((7,), (2.3,)), ((3, 4, 5), (0.7, 1.5, 2.0)),
+                                          ((1, 2, 3, 4, 5), (1, 1, 1.5, 0.6, 2.2))])
+def test_nearest_other_ranks(shape, scales):
+    _resize(rand(*shape, seed=10), {"mode": "nearest"}, 19, scales=_scales(*scales))
+
+
+# ---- linear ------------------------------------------------------------------------------------
+LINEAR_CASES = [  # shape, scales (onnxruntime's linear kernels take 2-D, 3-D, and 4-D/5-D NC...)
+    ((2, 3, 7, 5), (1, 1, 1.7, 0.6)),
+    ((2, 3, 7, 5), (1, 1, 2.0, 3.0)),
+    ((2, 3, 7, 5), (1, 1, 0.5, 0.43)),
+    ((1, 2, 4, 6), (1, 1, 2.5, 1.0)),
+    ((7, 11), (1.3, 0.8)),
+    ((3, 5, 6), (2.0, 0.5, 1.5)),
+    ((1, 2, 3, 5, 7), (1, 1, 1.5, 0.6, 2.2)),
+]
+
+
+@pytest.mark.parametrize("shape,scales", LINEAR_CASES)
+@pytest.mark.parametrize("coord", COORD_MODES)
+def test_linear_scales(coord, shape, scales):
+    attrs = {"mode": "linear", "coordinate_transformation_mode": coord}
+    pg = _resize(rand(*shape, seed=11), attrs, 19, scales=_scales(*scales))
+    assert {"mul", "add"} <= set(_ops(pg)) <= INDEX_PRIMS | {"mul", "add"}, _ops(pg)
+
+
+@pytest.mark.parametrize("sizes", [(2, 3, 12, 3), (2, 3, 3, 13), (2, 3, 1, 1), (2, 3, 7, 9)])
+@pytest.mark.parametrize("coord", COORD_MODES)
+def test_linear_sizes(coord, sizes):
+    attrs = {"mode": "linear", "coordinate_transformation_mode": coord}
+    _resize(rand(2, 3, 7, 5, seed=12), attrs, 19, sizes=_sizes(*sizes))
+
+
+@pytest.mark.parametrize("opset", [11, 13, 18])
+@pytest.mark.parametrize("coord", ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"])
+def test_linear_opsets(coord, opset):
+    attrs = {"mode": "linear", "coordinate_transformation_mode": coord}
+    x = rand(1, 2, 5, 11, seed=13)
+    _resize(x, attrs, opset, scales=_scales(1, 1, 1.4, 0.7), expect_prims=["mul", "add"])
+    _resize(x, attrs, opset, sizes=_sizes(1, 2, 9, 4), expect_prims=["mul", "add"])
+
+
+def test_linear_float64():
+    x = np.random.default_rng(14).uniform(-2, 2, size=(1, 2, 5, 6))
+    _resize(x, {"mode": "linear"}, 19, scales=_scales(1, 1, 1.6, 0.5))
+
+
+# ---- opset 18+: axes, keep_aspect_ratio_policy --------------------------------------------
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("axes,scales", [([2, 3], (1.7, 0.6)), ([3, 2], (2.0, 0.5)), ([3], (1.5,))])
+def test_axes_scales(axes, scales, mode):
+    _resize(rand(2, 3, 7, 5, seed=15), {"mode": mode, "axes": axes}, 18, scales=_scales(*scales))
+
+
+@pytest.mark.parametrize("opset", [18, 19])
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("policy", ["stretch", "not_larger", "not_smaller"])
+@pytest.mark.parametrize("axes,sizes", [(None, (2, 3, 11, 9)), ([2, 3], (4, 6)), ([3, 2], (12, 10))])
+def test_keep_aspect_ratio(axes, sizes, policy, mode, opset):
+    attrs = {"mode": mode, "keep_aspect_ratio_policy": policy} | ({"axes": axes} if axes else {})
+    _resize(rand(2, 3, 7, 5, seed=16), attrs, opset, sizes=_sizes(*sizes))
+
+
+# ---- opset 10 Resize, Upsample ---------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("scales", [(1, 1, 2.0, 3.0), (1, 1, 1.7, 0.6), (1, 1, 0.5, 0.43), (1, 1, 2.5, 1.0)])
+def test_resize10(scales, mode):
+    check_op("Resize", {"x": rand(2, 3, 7, 5, seed=17), "scales": _scales(*scales)}, {"mode": mode}, opset=10)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("scales", [(1, 1, 2.0, 2.0), (1, 1, 1.5, 2.7), (1, 1, 3.0, 1.0)])
+def test_upsample9(scales, mode):
+    pg = check_op("Upsample", {"x": rand(1, 3, 5, 7, seed=18), "scales": _scales(*scales)}, {"mode": mode}, opset=9)
+    if mode == "nearest" and scales[2:] == (2.0, 2.0):
+        assert _ops(pg) == ["reshape", "broadcast", "reshape"]
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_upsample7(mode):
+    check_op("Upsample", {"x": rand(1, 3, 5, 7, seed=19)}, {"mode": mode, "scales": [1.0, 1.0, 2.0, 1.5]}, opset=7)
+
+
+# ---- unsupported ------------------------------------------------------------------------------
+@pytest.mark.parametrize("attrs,why", [
+    ({"mode": "cubic"}, "cubic"),
+    ({"mode": "linear", "antialias": 1}, "antialias"),
+    ({"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize"}, "tf_crop_and_resize"),
+])
+def test_unsupported_is_opaque(attrs, why):
+    inputs = {"x": rand(1, 2, 5, 7, seed=20), "roi": Const(np.array([0, 0, 0.1, 0.2, 1, 1, 0.9, 0.7], F32)),
+              "scales": _scales(1, 1, 0.6, 1.5)}
+    reasons = _opaque_reasons(inputs, attrs, 19)
+    assert reasons and why in reasons[0]
