@@ -262,6 +262,8 @@ def test_window_reduce_any_rank() -> None:
     x5 = rand(rng, 2, 3, 5, 9, 7)
     one(Prim.WINDOW_REDUCE, {"x": x5}, _wr("sum", (3, 3), (2, 2), (1, 1), (1, 1, 1, 1)))
     one(Prim.WINDOW_REDUCE, {"x": x5}, _wr("max", (2, 3), (2, 1), (1, 1), (0, 1, 1, 0)))
+    # Pads as large as the kernel (MaxPool refuses them; the export uses Pad + Slices).
+    one(Prim.WINDOW_REDUCE, {"x": x5}, _wr("max", (2, 2), (1, 2), (2, 1), (2, 0, 1, 2)))
 
 
 def test_window_reduce_integer() -> None:
@@ -551,3 +553,70 @@ def test_export_operator_graph() -> None:
     ref = np.where(c > 0, c, c * 1.0)
     assert rel_l2(y, ref) < 1e-5
     np.testing.assert_array_equal(h, (ref == ref.max(-1, keepdims=True)).astype(np.float32))
+
+
+def test_inplace_reuse_never_clobbers_a_view() -> None:
+    # t's last reader is NEG, which may write its result into t's buffer, but a
+    # transposed view of t is still live (a graph output): t must not be reused.
+    g, b = new_graph(x=((3, 5), F32))
+    t = b.emit(Prim.EXP, ["x"])
+    v = b.transpose(t, (1, 0))
+    w = b.emit(Prim.NEG, [t])
+    u = b.emit(Prim.ADD, [w, w])
+    y = b.emit(Prim.MUL, [b.emit(Prim.EXP, [u]), b.emit(Prim.EXP, ["x"])])  # u dies unviewed: reusable
+    g.outputs = [v, y]
+    x = rand(np.random.default_rng(37), 3, 5)
+    got = check(g, {"x": x})
+    np.testing.assert_allclose(got[v], np.exp(x).T, rtol=1e-6)
+    np.testing.assert_allclose(got[y], np.exp(-2 * np.exp(x)) * np.exp(x), rtol=1e-6)
+    np.testing.assert_array_equal(x, rand(np.random.default_rng(37), 3, 5))  # feeds untouched
+
+
+@pytest.mark.parametrize("dt,kind", [(np.float64, "sum"), (np.int64, "max"), (np.int64, "sum"),
+                                     (np.float16, "sum"), (np.float16, "max"), (np.uint8, "max")])
+def test_window_reduce_dtypes(dt: type, kind: str) -> None:
+    # float64/int sums and int64 max have no onnxruntime pooling kernel: they export as Pad + Slices.
+    x = rand(np.random.default_rng(38), 2, 3, 9, 7, lo=1, hi=60).astype(dt)
+    one(Prim.WINDOW_REDUCE, {"x": x}, _wr(kind, (3, 2), (2, 1), (1, 2), (1, 0, 1, 1)), tol=1e-2 if dt == np.float16 else 1e-5)
+    one(Prim.WINDOW_REDUCE, {"x": x}, _wr(kind, (2, 1), (1, 1), (1, 1), (0, 0, 1, 0)), tol=1e-2 if dt == np.float16 else 1e-5)
+
+
+def test_bfloat16_is_float32_rounded_at_casts() -> None:
+    g, b = new_graph(x=((2, 3), F32))
+    h = b.cast("x", DType.BFLOAT16)
+    t = b.emit(Prim.OPAQUE, [h], {"op_type": "Transpose", "domain": "", "opset": 20, "onnx_attrs": {"perm": [1, 0]}},
+               out_type=TensorType((3, 2), DType.BFLOAT16))
+    y = b.cast(b.emit(Prim.ADD, [t, t]), F32)
+    g.outputs = [y]
+    x = np.array([[1.001, 2.0, 3.0], [4.0, 5.0, -6.3]], np.float32)
+    got = interp.run(g, {"x": x})[y]
+    np.testing.assert_array_equal(got, 2 * np.array([[1, 4], [2, 5], [3, -6.3125]], np.float32))
+    exact = interp.run(g, {"x": x}, exact=True)[y]
+    # exact mode rounds only where onnxruntime runs the opaque node in its declared bfloat16
+    assert exact.dtype == np.float64 and rel_l2(exact, 2 * x.T.astype(np.float64)) < TOLERANCE["bf16"]
+    onnx.checker.check_model(to_onnx(g), full_check=True)
+
+
+def test_opaque_from_serialized_node() -> None:
+    proto = onnx.helper.make_node("Hardmax", ["a"], ["b"], axis=0)
+    g, b = new_graph(x=((5, 3), F32))
+    y = b.emit(Prim.OPAQUE, ["x"], {"op_type": "Hardmax", "domain": "", "opset": 20,
+                                    "node": proto.SerializeToString()}, out_type=TensorType((5, 3), F32))
+    g.outputs = [y]
+    x = rand(np.random.default_rng(39), 5, 3)
+    np.testing.assert_array_equal(check(g, {"x": x})[y], (x == x.max(0)).astype(np.float32))
+
+
+def test_opaque_custom_domain() -> None:
+    g, b = new_graph(x=((3, 7), F32))
+    g.opsets["com.microsoft"] = 1
+    y = b.emit(Prim.OPAQUE, ["x"], {"op_type": "Gelu", "domain": "com.microsoft", "opset": 17, "onnx_attrs": {}},
+               out_type=TensorType((3, 7), F32))
+    z = b.emit(Prim.MUL, [y, y])
+    g.outputs = [z]
+    x = rand(np.random.default_rng(40), 3, 7)
+    got = check(g, {"x": x})[z]
+    gelu = 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    assert rel_l2(got, gelu * gelu) < 1e-5
+    model = to_onnx(g)
+    assert {(o.domain, o.version) for o in model.opset_import} == {("", 17), ("com.microsoft", 1)}

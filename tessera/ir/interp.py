@@ -17,6 +17,7 @@ OPAQUE nodes run through onnxruntime as a one-node model (`ir/interp_opaque.py`)
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -70,20 +71,21 @@ def run(graph: Graph, feeds: Mapping[str, np.ndarray], exact: bool = False,
     for name, value in graph.constants.items():
         if name in last_use or name in keep or keep_all:
             env[name] = np.asarray(value).astype(ctx.np_dtype(graph.types[name].dtype), copy=False)
+    borrowed = set(graph.inputs) | set(graph.constants)
     with np.errstate(all="ignore"):  # NaN/inf/overflow are values here, not errors
         for i, node in enumerate(order):
             args = [env[t] for t in node.inputs if t] if node.op == Prim.OPAQUE.value \
                 else [env[t] for t in node.inputs]
-            results = _eval(ctx, node, args)
-            for name, value in zip(node.outputs, results):
-                if name:
-                    env[name] = value
-            if not keep_all:  # free what no later node reads
-                for t in dict.fromkeys(node.inputs):
-                    if t and last_use.get(t) == i and t not in keep:
-                        env.pop(t, None)
+            dying = [] if keep_all else [t for t in dict.fromkeys(node.inputs)
+                                         if t and last_use.get(t) == i and t not in keep]
+            for t in dying:  # free what no later node reads (args holds it until the node ran)
+                env.pop(t, None)
+            donor = _donor(ctx, node, args, [t not in borrowed and t in dying for t in node.inputs])
+            results = _eval(ctx, node, args, donor)
+            del args  # no stray references: they would hide a donor (see _donor)
+            env.update((t, v) for t, v in zip(node.outputs, results) if t)
+            del results
     names = list(graph.types) if keep_all else graph.outputs
-    borrowed = set(graph.inputs) | set(graph.constants)
     return {t: _materialize(env[t], t in borrowed) for t in names if t in env}
 
 
@@ -122,7 +124,35 @@ def _compatible(v: np.ndarray, dt: DType) -> bool:
     return v.size == 0 or (int(v.min()) >= info.min and int(v.max()) <= info.max)
 
 
-def _eval(ctx: _Ctx, node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
+def _donor(ctx: _Ctx, node: Node, args: list[np.ndarray], dying: list[bool]) -> int | None:
+    """The index of an argument the node may overwrite with its result, if any.
+
+    Writing an elementwise result into a dying input saves an allocation: for
+    the large tensors of whole models, the page faults of a fresh array cost
+    several times the arithmetic. The input must be an array this run made and
+    nothing else sees: no other live tensor, no view of it (CPython refcount:
+    the `args` list, this call's parameter and getrefcount's own argument).
+    """
+    ufunc = _INPLACE.get(node.op)
+    if ufunc is None:
+        return None
+    t = ctx.out_type(node)
+    want = ctx.np_dtype(t.dtype)
+    if want.kind != "f" and node.op in (Prim.DIV.value, Prim.POW.value):
+        return None  # integer DIV/POW are not plain ufuncs
+    for j, ok in enumerate(dying):
+        if ok and node.inputs.count(node.inputs[j]) == 1 and _sole_owner(args[j], want, t.shape):
+            return j
+    return None
+
+
+def _sole_owner(a: np.ndarray, dtype: np.dtype, shape: tuple[int, ...]) -> bool:
+    # 3 references: the caller's `args` list, the parameter `a`, getrefcount's argument.
+    return (a.dtype == dtype and a.shape == shape and a.base is None and a.flags.writeable
+            and a.flags.c_contiguous and sys.getrefcount(a) <= 3)
+
+
+def _eval(ctx: _Ctx, node: Node, args: list[np.ndarray], donor: int | None = None) -> list[np.ndarray]:
     try:
         prim = Prim(node.op)
     except ValueError:
@@ -131,6 +161,8 @@ def _eval(ctx: _Ctx, node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
         types = [ctx.graph.types[t] for t in node.inputs if t]
         outs = run_opaque(ctx.graph, node, args, types, ctx.exact)
         return [_conform(ctx, node, i, o) for i, o in enumerate(outs)]
+    if donor is not None:
+        return [_conform(ctx, node, 0, _INPLACE[node.op](*args, out=args[donor]))]
     return [_conform(ctx, node, 0, _KERNELS[prim](ctx, node, args))]
 
 
@@ -315,6 +347,13 @@ def _conv_transpose(ctx: _Ctx, node: Node, args: Sequence[np.ndarray]) -> np.nda
     return lin.conv_transpose(args[0], args[1], a["strides"], a["pads"], a["dilations"], a["group"],
                               a["output_padding"])
 
+
+# Elementwise primitives that are one NumPy ufunc on floats: they may write into a dying input.
+_INPLACE: dict[str, np.ufunc] = {p.value: f for p, f in {
+    Prim.NEG: np.negative, Prim.ABS: np.absolute, Prim.EXP: np.exp, Prim.LOG: np.log, Prim.SQRT: np.sqrt,
+    Prim.TANH: np.tanh, Prim.ADD: np.add, Prim.SUB: np.subtract, Prim.MUL: np.multiply,
+    Prim.DIV: np.divide, Prim.POW: np.power, Prim.MAX: np.maximum, Prim.MIN: np.minimum,
+}.items()}
 
 _KERNELS: dict[Prim, Kernel] = {
     Prim.FILL: _fill, Prim.CAST: _cast, Prim.WHERE: _where,

@@ -21,9 +21,10 @@ from onnx import TensorProto, helper
 from tessera.errors import UnsupportedError, node_ref
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node, TensorType
-from tessera.ir.onnx_export import ir_version_for, make_onnx_node
+from tessera.ir.onnx_export import ir_version_for, make_onnx_node, opaque_onnx_attrs
 
 _CACHE_SIZE = 256
+_F32 = "/as_float32"  # suffix of the float32 twin of a bfloat16 tensor
 _sessions: "OrderedDict[bytes, ort.InferenceSession]" = OrderedDict()
 
 
@@ -39,8 +40,10 @@ def run_opaque(graph: Graph, node: Node, args: Sequence[np.ndarray], in_types: S
     sess = _session(graph, node, in_types, out_types)
     feeds = {}
     for name, value, t in zip(present, args, in_types):
-        dt = np.float32 if t.dtype is DType.BFLOAT16 else t.dtype.to_numpy()
-        feeds[name] = np.ascontiguousarray(value, dtype=dt)
+        if t.dtype is DType.BFLOAT16:  # fed as float32, cast inside the model
+            feeds[name + _F32] = np.ascontiguousarray(value, dtype=np.float32)
+        else:
+            feeds[name] = np.ascontiguousarray(value, dtype=t.dtype.to_numpy())
     outs = sess.run(None, feeds)
     result = []
     for o, t in zip(outs, out_types):
@@ -81,19 +84,19 @@ def _one_node_model(graph: Graph, node: Node, in_types: Sequence[TensorType],
     typed = dict(zip([t for t in node.inputs if t], in_types))
     for name, t in typed.items():  # dict: an input read twice is declared once
         if t.dtype is DType.BFLOAT16:
-            g_in.append(helper.make_tensor_value_info(name + "/f32", TensorProto.FLOAT, t.shape))
-            nodes.append(helper.make_node("Cast", [name + "/f32"], [name], to=TensorProto.BFLOAT16))
+            g_in.append(helper.make_tensor_value_info(name + _F32, TensorProto.FLOAT, t.shape))
+            nodes.append(helper.make_node("Cast", [name + _F32], [name], to=TensorProto.BFLOAT16))
         else:
             g_in.append(helper.make_tensor_value_info(name, t.dtype.to_onnx(), t.shape))
     outputs = list(node.outputs)
     casts = []
     for name, t in zip([o for o in outputs if o], out_types):
         if t.dtype is DType.BFLOAT16:
-            g_out.append(helper.make_tensor_value_info(name + "/f32", TensorProto.FLOAT, t.shape))
-            casts.append(helper.make_node("Cast", [name], [name + "/f32"], to=TensorProto.FLOAT))
+            g_out.append(helper.make_tensor_value_info(name + _F32, TensorProto.FLOAT, t.shape))
+            casts.append(helper.make_node("Cast", [name], [name + _F32], to=TensorProto.FLOAT))
         else:
             g_out.append(helper.make_tensor_value_info(name, t.dtype.to_onnx(), t.shape))
-    nodes.append(make_onnx_node(op_type, inputs, outputs, dict(a.get("onnx_attrs", {})),
+    nodes.append(make_onnx_node(op_type, inputs, outputs, opaque_onnx_attrs(a),
                                 domain=domain, opset=opset, name="opaque"))
     nodes.extend(casts)
     opsets = {"": opset}

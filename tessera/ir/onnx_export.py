@@ -108,6 +108,18 @@ def make_onnx_node(op_type: str, inputs: Sequence[str], outputs: Sequence[str], 
     return node
 
 
+def opaque_onnx_attrs(attrs: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The ONNX attributes of an OPAQUE primitive: attrs `onnx_attrs` (what
+    fission writes), else those of attrs `node`, a serialized NodeProto."""
+    if "onnx_attrs" in attrs:
+        return attrs["onnx_attrs"]
+    if "node" in attrs:
+        proto = onnx.NodeProto()
+        proto.ParseFromString(bytes(attrs["node"]))
+        return {a.name: a for a in proto.attribute}
+    return {}
+
+
 def _doc(node: Node, what: str) -> str:
     src = ", ".join(node.source) if node.source else "none (added by tessera)"
     return f"{what} '{node.name}'; source ONNX nodes: {src}"
@@ -298,7 +310,10 @@ def _window_reduce(ex: _Exporter, n: Node) -> None:
     kind = n.attrs["kind"]
     if kind not in _POOL_TYPE:
         raise UnsupportedError(f"node '{n.name}': window_reduce kind {kind!r}")
-    if ex.graph.types[n.inputs[0]].dtype in _POOL_TYPE[kind]:
+    kernel, pads = n.attrs["kernel"], n.attrs["pads"]
+    # onnxruntime's MaxPool refuses pads as large as the kernel.
+    small_pads = all(p < kernel[i % len(kernel)] for i, p in enumerate(pads))
+    if ex.graph.types[n.inputs[0]].dtype in _POOL_TYPE[kind] and (kind == "sum" or small_pads):
         _window_pool(ex, n)
     else:
         _window_separable(ex, n)
@@ -429,7 +444,7 @@ def _opaque(ex: _Exporter, n: Node) -> None:
         opset = ex.graph.opsets.get(domain, 1)
         ex.domains.setdefault(domain, opset)
     ex.add(a["op_type"], n.inputs, n.outputs, n.name, _doc(n, f"opaque {a['op_type']}"),
-           domain=domain, opset=opset, attrs=a.get("onnx_attrs", {}))
+           domain=domain, opset=opset, attrs=opaque_onnx_attrs(a))
 
 
 _EXPORTERS: dict[Prim, Callable[[_Exporter, Node], None]] = {

@@ -81,8 +81,11 @@ def matmul(ctx: OpCtx) -> list[str]:
         # One right matrix for every batch: fold the left batch into M, no copies.
         y = b.matmul(b.reshape(x, (math.prod(a2[:-2]) * m, k)), b.reshape(w, (k, n)))
     else:
-        y = b.matmul(b.broadcast_to(b.reshape(x, a2), batch + (m, k)),
-                     b.broadcast_to(b.reshape(w, b2), batch + (k, n)))
+        # One RESHAPE (1-D promotion and leading 1s together), then BROADCAST.
+        ones = (1,) * len(batch)
+        xa = b.reshape(x, (ones + a2)[-len(batch) - 2:])
+        wb = b.reshape(w, (ones + b2)[-len(batch) - 2:])
+        y = b.matmul(b.broadcast_to(xa, batch + (m, k)), b.broadcast_to(wb, batch + (k, n)))
     return [b.reshape(y, out_shape)]
 
 

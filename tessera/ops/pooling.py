@@ -6,9 +6,9 @@ the pads, ceil_mode and count_include_pad but never on the data: fission
 computes it here, as a FILL when it is the same everywhere and as a constant
 tensor otherwise.
 
-Output extents and divisors follow onnxruntime, which was checked case by case
-against this code (kernel, stride, dilation, pads, ceil_mode, count_include_pad
-and auto_pad over small 1-D extents):
+Output extents and divisors follow onnxruntime (compared over every small 1-D
+combination of kernel, stride, dilation, pads, ceil_mode, count_include_pad and
+auto_pad when this was written; tests/test_ops_pooling.py keeps a grid):
 - ceil_mode rounds the window count up, but a window must start inside the
   input or its begin pad; one that would start in the end pad is dropped.
 - count_include_pad=1 counts the window's positions inside the padded input

@@ -1,0 +1,79 @@
+"""Build the large models (scripts/model_zoo.py), then verify fission on each.
+
+Run on the GPU machine (it has torchvision and transformers), e.g. through the
+device tool:
+
+    PYTHONPATH=. python scripts/verify_zoo.py --out $OUT
+
+Prints one table row per model (relative L2 error of the float64 reference
+interpreter vs onnxruntime, fp32) and writes JSON with versions and date.
+Verification runs on the CPU; the GPU is not needed for this stage.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from model_zoo import ZOO, build  # noqa: E402
+
+import tessera  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--models", default="resnet50,inception_v3,bert_base,gpt2")
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host_cpu": platform.processor() or platform.machine(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": platform.python_version(), "torch": torch.__version__, "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__, "numpy": np.__version__,
+    }
+    print(json.dumps(env), flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            assert name in ZOO, name
+            t0 = time.perf_counter()
+            row = {"model": name}
+            try:
+                path = build(name, Path(tmp))
+                row["export_s"] = round(time.perf_counter() - t0, 1)
+                summary = tessera.summarize(path)
+                row.update(operators=summary["operators"]["total"], primitives=summary["primitives"]["total"],
+                           opaque=[o["op"] for o in summary["opaque"]])
+                report = tessera.verify(path, stage="fission", seed=args.seed)
+                row.update(report.as_dict())
+                path.unlink()
+            except Exception as e:  # noqa: BLE001 - record and go on to the next model
+                row.update(passed=False, error=f"{type(e).__name__}: {e}")
+            row["total_s"] = round(time.perf_counter() - t0, 1)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    (args.out / "verify_zoo.json").write_text(json.dumps({"env": env, "results": rows}, indent=2))
+    print(f"\n{'model':<14}{'ops':>6}{'prims':>7}{'opaque':>8}  {'max rel L2':>11}  result   time")
+    for r in rows:
+        errs = [o["rel_l2"] for o in r.get("outputs", [])]
+        worst = f"{max(errs):.2e}" if errs else "-"
+        print(f"{r['model']:<14}{r.get('operators', '-'):>6}{r.get('primitives', '-'):>7}{len(r.get('opaque', [])):>8}"
+              f"  {worst:>11}  {'PASS' if r.get('passed') else 'FAIL':<7}{r['total_s']:>6}s  {r.get('error', '')}")
+    return 0 if all(r.get("passed") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
