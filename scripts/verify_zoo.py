@@ -58,7 +58,7 @@ def main() -> int:
                 row.update(operators=summary["operators"]["total"], primitives=summary["primitives"]["total"],
                            opaque=[o["op"] for o in summary["opaque"]])
                 report = tessera.verify(path, stage="fission", seed=args.seed)
-                row.update(report.as_dict())
+                row.update({k: v for k, v in report.as_dict().items() if k != "model"})
                 path.unlink()
             except Exception as e:  # noqa: BLE001 - record and go on to the next model
                 row.update(passed=False, error=f"{type(e).__name__}: {e}")

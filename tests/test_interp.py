@@ -351,6 +351,7 @@ def _conv_attrs(n: int, strides=None, pads=None, dilations=None, group: int = 1)
     (5, 10, (5, 3), (2, 1), (2, 1, 2, 1), (1, 2), 5),     # depthwise with multiplier 2
     (6, 9, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),      # 1x1
     (6, 9, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 3),      # 1x1 strided, grouped
+    (6, 5, (1, 1), (2, 1), (1, 0, 0, 1), (1, 1), 1),      # 1x1 padded
     (4, 3, (2, 2), (2, 2), (0, 0, 0, 0), (3, 1), 1),      # dilated
 ])
 def test_conv2d_vs_torch(c, o, k, strides, pads, dil, group) -> None:
@@ -402,6 +403,16 @@ def test_conv_transpose_vs_torch(c, o, k, strides, pads, dil, group, opad) -> No
     ref = F.conv_transpose2d(torch.from_numpy(x.astype(np.float64)), torch.from_numpy(w.astype(np.float64)),
                              stride=strides, padding=pads, output_padding=opad, groups=group, dilation=dil)
     assert rel_l2(got, ref.numpy()) < 1e-6
+
+
+def test_conv_transpose_3d() -> None:
+    rng = np.random.default_rng(41)
+    x, w = rand(rng, 1, 4, 3, 5, 4), rand(rng, 4, 3, 2, 3, 2)
+    attrs = {**_conv_attrs(3, (2, 1, 2), (1, 0, 1) * 2, (1, 2, 1), 2), "output_padding": (1, 0, 1)}
+    got, _ = one(Prim.CONV_TRANSPOSE, {"x": x, "w": w}, attrs)
+    ref = F.conv_transpose3d(torch.from_numpy(x), torch.from_numpy(w), stride=(2, 1, 2), padding=(1, 0, 1),
+                             output_padding=(1, 0, 1), groups=2, dilation=(1, 2, 1))
+    assert rel_l2(got, ref.numpy()) < 1e-5
 
 
 def test_conv_transpose_asymmetric_1d() -> None:

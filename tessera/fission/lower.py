@@ -106,7 +106,11 @@ def _name_outputs(pg: Graph, b: PrimBuilder, outputs: list[str], alias: dict[str
                      and p not in pg.inputs and o not in pg.types)
         if renamable:
             _rename(pg, p, o)
+            for k, v in alias.items():
+                if v == p:
+                    alias[k] = o
             producers = pg.producers()
+            p = o
         elif p != o or p in claimed:
             # The output is an input, a constant, or another output: copy it.
             b.source = ()

@@ -130,26 +130,31 @@ def _donor(ctx: _Ctx, node: Node, args: list[np.ndarray], dying: list[bool]) -> 
     Writing an elementwise result into a dying input saves an allocation: for
     the large tensors of whole models, the page faults of a fresh array cost
     several times the arithmetic. The input must be an array this run made and
-    nothing else sees: no other live tensor, no view of it (CPython refcount:
-    the `args` list, this call's parameter and getrefcount's own argument).
+    that nothing else sees: no other live tensor and no view of it, which the
+    CPython reference count tells (a view holds a reference to its base).
     """
-    ufunc = _INPLACE.get(node.op)
-    if ufunc is None:
+    if node.op not in _INPLACE:
         return None
     t = ctx.out_type(node)
     want = ctx.np_dtype(t.dtype)
     if want.kind != "f" and node.op in (Prim.DIV.value, Prim.POW.value):
         return None  # integer DIV/POW are not plain ufuncs
     for j, ok in enumerate(dying):
-        if ok and node.inputs.count(node.inputs[j]) == 1 and _sole_owner(args[j], want, t.shape):
-            return j
+        a = args[j] if ok else None
+        if (a is not None and node.inputs.count(node.inputs[j]) == 1 and a.dtype == want and a.shape == t.shape
+                and a.base is None and a.flags.writeable and a.flags.c_contiguous):
+            del a  # our own reference must not count
+            if _refcount(args, j) <= _UNSHARED_REFS:
+                return j
     return None
 
 
-def _sole_owner(a: np.ndarray, dtype: np.dtype, shape: tuple[int, ...]) -> bool:
-    # 3 references: the caller's `args` list, the parameter `a`, getrefcount's argument.
-    return (a.dtype == dtype and a.shape == shape and a.base is None and a.flags.writeable
-            and a.flags.c_contiguous and sys.getrefcount(a) <= 3)
+def _refcount(args: list[np.ndarray], j: int) -> int:
+    return sys.getrefcount(args[j])
+
+
+# What `_refcount` says of an array that only a list holds (differs between CPython versions).
+_UNSHARED_REFS = _refcount([np.empty(1)], 0)
 
 
 def _eval(ctx: _Ctx, node: Node, args: list[np.ndarray], donor: int | None = None) -> list[np.ndarray]:

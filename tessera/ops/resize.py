@@ -50,14 +50,21 @@ def _coords(mode: str, n_out: int, n_in: int, scale: np.float32) -> np.ndarray:
     return x64.astype(_F)
 
 
+# onnxruntime treats a coordinate within this distance of k + 0.5 as the tie
+# (measured: 2**-20 away is a tie, 1.01e-6 away is not), so a half that float
+# arithmetic misses by an ulp still rounds the preferred way.
+_TIE = 1e-6
+
+
 def _nearest(xo: np.ndarray, mode: str, n_in: int, shrinking: bool) -> np.ndarray:
     """Source index of every output position; negative x only ever clamps to 0."""
     x = xo.astype(np.float64)  # exact: the decisions are about the float32 values
     fl = np.floor(x)
+    tie = np.abs(x - fl - 0.5) < _TIE
     if mode == "round_prefer_floor":
-        i = np.where(x - fl > 0.5, fl + 1, fl)
+        i = np.where(tie, np.floor(x + 0.5 - _TIE), np.floor(x + 0.5))
     elif mode == "round_prefer_ceil":
-        i = np.where(x - fl >= 0.5, fl + 1, fl)
+        i = np.where(tie, np.ceil(x - 0.5 + _TIE), np.floor(x + 0.5))
     elif mode == "floor":
         i = fl
     elif mode == "ceil":
@@ -142,19 +149,16 @@ def _resize(ctx: OpCtx, scales: Sequence[float] | None, sizes: Sequence[int] | N
     if any(n == 0 for n in out):
         raise Unsupported(f"Resize gives an empty tensor {out}")
 
+    # onnxruntime copies an axis whose size does not change, whatever its
+    # scale and coordinate mode; only the other axes are resampled.
+    resized = [a for a in range(r) if out[a] != shape[a]]
     if mode == "nearest":
-        picks = {}
-        for a in range(r):
-            idx = _nearest(_coords(coord, out[a], shape[a], scale[a]), nearest, shape[a], scale[a] < 1)
-            if out[a] != shape[a] or not np.array_equal(idx, np.arange(shape[a])):
-                picks[a] = idx
-        return select(b, x, picks)
-    # Shrinking axes first, so later axes blend less data. onnxruntime leaves
-    # an axis of scale 1 as it is whatever the coordinate mode.
+        return select(b, x, {a: _nearest(_coords(coord, out[a], shape[a], scale[a]), nearest, shape[a],
+                                         scale[a] < 1) for a in resized})
+    # Shrinking axes first, so later axes blend less data.
     y = x
-    for a in sorted(range(r), key=lambda a: out[a] / shape[a]):
-        if scale[a] != 1 or out[a] != shape[a]:
-            y = _blend(ctx, y, a, _coords(coord, out[a], shape[a], scale[a]))
+    for a in sorted(resized, key=lambda a: out[a] / shape[a]):
+        y = _blend(ctx, y, a, _coords(coord, out[a], shape[a], scale[a]))
     return y
 
 

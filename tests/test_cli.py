@@ -1,0 +1,43 @@
+"""The `tessera` command: inspect and verify, text and JSON."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tessera.cli.main import main
+
+MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
+
+
+def test_inspect_json(capsys):
+    assert main(["inspect", str(MODELS / "candy_small_legacy.onnx"), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["operators"]["counts"]["Conv"] == 16
+    assert s["primitives"]["by_category"]["linear"] == 16
+    assert s["primitives"]["by_category"]["opaque"] == 0 and s["opaque"] == []
+    assert s["folding"]["folded_nodes"]["ConstantOfShape"] == 16 and s["folding"]["folded_total"] > 100
+    assert s["inputs"] == [{"name": "input.1", "type": "float32[1x3x64x64]"}]
+
+
+def test_inspect_text(capsys):
+    assert main(["inspect", str(MODELS / "attn_s7.onnx")]) == 0
+    out = capsys.readouterr().out
+    for word in ("operators (5)", "primitives", "reduce_max", "opaque (0)", "folded constants"):
+        assert word in out
+
+
+def test_verify_exit_codes(capsys):
+    assert main(["verify", str(MODELS / "gemm_g3.onnx"), "--seed", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "seed 7" in out and out.strip().endswith("PASS")
+    assert main(["verify", str(MODELS / "gemm_g3.onnx"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["passed"] is True
+
+
+def test_console_entry_point_runs():
+    r = subprocess.run([sys.executable, "-m", "tessera", "verify", str(MODELS / "attn_s4.onnx")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "PASS" in r.stdout

@@ -1,0 +1,75 @@
+"""The fission driver: output naming, opaque fallback and rollback, source tracking."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from opcheck import run_ort
+from tessera.fission import fission
+from tessera.frontend import load
+from tessera.ir import interp
+from tessera.ir.prims import Category, Prim
+
+
+def _vi(name, shape, dtype=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    g = helper.make_graph(nodes, "m", inputs, outputs, initializer=list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)], ir_version=8)
+
+
+def _run_both(m: onnx.ModelProto, feeds):
+    pg = fission(load(m).graph).graph
+    got = interp.run(pg, feeds)
+    ref = run_ort(m, feeds)
+    for name, r in zip(pg.outputs, ref):
+        np.testing.assert_allclose(got[name], r, rtol=1e-6, atol=1e-6)
+    return pg
+
+
+def test_outputs_keep_model_names_even_for_identity_and_constants():
+    c = numpy_helper.from_array(np.array([1.5, -2.0, 3.0], dtype=np.float32), "c")
+    m = _model([helper.make_node("Identity", ["x"], ["same"], name="id"),
+                helper.make_node("Identity", ["c"], ["const_out"], name="idc"),
+                helper.make_node("Softmax", ["x"], ["sm"], name="sm", axis=-1)],
+               [_vi("x", [2, 3])], [_vi("same", [2, 3]), _vi("const_out", [3]), _vi("sm", [2, 3])], [c])
+    feeds = {"x": np.random.default_rng(1).standard_normal((2, 3)).astype(np.float32)}
+    pg = _run_both(m, feeds)
+    assert pg.outputs == ["same", "const_out", "sm"]
+    assert {"same", "sm"} <= set(pg.producers())
+    assert "const_out" in pg.constants  # folded by the frontend; still an output
+
+
+def test_same_tensor_as_two_outputs():
+    m = _model([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                helper.make_node("Identity", ["r"], ["r2"], name="id")],
+               [_vi("x", [4])], [_vi("r", [4]), _vi("r2", [4])])
+    pg = _run_both(m, {"x": np.array([-1.0, 2.0, -3.0, 4.0], dtype=np.float32)})
+    assert pg.outputs == ["r", "r2"]
+
+
+def test_opaque_node_keeps_neighbours_split_and_records_source():
+    m = _model([helper.make_node("Relu", ["x"], ["r"], name="relu_1"),
+                helper.make_node("CumSum", ["r", "axis"], ["c"], name="cumsum_1"),
+                helper.make_node("Sigmoid", ["c"], ["y"], name="sig_1")],
+               [_vi("x", [3, 5])], [_vi("y", [3, 5])],
+               [numpy_helper.from_array(np.array(1, dtype=np.int64), "axis")])
+    result = fission(load(m).graph)
+    pg = result.graph
+    assert [o.op_type for o in result.opaque] == ["CumSum"]
+    cats = {n.source[0]: Prim(n.op).category for n in pg.nodes}
+    assert cats["cumsum_1"] is Category.OPAQUE and cats["sig_1"] is Category.ELEMENTWISE
+    _run_both(m, {"x": np.random.default_rng(2).standard_normal((3, 5)).astype(np.float32)})
+
+
+def test_multi_output_opaque():
+    m = _model([helper.make_node("TopK", ["x", "k"], ["v", "i"], name="topk", axis=-1),
+                helper.make_node("Neg", ["v"], ["y"], name="neg")],
+               [_vi("x", [2, 9])], [_vi("y", [2, 4]), _vi("i", [2, 4], TensorProto.INT64)],
+               [numpy_helper.from_array(np.array([4], dtype=np.int64), "k")])
+    pg = _run_both(m, {"x": np.random.default_rng(3).permutation(18).reshape(2, 9).astype(np.float32)})
+    opaque = [n for n in pg.nodes if n.op == "opaque"]
+    assert len(opaque) == 1 and len(opaque[0].outputs) == 2
