@@ -54,6 +54,8 @@ def format_summary(s: Mapping[str, Any]) -> str:
                  f"{f['constants']} constants ({f['constant_bytes'] / 1e6:.2f} MB)")
     if f["folded_nodes"]:
         lines += _columns(f["folded_nodes"])
+    for w in f["warnings"]:
+        lines.append(f"warning: {w}")
     return "\n".join(lines)
 
 

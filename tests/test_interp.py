@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from tessera.errors import ShapeError
-from tessera.ir import interp
+from tessera.ir import interp, interp_linear
 from tessera.ir.builder import PrimBuilder
 from tessera.ir.dtype import DType
-from tessera.ir.graph import Graph, GraphKind, TensorType
+from tessera.ir.graph import Graph, GraphKind, Node, TensorType
 from tessera.ir.onnx_export import to_onnx
 from tessera.ir.prims import Prim
 from tessera.tolerance import TOLERANCE, rel_l2
@@ -272,6 +272,16 @@ def test_window_reduce_integer() -> None:
     one(Prim.WINDOW_REDUCE, {"x": x}, _wr("max", (3, 2), (2, 1), (1, 1), (1, 1, 1, 1)))
 
 
+@pytest.mark.parametrize("dt,kind", [(np.float64, "sum"), (np.int64, "max"), (np.int64, "sum"),
+                                     (np.float16, "sum"), (np.float16, "max"), (np.uint8, "max")])
+def test_window_reduce_dtypes(dt: type, kind: str) -> None:
+    # float64/int sums and int64 max have no onnxruntime pooling kernel: they export as Pad + Slices.
+    x = rand(np.random.default_rng(38), 2, 3, 9, 7, lo=1, hi=60).astype(dt)
+    tol = TOLERANCE["fp16"] if dt == np.float16 else TOLERANCE["fp32"]
+    one(Prim.WINDOW_REDUCE, {"x": x}, _wr(kind, (3, 2), (2, 1), (1, 2), (1, 0, 1, 1)), tol=tol)
+    one(Prim.WINDOW_REDUCE, {"x": x}, _wr(kind, (2, 1), (1, 1), (1, 1), (0, 0, 1, 0)), tol=tol)
+
+
 # ---- layout ------------------------------------------------------------------------
 def test_transpose_reshape() -> None:
     x = rand(np.random.default_rng(17), 2, 3, 5, 7)
@@ -282,6 +292,8 @@ def test_transpose_reshape() -> None:
     y = b.reshape(b.transpose("x", (3, 1, 2, 0)), (21, 10))
     g.outputs = [y]
     np.testing.assert_array_equal(check(g, {"x": x})[y], x.transpose(3, 1, 2, 0).reshape(21, 10))
+    # Empty tensors: a 0 in a RESHAPE shape is an extent, not ONNX's "copy this dim".
+    assert one(Prim.RESHAPE, {"e": np.zeros((0, 3), np.float32)}, {"shape": (3, 0, 1)})[0].shape == (3, 0, 1)
 
 
 def test_slice_negative_steps() -> None:
@@ -380,7 +392,6 @@ def test_conv_1d_3d() -> None:
 
 
 def test_conv_im2col_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tessera.ir import interp_linear
     monkeypatch.setattr(interp_linear, "_CHUNK_BYTES", 1024)  # force many row chunks
     rng = np.random.default_rng(26)
     x, w = rand(rng, 2, 6, 17, 9), rand(rng, 4, 3, 3, 3)
@@ -446,7 +457,6 @@ def test_opaque_einsum_and_hardmax() -> None:
 
 
 def test_opaque_multiple_outputs_and_omitted_input() -> None:
-    from tessera.ir.graph import Node
     rng = np.random.default_rng(30)
     g, b = new_graph(x=((4, 9), F32))
     k = b.const(np.array([3], np.int64), "k")
@@ -465,6 +475,48 @@ def test_opaque_multiple_outputs_and_omitted_input() -> None:
     order = np.argsort(-x, axis=1, kind="stable")[:, :3]
     np.testing.assert_array_equal(got["idx"], order)
     np.testing.assert_allclose(got["clipped"], np.minimum(np.take_along_axis(x, order, 1), 0.5))
+
+
+def test_opaque_from_serialized_node() -> None:
+    proto = onnx.helper.make_node("Hardmax", ["a"], ["b"], axis=0)
+    g, b = new_graph(x=((5, 3), F32))
+    y = b.emit(Prim.OPAQUE, ["x"], {"op_type": "Hardmax", "domain": "", "opset": 20,
+                                    "node": proto.SerializeToString()}, out_type=TensorType((5, 3), F32))
+    g.outputs = [y]
+    x = rand(np.random.default_rng(39), 5, 3)
+    np.testing.assert_array_equal(check(g, {"x": x})[y], (x == x.max(0)).astype(np.float32))
+
+
+def test_opaque_custom_domain() -> None:
+    g, b = new_graph(x=((3, 7), F32))
+    g.opsets["com.microsoft"] = 1
+    y = b.emit(Prim.OPAQUE, ["x"], {"op_type": "Gelu", "domain": "com.microsoft", "opset": 17, "onnx_attrs": {}},
+               out_type=TensorType((3, 7), F32))
+    z = b.emit(Prim.MUL, [y, y])
+    g.outputs = [z]
+    x = rand(np.random.default_rng(40), 3, 7)
+    got = check(g, {"x": x})[z]
+    gelu = 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    assert rel_l2(got, gelu * gelu) < 1e-5
+    model = to_onnx(g)
+    assert {(o.domain, o.version) for o in model.opset_import} == {("", 17), ("com.microsoft", 1)}
+
+
+
+def test_bfloat16_is_float32_rounded_at_casts() -> None:
+    g, b = new_graph(x=((2, 3), F32))
+    h = b.cast("x", DType.BFLOAT16)
+    t = b.emit(Prim.OPAQUE, [h], {"op_type": "Transpose", "domain": "", "opset": 20, "onnx_attrs": {"perm": [1, 0]}},
+               out_type=TensorType((3, 2), DType.BFLOAT16))
+    y = b.cast(b.emit(Prim.ADD, [t, t]), F32)
+    g.outputs = [y]
+    x = np.array([[1.001, 2.0, 3.0], [4.0, 5.0, -6.3]], np.float32)
+    got = interp.run(g, {"x": x})[y]
+    np.testing.assert_array_equal(got, 2 * np.array([[1, 4], [2, 5], [3, -6.3125]], np.float32))
+    exact = interp.run(g, {"x": x}, exact=True)[y]
+    # exact mode rounds only where onnxruntime runs the opaque node in its declared bfloat16
+    assert exact.dtype == np.float64 and rel_l2(exact, 2 * x.T.astype(np.float64)) < TOLERANCE["bf16"]
+    onnx.checker.check_model(to_onnx(g), full_check=True)
 
 
 # ---- run(): feeds, precision, memory ------------------------------------------------
@@ -512,6 +564,23 @@ def test_keep_all_and_freeing() -> None:
     np.testing.assert_allclose(everything[u], -np.exp(x), rtol=1e-6)
 
 
+def test_inplace_reuse_never_clobbers_a_view() -> None:
+    # t's last reader is NEG, which may write its result into t's buffer, but a
+    # transposed view of t is still live (a graph output): t must not be reused.
+    g, b = new_graph(x=((3, 5), F32))
+    t = b.emit(Prim.EXP, ["x"])
+    v = b.transpose(t, (1, 0))
+    w = b.emit(Prim.NEG, [t])
+    u = b.emit(Prim.ADD, [w, w])
+    y = b.emit(Prim.MUL, [b.emit(Prim.EXP, [u]), b.emit(Prim.EXP, ["x"])])  # u dies unviewed: reusable
+    g.outputs = [v, y]
+    x = rand(np.random.default_rng(37), 3, 5)
+    got = check(g, {"x": x})
+    np.testing.assert_allclose(got[v], np.exp(x).T, rtol=1e-6)
+    np.testing.assert_allclose(got[y], np.exp(-2 * np.exp(x)) * np.exp(x), rtol=1e-6)
+    np.testing.assert_array_equal(x, rand(np.random.default_rng(37), 3, 5))  # feeds untouched
+
+
 def test_float16_graph() -> None:
     rng = np.random.default_rng(34)
     x, w = rand(rng, 1, 4, 9, 7).astype(np.float16), rand(rng, 6, 4, 3, 3).astype(np.float16)
@@ -538,7 +607,6 @@ def test_export_doc_strings_and_unique_names() -> None:
 
 
 def test_export_operator_graph() -> None:
-    from tessera.ir.graph import Node
     rng = np.random.default_rng(36)
     w, bias = rand(rng, 4, 3, 3, 3), rand(rng, 4)
     g = Graph(name="ops", kind=GraphKind.OPERATOR, inputs=["x"], outputs=["y", "h"], opsets={"": 17})
@@ -564,70 +632,3 @@ def test_export_operator_graph() -> None:
     ref = np.where(c > 0, c, c * 1.0)
     assert rel_l2(y, ref) < 1e-5
     np.testing.assert_array_equal(h, (ref == ref.max(-1, keepdims=True)).astype(np.float32))
-
-
-def test_inplace_reuse_never_clobbers_a_view() -> None:
-    # t's last reader is NEG, which may write its result into t's buffer, but a
-    # transposed view of t is still live (a graph output): t must not be reused.
-    g, b = new_graph(x=((3, 5), F32))
-    t = b.emit(Prim.EXP, ["x"])
-    v = b.transpose(t, (1, 0))
-    w = b.emit(Prim.NEG, [t])
-    u = b.emit(Prim.ADD, [w, w])
-    y = b.emit(Prim.MUL, [b.emit(Prim.EXP, [u]), b.emit(Prim.EXP, ["x"])])  # u dies unviewed: reusable
-    g.outputs = [v, y]
-    x = rand(np.random.default_rng(37), 3, 5)
-    got = check(g, {"x": x})
-    np.testing.assert_allclose(got[v], np.exp(x).T, rtol=1e-6)
-    np.testing.assert_allclose(got[y], np.exp(-2 * np.exp(x)) * np.exp(x), rtol=1e-6)
-    np.testing.assert_array_equal(x, rand(np.random.default_rng(37), 3, 5))  # feeds untouched
-
-
-@pytest.mark.parametrize("dt,kind", [(np.float64, "sum"), (np.int64, "max"), (np.int64, "sum"),
-                                     (np.float16, "sum"), (np.float16, "max"), (np.uint8, "max")])
-def test_window_reduce_dtypes(dt: type, kind: str) -> None:
-    # float64/int sums and int64 max have no onnxruntime pooling kernel: they export as Pad + Slices.
-    x = rand(np.random.default_rng(38), 2, 3, 9, 7, lo=1, hi=60).astype(dt)
-    one(Prim.WINDOW_REDUCE, {"x": x}, _wr(kind, (3, 2), (2, 1), (1, 2), (1, 0, 1, 1)), tol=1e-2 if dt == np.float16 else 1e-5)
-    one(Prim.WINDOW_REDUCE, {"x": x}, _wr(kind, (2, 1), (1, 1), (1, 1), (0, 0, 1, 0)), tol=1e-2 if dt == np.float16 else 1e-5)
-
-
-def test_bfloat16_is_float32_rounded_at_casts() -> None:
-    g, b = new_graph(x=((2, 3), F32))
-    h = b.cast("x", DType.BFLOAT16)
-    t = b.emit(Prim.OPAQUE, [h], {"op_type": "Transpose", "domain": "", "opset": 20, "onnx_attrs": {"perm": [1, 0]}},
-               out_type=TensorType((3, 2), DType.BFLOAT16))
-    y = b.cast(b.emit(Prim.ADD, [t, t]), F32)
-    g.outputs = [y]
-    x = np.array([[1.001, 2.0, 3.0], [4.0, 5.0, -6.3]], np.float32)
-    got = interp.run(g, {"x": x})[y]
-    np.testing.assert_array_equal(got, 2 * np.array([[1, 4], [2, 5], [3, -6.3125]], np.float32))
-    exact = interp.run(g, {"x": x}, exact=True)[y]
-    # exact mode rounds only where onnxruntime runs the opaque node in its declared bfloat16
-    assert exact.dtype == np.float64 and rel_l2(exact, 2 * x.T.astype(np.float64)) < TOLERANCE["bf16"]
-    onnx.checker.check_model(to_onnx(g), full_check=True)
-
-
-def test_opaque_from_serialized_node() -> None:
-    proto = onnx.helper.make_node("Hardmax", ["a"], ["b"], axis=0)
-    g, b = new_graph(x=((5, 3), F32))
-    y = b.emit(Prim.OPAQUE, ["x"], {"op_type": "Hardmax", "domain": "", "opset": 20,
-                                    "node": proto.SerializeToString()}, out_type=TensorType((5, 3), F32))
-    g.outputs = [y]
-    x = rand(np.random.default_rng(39), 5, 3)
-    np.testing.assert_array_equal(check(g, {"x": x})[y], (x == x.max(0)).astype(np.float32))
-
-
-def test_opaque_custom_domain() -> None:
-    g, b = new_graph(x=((3, 7), F32))
-    g.opsets["com.microsoft"] = 1
-    y = b.emit(Prim.OPAQUE, ["x"], {"op_type": "Gelu", "domain": "com.microsoft", "opset": 17, "onnx_attrs": {}},
-               out_type=TensorType((3, 7), F32))
-    z = b.emit(Prim.MUL, [y, y])
-    g.outputs = [z]
-    x = rand(np.random.default_rng(40), 3, 7)
-    got = check(g, {"x": x})[z]
-    gelu = 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
-    assert rel_l2(got, gelu * gelu) < 1e-5
-    model = to_onnx(g)
-    assert {(o.domain, o.version) for o in model.opset_import} == {("", 17), ("com.microsoft", 1)}

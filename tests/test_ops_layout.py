@@ -78,7 +78,7 @@ def test_reshape_allowzero_without_zeros():
 
 
 @pytest.mark.parametrize("opset", [9, 11, 13])
-@pytest.mark.parametrize("axis", [0, 1, 2, 3, -1, -3])
+@pytest.mark.parametrize("axis", [0, 1, 2, 3, 4, -1, -3])
 def test_flatten(axis, opset):
     if axis < 0 and opset < 11:
         pytest.skip("negative axes arrive in opset 11")
@@ -186,13 +186,15 @@ def test_slice(starts, ends, axes, steps, opset):
     assert _ops(pg) in (["slice"], ["reshape"])
 
 
-@pytest.mark.parametrize("starts,ends,axes", [([1], [4], None), ([-3, 0], [BIG, 2], [2, 0]), ([2], [-1], [1])])
+# ONNX's Slice-1 shape inference (which the harness declares outputs with) gets
+# unsorted axes wrong, so these list axes in order.
+@pytest.mark.parametrize("starts,ends,axes", [([1], [4], None), ([0, -3], [2, 100], [0, 2]), ([2], [-1], [1])])
 def test_slice1_attributes(starts, ends, axes):
     attrs = {"starts": starts, "ends": ends} | ({"axes": axes} if axes else {})
     check_op("Slice", {"x": rand(5, 6, 7, seed=18)}, attrs, opset=1, expect_prims=["slice"])
 
 
-def test_slice_int32_and_graph_int64_data():
+def test_slice_int32_data_and_indices():
     x = np.random.default_rng(19).integers(-50, 50, size=(4, 9)).astype(np.int32)
     check_op("Slice", {"x": x, "starts": Const(np.array([7], np.int32)), "ends": Const(np.array([1], np.int32)),
                        "axes": Const(np.array([1], np.int32)), "steps": Const(np.array([-3], np.int32))}, opset=13)

@@ -16,7 +16,6 @@ OPAQUE nodes run through onnxruntime as a one-node model (`ir/interp_opaque.py`)
 """
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -31,10 +30,13 @@ from tessera.ir.graph import Graph, Node, TensorType
 from tessera.ir.interp_opaque import run_opaque
 from tessera.ir.prims import Prim
 
-try:  # scipy's erf is exact to float64 rounding; the fallback is slower, not less exact.
+try:  # NumPy has no erf. scipy is not a dependency but is often there; torch always is.
     from scipy.special import erf as _erf
-except ImportError:  # pragma: no cover - scipy is optional
-    _erf = np.vectorize(math.erf, otypes=[np.float64])
+except ImportError:  # pragma: no cover - depends on the machine
+    import torch
+
+    def _erf(x: np.ndarray) -> np.ndarray:
+        return torch.special.erf(torch.from_numpy(np.ascontiguousarray(x))).numpy()
 
 
 @dataclass(frozen=True)

@@ -278,16 +278,17 @@ def _broadcast(ex: _Exporter, n: Node) -> None:
            _doc(n, n.op))
 
 
-def _reshape_to(ex: _Exporter, n: Node, x: str, shape: Sequence[int], out: str | None, hint: str) -> str:
+def _reshape_to(ex: _Exporter, n: Node, x: str, shape: Sequence[int], out: str | None, hint: str,
+                node_name: str | None = None) -> str:
     out = out or ex.fresh_tensor(f"{n.name}/{hint}")
-    attrs = {"allowzero": 1} if 0 in shape and ex.opset >= 14 else {}
-    ex.add("Reshape", [x, ex.ints(f"{n.name}/{hint}_shape", shape)], [out], f"{n.name}/{hint}",
+    attrs = {"allowzero": 1} if 0 in shape and ex.opset >= 14 else {}  # a 0 in shape is a 0, not "copy"
+    ex.add("Reshape", [x, ex.ints(f"{n.name}/{hint}_shape", shape)], [out], node_name or f"{n.name}/{hint}",
            _doc(n, n.op), **attrs)
     return out
 
 
 def _reshape(ex: _Exporter, n: Node) -> None:
-    _reshape_to(ex, n, n.inputs[0], n.attrs["shape"], n.outputs[0], "reshape")
+    _reshape_to(ex, n, n.inputs[0], n.attrs["shape"], n.outputs[0], "reshape", node_name=n.name)
 
 
 def _cast_to(ex: _Exporter, n: Node, x: str, dt: DType, hint: str) -> str:

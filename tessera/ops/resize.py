@@ -86,12 +86,10 @@ def _linear(xo: np.ndarray, n_in: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return lo, hi, w_lo, w_hi
 
 
-def _blend(ctx: OpCtx, x: str, axis: int, xo: np.ndarray) -> str:
-    """Linear interpolation of x along one axis at source coordinates xo."""
+def _blend(ctx: OpCtx, x: str, axis: int, lo: np.ndarray, hi: np.ndarray, w_lo: np.ndarray,
+           w_hi: np.ndarray) -> str:
+    """lo*w_lo + hi*w_hi along one axis, the weights broadcast over the other axes."""
     b = ctx.b
-    lo, hi, w_lo, w_hi = _linear(xo, b.shape(x)[axis])
-    if not w_hi.any():
-        return select(b, x, {axis: lo})
     shape = [1] * b.rank(x)
     shape[axis] = len(lo)
     dt = b.dtype(x)
@@ -149,16 +147,26 @@ def _resize(ctx: OpCtx, scales: Sequence[float] | None, sizes: Sequence[int] | N
     if any(n == 0 for n in out):
         raise Unsupported(f"Resize gives an empty tensor {out}")
 
-    # onnxruntime copies an axis whose size does not change, whatever its
-    # scale and coordinate mode; only the other axes are resampled.
-    resized = [a for a in range(r) if out[a] != shape[a]]
+    # onnxruntime returns a copy when no extent changes, whatever the scales;
+    # otherwise every axis of scale != 1 is resampled, even one that keeps its size.
+    if out == list(shape):
+        return x
+    resized = [a for a in range(r) if scale[a] != 1]
     if mode == "nearest":
         return select(b, x, {a: _nearest(_coords(coord, out[a], shape[a], scale[a]), nearest, shape[a],
                                          scale[a] < 1) for a in resized})
-    # Shrinking axes first, so later axes blend less data.
-    y = x
+    # Axes whose source coordinates are all whole need no blend: one select
+    # for all of them first (they never grow), then the blends, shrinking first.
+    picks, blends = {}, []
     for a in sorted(resized, key=lambda a: out[a] / shape[a]):
-        y = _blend(ctx, y, a, _coords(coord, out[a], shape[a], scale[a]))
+        lo, hi, w_lo, w_hi = _linear(_coords(coord, out[a], shape[a], scale[a]), shape[a])
+        if w_hi.any():
+            blends.append((a, lo, hi, w_lo, w_hi))
+        else:
+            picks[a] = lo
+    y = select(b, x, picks)
+    for blend in blends:
+        y = _blend(ctx, y, *blend)
     return y
 
 
