@@ -1,6 +1,8 @@
 """Fission rules of ops/layout.py against onnxruntime, at every opset variant."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from opcheck import Const, build_model, check_op, rand
@@ -33,6 +35,11 @@ def _ints(*v: int) -> Const:
 def _omit() -> Const:
     # build_model drops inputs named "__omit*"; a Const keeps it out of the feeds.
     return Const(np.zeros(0, dtype=I64))
+
+
+def _id(name: str, i: int, value) -> str:
+    """The id pytest gives the i-th value of a list parameter `name` ("None" for None)."""
+    return "None" if value is None else f"{name}{i}"
 
 
 # ---- Transpose ------------------------------------------------------------------------
@@ -77,11 +84,16 @@ def test_reshape_allowzero_without_zeros():
 
 
 
-@pytest.mark.parametrize("opset", [9, 11, 13])
-@pytest.mark.parametrize("axis", [0, 1, 2, 3, 4, -1, -3])
+# Negative axes arrive in opset 11: those combinations are not generated below it.
+FLATTEN_CASES = [
+    pytest.param(axis, opset, id=f"{axis}-{opset}")
+    for opset, axis in itertools.product([9, 11, 13], [0, 1, 2, 3, 4, -1, -3])
+    if not (axis < 0 and opset < 11)
+]
+
+
+@pytest.mark.parametrize("axis,opset", FLATTEN_CASES)
 def test_flatten(axis, opset):
-    if axis < 0 and opset < 11:
-        pytest.skip("negative axes arrive in opset 11")
     check_op("Flatten", {"x": rand(2, 3, 5, 7, seed=6)}, {"axis": axis}, opset=opset, expect_prims=["reshape"])
 
 
@@ -106,11 +118,16 @@ def test_unsqueeze(axes):
 
 
 # ---- Concat, Split -----------------------------------------------------------------------
-@pytest.mark.parametrize("opset", [4, 11, 13])
-@pytest.mark.parametrize("axis", [0, 1, 2, -1, -2])
+# Negative axes arrive in opset 11: those combinations are not generated below it.
+CONCAT_CASES = [
+    pytest.param(axis, opset, id=f"{axis}-{opset}")
+    for opset, axis in itertools.product([4, 11, 13], [0, 1, 2, -1, -2])
+    if not (axis < 0 and opset < 11)
+]
+
+
+@pytest.mark.parametrize("axis,opset", CONCAT_CASES)
 def test_concat(axis, opset):
-    if axis < 0 and opset < 11:
-        pytest.skip("negative axes arrive in opset 11")
     base = [2, 3, 5]
     shapes = []
     for n in (1, 4, 3):
@@ -135,11 +152,17 @@ def test_split_attribute(axis, split):
     assert set(_ops(pg)) <= {"slice", "reshape"}
 
 
-@pytest.mark.parametrize("opset", [13, 18])
-@pytest.mark.parametrize("axis,split", [(1, [2, 3, 2]), (-2, [6, 1]), (0, None)])
+# Opset 18 needs split or num_outputs, so the case without a split input is not generated
+# there (test_split_num_outputs covers num_outputs).
+SPLIT_INPUT_CASES = [
+    pytest.param(axis, split, opset, id=f"{axis}-{_id('split', i, split)}-{opset}")
+    for opset, (i, (axis, split)) in itertools.product([13, 18], enumerate([(1, [2, 3, 2]), (-2, [6, 1]), (0, None)]))
+    if not (opset >= 18 and split is None)
+]
+
+
+@pytest.mark.parametrize("axis,split,opset", SPLIT_INPUT_CASES)
 def test_split_input(axis, split, opset):
-    if opset >= 18 and split is None:
-        pytest.skip("opset 18 needs split or num_outputs (test_split_num_outputs)")
     inputs = {"x": rand(3, 7, 5, seed=15)}
     if split:
         inputs["split"] = _ints(*split)
@@ -169,11 +192,17 @@ SLICES = [  # starts, ends, axes (None: omitted), steps (None: omitted)
 ]
 
 
-@pytest.mark.parametrize("opset", [10, 11, 13])
-@pytest.mark.parametrize("starts,ends,axes,steps", SLICES)
+# Negative axes and steps arrive in opset 11: those slices are not generated below it.
+SLICE_CASES = [
+    pytest.param(starts, ends, axes, steps, opset,
+                 id=f"starts{i}-ends{i}-{_id('axes', i, axes)}-{_id('steps', i, steps)}-{opset}")
+    for opset, (i, (starts, ends, axes, steps)) in itertools.product([10, 11, 13], enumerate(SLICES))
+    if not (opset < 11 and (any(a < 0 for a in axes or []) or steps and any(s < 0 for s in steps)))
+]
+
+
+@pytest.mark.parametrize("starts,ends,axes,steps,opset", SLICE_CASES)
 def test_slice(starts, ends, axes, steps, opset):
-    if opset < 11 and (any(a < 0 for a in axes or []) or steps and any(s < 0 for s in steps)):
-        pytest.skip("negative axes and steps arrive in opset 11")
     inputs = {"x": rand(3, 5, 7, seed=17), "starts": _ints(*starts), "ends": _ints(*ends)}
     if axes is not None:
         inputs["axes"] = _ints(*axes)
@@ -290,8 +319,7 @@ def test_tile(shape, reps, opset):
 
 
 # ---- Gather, GatherElements ----------------------------------------------------------------
-@pytest.mark.parametrize("opset", [1, 11, 13])
-@pytest.mark.parametrize("axis,indices,prims", [
+GATHERS = [  # axis, constant indices, the prims fission may emit
     (0, np.array(2), {"slice", "reshape"}),  # scalar: the dim disappears
     (1, np.array(-1), {"slice", "reshape"}),
     (-1, np.array([0, 2, 4]), {"slice"}),  # progression -> strided slice
@@ -299,10 +327,17 @@ def test_tile(shape, reps, opset):
     (2, np.array([3, 0, 6, 6, 1]), {"gather"}),
     (2, np.array([[1, -2], [0, -7]]), {"gather", "reshape"}),
     (0, np.array([1, 1, 1]), {"slice", "broadcast", "reshape"}),  # one row repeated
-])
+]
+# Negative indices and axes arrive in opset 11: those gathers are not generated below it.
+GATHER_CONST_CASES = [
+    pytest.param(axis, indices, prims, opset, id=f"{axis}-indices{i}-prims{i}-{opset}")
+    for opset, (i, (axis, indices, prims)) in itertools.product([1, 11, 13], enumerate(GATHERS))
+    if not (opset < 11 and ((indices < 0).any() or axis < 0))
+]
+
+
+@pytest.mark.parametrize("axis,indices,prims,opset", GATHER_CONST_CASES)
 def test_gather_const(axis, indices, prims, opset):
-    if opset < 11 and ((indices < 0).any() or axis < 0):
-        pytest.skip("negative indices and axes arrive in opset 11")
     pg = check_op("Gather", {"x": rand(3, 5, 7, seed=28), "i": Const(indices.astype(I64))}, {"axis": axis},
                   opset=opset)
     assert set(_ops(pg)) <= prims, _ops(pg)
@@ -341,11 +376,16 @@ def test_space_to_depth(shape, bs, opset):
     check_op("SpaceToDepth", {"x": rand(*shape, seed=34)}, {"blocksize": bs}, opset=opset, expect_prims=["transpose"])
 
 
-@pytest.mark.parametrize("opset", [1, 11, 13])
-@pytest.mark.parametrize("mode", ["DCR", "CRD"])
-@pytest.mark.parametrize("shape,bs", [((1, 12, 2, 3), 2), ((2, 18, 3, 5), 3)])
+# CRD arrives in opset 11: it is not generated below it (where the mode is DCR and not written).
+DEPTH_TO_SPACE_CASES = [
+    pytest.param(shape, bs, mode, opset, id=f"shape{i}-{bs}-{mode}-{opset}")
+    for opset, mode, (i, (shape, bs)) in itertools.product(
+        [1, 11, 13], ["DCR", "CRD"], enumerate([((1, 12, 2, 3), 2), ((2, 18, 3, 5), 3)]))
+    if not (opset < 11 and mode == "CRD")
+]
+
+
+@pytest.mark.parametrize("shape,bs,mode,opset", DEPTH_TO_SPACE_CASES)
 def test_depth_to_space(shape, bs, mode, opset):
-    if opset < 11 and mode == "CRD":
-        pytest.skip("CRD arrives in opset 11")
     attrs = {"blocksize": bs} | ({"mode": mode} if opset >= 11 else {})
     check_op("DepthToSpace", {"x": rand(*shape, seed=35)}, attrs, opset=opset, expect_prims=["transpose"])

@@ -7,7 +7,7 @@ from tessera.errors import ShapeError, node_ref
 from tessera.ir.builder import PrimBuilder
 from tessera.ir.graph import Graph, GraphKind, Node, TensorType
 from tessera.ir.prims import Prim
-from tessera.ops.registry import OpCtx, Unsupported, lookup
+from tessera.ops.registry import Unsupported, lower_node
 
 
 @dataclass(frozen=True)
@@ -23,20 +23,6 @@ class OpaqueOp:
 class FissionResult:
     graph: Graph
     opaque: list[OpaqueOp] = field(default_factory=list)
-
-
-def lower_node(b: PrimBuilder, node: Node, opset: int) -> list[str]:
-    """Apply `node`'s fission rule through `b`; raise Unsupported if it has none."""
-    opdef = lookup(node.op, node.domain, opset)
-    if opdef is None:
-        dom = f"{node.domain}." if node.domain else ""
-        raise Unsupported(f"no fission rule for {dom}{node.op} at opset {opset}")
-    b.source = (node.name,)
-    b.context = node_ref(node.name, node.op)
-    outs = list(opdef.rule(OpCtx(b, node, opset)))
-    if len(outs) < sum(1 for o in node.outputs if o):
-        raise Unsupported(f"the rule produces {len(outs)} of {len(node.outputs)} outputs")
-    return outs
 
 
 def emit_opaque(b: PrimBuilder, node: Node, out_types: list[TensorType], opset: int) -> list[str]:

@@ -20,12 +20,11 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from tessera.errors import ShapeError, TesseraError, UnsupportedError, node_ref
-from tessera.fission.lower import lower_node
+from tessera.errors import ShapeError, UnsupportedError, node_ref
 from tessera.ir.builder import PrimBuilder
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, GraphKind, Node, TensorType
-from tessera.ops.registry import Unsupported
+from tessera.ops.registry import Unsupported, lower_node
 
 # Ops whose value is not a function of their inputs; never folded.
 _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",

@@ -22,6 +22,7 @@ from typing import Callable, Mapping, Sequence
 
 import ml_dtypes
 import numpy as np
+import torch
 
 from tessera.errors import MalformedModelError, ShapeError, node_ref
 from tessera.ir import interp_linear as lin
@@ -30,13 +31,11 @@ from tessera.ir.graph import Graph, Node, TensorType
 from tessera.ir.interp_opaque import run_opaque
 from tessera.ir.prims import Prim
 
-try:  # NumPy has no erf. scipy is not a dependency but is often there; torch always is.
-    from scipy.special import erf as _erf
-except ImportError:  # pragma: no cover - depends on the machine
-    import torch
 
-    def _erf(x: np.ndarray) -> np.ndarray:
-        return torch.special.erf(torch.from_numpy(np.ascontiguousarray(x))).numpy()
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    # NumPy has no erf; torch (a dependency) has one for float16/32/64.
+    return torch.special.erf(torch.from_numpy(np.ascontiguousarray(x))).numpy()
 
 
 @dataclass(frozen=True)
@@ -336,7 +335,9 @@ def _gather(ctx: _Ctx, node: Node, args: Sequence[np.ndarray]) -> np.ndarray:
 def _gather_elements(ctx: _Ctx, node: Node, args: Sequence[np.ndarray]) -> np.ndarray:
     data, idx = args
     axis = node.attrs["axis"]
-    return np.take_along_axis(data, _wrap(idx, data.shape[axis]), axis=axis)
+    # ONNX lets the indices be smaller than the data off the axis: read only that corner.
+    corner = tuple(slice(None) if d == axis else slice(0, n) for d, n in enumerate(idx.shape))
+    return np.take_along_axis(data[corner], _wrap(idx, data.shape[axis]), axis=axis)
 
 
 # ---- linear ------------------------------------------------------------------------

@@ -29,7 +29,7 @@ class Prim(str, enum.Enum):
     """Tensor-algebra primitives. Values are lower case, never an ONNX op type."""
 
     # ---- elementwise: out[i] = f(x[i], y[i], ...) --------------------------
-    FILL = "fill"  # no inputs; attrs value (float|int|bool): every element equals value
+    FILL = "fill"  # no inputs; attrs value, shape, dtype: every element equals value
     CAST = "cast"  # attrs dtype: the value converted to the output dtype (ONNX Cast rules)
     NEG = "neg"  # -x
     ABS = "abs"  # |x|
@@ -59,15 +59,16 @@ class Prim(str, enum.Enum):
     # ---- reduce / broadcast ------------------------------------------------
     # Reductions keep rank: the output has size 1 on every axis in attrs axes.
     REDUCE_SUM = "reduce_sum"  # sum over axes
-    REDUCE_MAX = "reduce_max"  # max over axes
-    REDUCE_MIN = "reduce_min"  # min over axes
+    REDUCE_MAX = "reduce_max"  # max over axes; NaN if any element is NaN
+    REDUCE_MIN = "reduce_min"  # min over axes; NaN if any element is NaN
     # attrs shape: same rank as the input; each input dim is 1 or equals the
     # output dim; a size-1 dim is repeated. The only way operands get broadcast.
     BROADCAST = "broadcast"
     # Windowed reduction over the trailing len(kernel) dims (pooling).
     # attrs kind ("sum"|"max"), kernel, strides, dilations, pads (begins then
     # ends). out[..., o] = reduce over k of x[..., o*stride + k*dilation - pad_begin];
-    # positions outside the input are skipped (they add 0 / never win a max).
+    # positions outside the input are skipped (they add 0 / never win a max);
+    # a window wholly outside gives 0 (sum) or the dtype's lowest value (max).
     WINDOW_REDUCE = "window_reduce"
 
     # ---- layout: every output element is a copy of one input element ------
@@ -84,7 +85,8 @@ class Prim(str, enum.Enum):
     # with negative indices counting from the end (ONNX Gather).
     GATHER = "gather"
     # inputs (data, indices), attrs axis: out[i] = data[i with i[axis] replaced by
-    # indices[i]] (ONNX GatherElements); negative indices count from the end.
+    # indices[i]] (ONNX GatherElements); negative indices count from the end;
+    # indices may be smaller than data off the axis.
     GATHER_ELEMENTS = "gather_elements"
 
     # ---- linear ------------------------------------------------------------
@@ -99,7 +101,8 @@ class Prim(str, enum.Enum):
 
     # ---- opaque ------------------------------------------------------------
     # An ONNX operator that fission does not split: attrs op_type, domain,
-    # opset, node (the serialized NodeProto). Runs through a fallback.
+    # opset, onnx_attrs (its ONNX attributes as Python values). Runs through a
+    # fallback (onnxruntime). The only primitive that may have several outputs.
     OPAQUE = "opaque"
 
     @property

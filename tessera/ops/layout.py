@@ -26,11 +26,6 @@ from tessera.ops.registry import OpCtx, Unsupported, register
 
 
 # ---- helpers --------------------------------------------------------------------
-def _ints_attr(ctx: OpCtx, name: str) -> list[int] | None:
-    v = ctx.attr(name)
-    return None if v is None else [int(a) for a in np.asarray(v).reshape(-1)]
-
-
 def _nonempty(ctx: OpCtx, shape: Sequence[int]) -> None:
     if any(d == 0 for d in shape):
         raise Unsupported(f"{ctx.node.op} gives an empty tensor {list(shape)}")
@@ -117,7 +112,7 @@ def select(b: PrimBuilder, x: str, picks: Mapping[int, np.ndarray]) -> str:
 def transpose(ctx: OpCtx) -> list[str]:
     x = ctx.input(0)
     r = ctx.b.rank(x)
-    perm = _ints_attr(ctx, "perm")
+    perm = ctx.attr_ints("perm")
     perm = list(range(r))[::-1] if perm is None else perm
     if sorted(perm) != list(range(r)):
         raise ctx.fail(f"perm {perm} is not a permutation of rank {r}")
@@ -150,7 +145,7 @@ def _reshape_to(ctx: OpCtx, x: str, target: Sequence[int], allowzero: bool) -> s
 
 @register("Reshape", since=1)
 def reshape1(ctx: OpCtx) -> list[str]:
-    target = _ints_attr(ctx, "shape")
+    target = ctx.attr_ints("shape")
     if target is None:
         raise ctx.fail("Reshape-1 needs the shape attribute")
     return [_reshape_to(ctx, ctx.input(0), target, False)]
@@ -197,7 +192,7 @@ def _unsqueeze(ctx: OpCtx, axes: list[int]) -> str:
 
 @register("Squeeze", since=1)
 def squeeze1(ctx: OpCtx) -> list[str]:
-    return [_squeeze(ctx, _ints_attr(ctx, "axes"))]
+    return [_squeeze(ctx, ctx.attr_ints("axes"))]
 
 
 @register("Squeeze", since=13)
@@ -207,7 +202,7 @@ def squeeze13(ctx: OpCtx) -> list[str]:
 
 @register("Unsqueeze", since=1)
 def unsqueeze1(ctx: OpCtx) -> list[str]:
-    axes = _ints_attr(ctx, "axes")
+    axes = ctx.attr_ints("axes")
     if axes is None:
         raise ctx.fail("Unsqueeze needs axes")
     return [_unsqueeze(ctx, axes)]
@@ -267,13 +262,13 @@ def _split(ctx: OpCtx, sizes: list[int] | None, num_outputs: int | None = None) 
 @register("Split", since=1)
 def split1(ctx: OpCtx) -> list[str]:
     # Opset 1 takes split from the second input or the attribute; 2-12 from the attribute.
-    sizes = ctx.ints(1) if ctx.has_input(1) else _ints_attr(ctx, "split")
+    sizes = ctx.ints(1) if ctx.has_input(1) else ctx.attr_ints("split")
     return _split(ctx, sizes or None)
 
 
 @register("Split", since=2)
 def split2(ctx: OpCtx) -> list[str]:
-    return _split(ctx, _ints_attr(ctx, "split") or None)
+    return _split(ctx, ctx.attr_ints("split") or None)
 
 
 @register("Split", since=13)
@@ -322,10 +317,10 @@ def _slice(ctx: OpCtx, starts: list[int], ends: list[int], axes: list[int] | Non
 
 @register("Slice", since=1)
 def slice1(ctx: OpCtx) -> list[str]:
-    starts, ends = _ints_attr(ctx, "starts"), _ints_attr(ctx, "ends")
+    starts, ends = ctx.attr_ints("starts"), ctx.attr_ints("ends")
     if starts is None or ends is None:
         raise ctx.fail("Slice-1 needs starts and ends")
-    return [_slice(ctx, starts, ends, _ints_attr(ctx, "axes"), None)]
+    return [_slice(ctx, starts, ends, ctx.attr_ints("axes"), None)]
 
 
 @register("Slice", since=10)
@@ -363,7 +358,7 @@ def _pad(ctx: OpCtx, pads: list[int], mode: str, value: float, axes: list[int] |
 
 @register("Pad", since=2)
 def pad2(ctx: OpCtx) -> list[str]:
-    pads = _ints_attr(ctx, "pads")
+    pads = ctx.attr_ints("pads")
     if pads is None:
         raise ctx.fail("Pad-2 needs pads")
     return [_pad(ctx, pads, ctx.attr("mode", "constant"), float(ctx.attr("value", 0.0)), None)]

@@ -13,33 +13,9 @@ from typing import Sequence
 from tessera.ir.prims import Prim
 from tessera.ops.registry import OpCtx, Unsupported, float_dtype_check, register
 
-_AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
 
 
 # ---- attribute helpers --------------------------------------------------------
-def _str_attr(ctx: OpCtx, name: str, default: str) -> str:
-    v = ctx.attr(name, default)
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _ints_attr(ctx: OpCtx, name: str, n: int, default: int) -> list[int]:
-    """An int-list attribute of length n (one per spatial axis), or the default."""
-    v = ctx.attr(name)
-    if v is None:
-        return [default] * n
-    out = [int(x) for x in v]
-    if len(out) != n:
-        raise ctx.fail(f"attribute {name} has {len(out)} values, expected {n}")
-    return out
-
-
-def _auto_pad(ctx: OpCtx) -> str:
-    mode = _str_attr(ctx, "auto_pad", "NOTSET")
-    if mode not in _AUTO_PADS:
-        raise ctx.fail(f"auto_pad '{mode}' is not one of {', '.join(_AUTO_PADS)}")
-    return mode
-
-
 def _kernel(ctx: OpCtx, w_shape: Sequence[int]) -> list[int]:
     """The kernel extents from W, checked against kernel_shape when it is given."""
     k = [int(d) for d in w_shape[2:]]
@@ -151,9 +127,9 @@ def _same_pads(size: int, k: int, stride: int, dil: int, upper: bool) -> tuple[i
 def _conv_pads(ctx: OpCtx, spatial: Sequence[int], k: Sequence[int], strides: Sequence[int],
                dils: Sequence[int]) -> list[int]:
     n = len(spatial)
-    mode = _auto_pad(ctx)
+    mode = ctx.auto_pad()
     if mode == "NOTSET":
-        pads = _ints_attr(ctx, "pads", 2 * n, 0)
+        pads = ctx.attr_ints("pads", 2 * n, 0)
         if any(p < 0 for p in pads):
             raise ctx.fail(f"negative pads {pads}")
         return pads
@@ -179,8 +155,8 @@ def conv(ctx: OpCtx) -> list[str]:
     if group < 1 or xs[1] != ws[1] * group or ws[0] % group:
         raise ctx.fail(f"weight {list(ws)} does not fit input {list(xs)} with group {group}")
     k = _kernel(ctx, ws)
-    strides = _ints_attr(ctx, "strides", n, 1)
-    dils = _ints_attr(ctx, "dilations", n, 1)
+    strides = ctx.attr_ints("strides", n, 1)
+    dils = ctx.attr_ints("dilations", n, 1)
     pads = _conv_pads(ctx, xs[2:], k, strides, dils)
     for i in range(n):
         if xs[2 + i] + pads[i] + pads[i + n] < dils[i] * (k[i] - 1) + 1:
@@ -195,7 +171,7 @@ def _conv_transpose_pads(ctx: OpCtx, spatial: Sequence[int], k: Sequence[int], s
                          dils: Sequence[int], out_pad: Sequence[int]) -> list[int]:
     """Explicit pads, or the pads implied by output_shape / auto_pad SAME_*."""
     n = len(spatial)
-    mode = _auto_pad(ctx)
+    mode = ctx.auto_pad()
     natural = [strides[i] * (spatial[i] - 1) + out_pad[i] + dils[i] * (k[i] - 1) + 1 for i in range(n)]
     target = ctx.attr("output_shape")
     if target is not None:
@@ -207,7 +183,7 @@ def _conv_transpose_pads(ctx: OpCtx, spatial: Sequence[int], k: Sequence[int], s
     elif mode == "VALID":
         return [0] * (2 * n)
     else:
-        pads = _ints_attr(ctx, "pads", 2 * n, 0)
+        pads = ctx.attr_ints("pads", 2 * n, 0)
         if any(p < 0 for p in pads):
             raise ctx.fail(f"negative pads {pads}")
         return pads
@@ -241,9 +217,9 @@ def conv_transpose(ctx: OpCtx) -> list[str]:
     if group < 1 or xs[1] != ws[0] or xs[1] % group:
         raise ctx.fail(f"weight {list(ws)} does not fit input {list(xs)} with group {group}")
     k = _kernel(ctx, ws)
-    strides = _ints_attr(ctx, "strides", n, 1)
-    dils = _ints_attr(ctx, "dilations", n, 1)
-    out_pad = _ints_attr(ctx, "output_padding", n, 0)
+    strides = ctx.attr_ints("strides", n, 1)
+    dils = ctx.attr_ints("dilations", n, 1)
+    out_pad = ctx.attr_ints("output_padding", n, 0)
     if any(p < 0 for p in out_pad):
         raise ctx.fail(f"negative output_padding {out_pad}")
     pads = _conv_transpose_pads(ctx, xs[2:], k, strides, dils, out_pad)

@@ -27,7 +27,6 @@ import numpy as np
 from tessera.ir.prims import Prim
 from tessera.ops.registry import OpCtx, Unsupported, float_dtype_check, register
 
-_AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
 
 
 @dataclass(frozen=True)
@@ -61,22 +60,6 @@ class _Axis:
 
 
 # ---- attribute helpers --------------------------------------------------------
-def _str_attr(ctx: OpCtx, name: str, default: str) -> str:
-    v = ctx.attr(name, default)
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _ints_attr(ctx: OpCtx, name: str, n: int, default: int) -> list[int]:
-    """An int-list attribute of length n (one per spatial axis), or the default."""
-    v = ctx.attr(name)
-    if v is None:
-        return [default] * n
-    out = [int(x) for x in v]
-    if len(out) != n:
-        raise ctx.fail(f"attribute {name} has {len(out)} values, expected {n}")
-    return out
-
-
 def _window_axes(ctx: OpCtx, x: str, ceil_attr: bool, dilation_attr: bool) -> list[_Axis]:
     """Read the pooling attributes of this opset and resolve the output extents."""
     shape = ctx.b.shape(x)
@@ -89,19 +72,17 @@ def _window_axes(ctx: OpCtx, x: str, ceil_attr: bool, dilation_attr: bool) -> li
     n = len(ks)
     if n != len(shape) - 2 or any(k < 1 for k in ks):
         raise ctx.fail(f"kernel_shape {ks} does not fit input {list(shape)}")
-    strides = _ints_attr(ctx, "strides", n, 1)
-    dils = _ints_attr(ctx, "dilations", n, 1) if dilation_attr else [1] * n
+    strides = ctx.attr_ints("strides", n, 1)
+    dils = ctx.attr_ints("dilations", n, 1) if dilation_attr else [1] * n
     ceil = bool(int(ctx.attr("ceil_mode", 0))) if ceil_attr else False
     if any(s < 1 for s in strides) or any(d < 1 for d in dils):
         raise ctx.fail(f"strides {strides} and dilations {dils} must be positive")
-    mode = _str_attr(ctx, "auto_pad", "NOTSET")
-    if mode not in _AUTO_PADS:
-        raise ctx.fail(f"auto_pad '{mode}' is not one of {', '.join(_AUTO_PADS)}")
+    mode = ctx.auto_pad()
     if mode.startswith("SAME") and any(d != 1 for d in dils):
         # onnxruntime sizes these pads with the undilated kernel and disagrees
         # with ONNX shape inference on the output shape.
         raise Unsupported("auto_pad SAME with dilations")
-    pads = _ints_attr(ctx, "pads", 2 * n, 0) if mode == "NOTSET" else [0] * (2 * n)
+    pads = ctx.attr_ints("pads", 2 * n, 0) if mode == "NOTSET" else [0] * (2 * n)
     if any(p < 0 for p in pads):
         raise ctx.fail(f"negative pads {pads}")
     axes = []

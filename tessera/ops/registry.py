@@ -24,6 +24,9 @@ from tessera.ir.dtype import DType
 from tessera.ir.graph import Node
 
 
+AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
+
+
 class Unsupported(Exception):
     """Raised by a fission rule for a case it does not lower; the node becomes opaque."""
 
@@ -45,6 +48,24 @@ class OpCtx:
 
     def attr(self, name: str, default: Any = None) -> Any:
         return self.node.attrs.get(name, default)
+
+    def attr_ints(self, name: str, n: int | None = None, default: int = 0) -> list[int] | None:
+        """An int-list attribute. With `n` (one value per spatial axis, say) its
+        length is checked, and a missing attribute is `[default] * n`."""
+        v = self.attr(name)
+        if v is None:
+            return None if n is None else [default] * n
+        out = [int(x) for x in np.asarray(v).reshape(-1)]
+        if n is not None and len(out) != n:
+            raise self.fail(f"attribute {name} has {len(out)} values, expected {n}")
+        return out
+
+    def auto_pad(self) -> str:
+        """The auto_pad attribute of Conv, ConvTranspose and pooling, checked."""
+        mode = str(self.attr("auto_pad", "NOTSET"))
+        if mode not in AUTO_PADS:
+            raise self.fail(f"auto_pad '{mode}' is not one of {', '.join(AUTO_PADS)}")
+        return mode
 
     def has_input(self, i: int) -> bool:
         return i < len(self.node.inputs) and self.node.inputs[i] != ""
@@ -124,6 +145,21 @@ def lookup(op_type: str, domain: str, opset: int) -> OpDef | None:
         return None
     i = bisect.bisect_right([e.since for e in entries], opset) - 1
     return entries[i] if i >= 0 else None
+
+
+def lower_node(b: PrimBuilder, node: Node, opset: int) -> list[str]:
+    """Apply `node`'s fission rule through `b` and return its output tensors (one
+    per non-empty node output, in order); raise Unsupported if it has none."""
+    opdef = lookup(node.op, node.domain, opset)
+    if opdef is None:
+        dom = f"{node.domain}." if node.domain else ""
+        raise Unsupported(f"no fission rule for {dom}{node.op} at opset {opset}")
+    b.source = (node.name,)
+    b.context = node_ref(node.name, node.op)
+    outs = list(opdef.rule(OpCtx(b, node, opset)))
+    if len(outs) < sum(1 for o in node.outputs if o):
+        raise Unsupported(f"the rule produces {len(outs)} of {len(node.outputs)} outputs")
+    return outs
 
 
 def supported_ops() -> list[str]:
