@@ -477,16 +477,6 @@ def test_opaque_multiple_outputs_and_omitted_input() -> None:
     np.testing.assert_allclose(got["clipped"], np.minimum(np.take_along_axis(x, order, 1), 0.5))
 
 
-def test_opaque_from_serialized_node() -> None:
-    proto = onnx.helper.make_node("Hardmax", ["a"], ["b"], axis=0)
-    g, b = new_graph(x=((5, 3), F32))
-    y = b.emit(Prim.OPAQUE, ["x"], {"op_type": "Hardmax", "domain": "", "opset": 20,
-                                    "node": proto.SerializeToString()}, out_type=TensorType((5, 3), F32))
-    g.outputs = [y]
-    x = rand(np.random.default_rng(39), 5, 3)
-    np.testing.assert_array_equal(check(g, {"x": x})[y], (x == x.max(0)).astype(np.float32))
-
-
 def test_opaque_custom_domain() -> None:
     g, b = new_graph(x=((3, 7), F32))
     g.opsets["com.microsoft"] = 1

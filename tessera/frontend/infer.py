@@ -24,6 +24,7 @@ from tessera.errors import ShapeError, UnsupportedError, node_ref
 from tessera.ir.builder import PrimBuilder
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, GraphKind, Node, TensorType
+from tessera.ir.onnx_export import make_onnx_node
 from tessera.ops.registry import Unsupported, lower_node
 
 # Ops whose value is not a function of their inputs; never folded.
@@ -50,20 +51,6 @@ class FoldSummary:
                 "constants": self.constants, "constant_bytes": self.constant_bytes, "warnings": list(self.warnings)}
 
 
-def node_proto(node: Node, inputs: Sequence[str] | None = None, outputs: Sequence[str] | None = None) -> onnx.NodeProto:
-    """An ONNX NodeProto for an operator node (attribute values converted back)."""
-    attrs = {}
-    for k, v in node.attrs.items():
-        if isinstance(v, np.ndarray):
-            v = numpy_helper.from_array(v)
-        elif isinstance(v, tuple):
-            v = [numpy_helper.from_array(x) if isinstance(x, np.ndarray) else x for x in v]
-        attrs[k] = v
-    return helper.make_node(node.op, list(node.inputs if inputs is None else inputs),
-                            list(node.outputs if outputs is None else outputs),
-                            name=node.name, domain=node.domain or None, **attrs)
-
-
 def _one_node_model(node: Node, in_types: Sequence[TensorType | None], out_types: Sequence[TensorType | None],
                     opsets: Mapping[str, int], consts: Mapping[int, np.ndarray] | None = None) -> onnx.ModelProto:
     ins = [f"in{i}" if t is not None else "" for i, t in enumerate(in_types)]
@@ -74,7 +61,9 @@ def _one_node_model(node: Node, in_types: Sequence[TensorType | None], out_types
     g_out = [helper.make_tensor_value_info(outs[i], t.dtype.to_onnx() if t else 0, list(t.shape) if t else None)
              for i, t in enumerate(out_types)]
     inits = [numpy_helper.from_array(np.asarray(v), ins[i]) for i, v in consts.items()]
-    g = helper.make_graph([node_proto(node, ins, outs)], "node", g_in, g_out, initializer=inits)
+    proto = make_onnx_node(node.op, ins, outs, node.attrs, domain=node.domain,
+                           opset=opsets.get(node.domain, 1), name=node.name)
+    g = helper.make_graph([proto], "node", g_in, g_out, initializer=inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
     model.ir_version = min(model.ir_version, 10)
     return model

@@ -109,15 +109,8 @@ def make_onnx_node(op_type: str, inputs: Sequence[str], outputs: Sequence[str], 
 
 
 def opaque_onnx_attrs(attrs: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The ONNX attributes of an OPAQUE primitive: attrs `onnx_attrs` (what
-    fission writes), else those of attrs `node`, a serialized NodeProto."""
-    if "onnx_attrs" in attrs:
-        return attrs["onnx_attrs"]
-    if "node" in attrs:
-        proto = onnx.NodeProto()
-        proto.ParseFromString(bytes(attrs["node"]))
-        return {a.name: a for a in proto.attribute}
-    return {}
+    """The ONNX attributes of an OPAQUE primitive."""
+    return attrs.get("onnx_attrs", {})
 
 
 def _doc(node: Node, what: str) -> str:
