@@ -53,7 +53,10 @@ def matmul(ctx: OpCtx) -> list[str]:
         raise ctx.fail(f"MatMul inner dims differ: {list(sa)} @ {list(sb)}")
     batch = b.broadcast_shape(a2[:-2], b2[:-2])
     out_shape = batch + ((m,) if len(sa) > 1 else ()) + ((n,) if len(sb) > 1 else ())
-    if math.prod(b2[:-2]) == 1:
+    if len(sa) > 1 and len(sb) > 1 and a2[:-2] == b2[:-2]:
+        # Equal batch dims (attention, GEMM chains): the primitive as it is.
+        y = b.matmul(x, w)
+    elif math.prod(b2[:-2]) == 1:
         # One right matrix for every batch: fold the left batch into M, no copies.
         y = b.matmul(b.reshape(x, (math.prod(a2[:-2]) * m, k)), b.reshape(w, (k, n)))
     else:
