@@ -36,7 +36,7 @@ def rand(*shape: int, seed: int | None = None, lo: float = -2.0, hi: float = 2.0
 
 def build_model(op_type: str, inputs: Mapping[str, Any], attrs: Mapping[str, Any] | None = None,
                 n_outputs: int = 1, opset: int = 20, domain: str = "") -> onnx.ModelProto:
-    """A one-node model. An input named "" is an omitted optional input."""
+    """A one-node model. An input named "" or "__omit..." is an omitted optional input."""
     graph_inputs, inits, names = [], [], []
     for name, v in inputs.items():
         names.append(name)
@@ -87,7 +87,8 @@ def check_op(op_type: str, inputs: Mapping[str, Any], attrs: Mapping[str, Any] |
     Unless `allow_opaque`, the primitive graph must contain no OPAQUE node.
     """
     model = build_model(op_type, inputs, attrs, n_outputs, opset)
-    feeds = {k: np.asarray(v) for k, v in inputs.items() if k and not isinstance(v, Const)}
+    feeds = {k: np.asarray(v) for k, v in inputs.items()
+             if k and not k.startswith("__omit") and not isinstance(v, Const)}
     ref = run_ort(model, feeds)
     pg = fission(load(model).graph).graph
     if not allow_opaque:

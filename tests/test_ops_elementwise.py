@@ -1,0 +1,131 @@
+"""Elementwise operators against onnxruntime: arithmetic, comparisons, logic, activations."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from opcheck import Const, check_op, rand
+
+SHAPES = [((7,), (7,)), ((2, 3, 5), (5,)), ((1, 3, 1), (2, 1, 4)), ((4, 1), (3, 1, 6)), ((), (3, 2))]
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div"])
+@pytest.mark.parametrize("sa,sb", SHAPES)
+def test_arithmetic_broadcasting(op, sa, sb):
+    y = rand(*sb, seed=2, lo=0.5, hi=2.0) if op == "Div" else rand(*sb, seed=2)
+    pg = check_op(op, {"a": rand(*sa, seed=1), "b": y})
+    if sa != sb:
+        assert any(n.op == "broadcast" for n in pg.nodes)
+
+
+@pytest.mark.parametrize("op", ["Add", "Div", "Mul"])
+def test_integer_arithmetic(op):
+    rng = np.random.default_rng(3)
+    a = rng.integers(-50, 50, (4, 6)).astype(np.int64)
+    b = rng.integers(1, 9, (6,)).astype(np.int64) * rng.choice([-1, 1], (6,))
+    check_op(op, {"a": a, "b": b})  # Div truncates toward zero
+
+
+@pytest.mark.parametrize("op", ["Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual"])
+def test_comparisons(op):
+    a = np.round(rand(3, 5, seed=4)).astype(np.float32)
+    b = np.round(rand(5, seed=5)).astype(np.float32)
+    a[0, 0] = np.nan  # NaN compares false everywhere
+    check_op(op, {"a": a, "b": b})
+
+
+@pytest.mark.parametrize("op", ["And", "Or"])
+def test_logic(op):
+    rng = np.random.default_rng(6)
+    check_op(op, {"a": rng.integers(0, 2, (3, 4)).astype(bool), "b": rng.integers(0, 2, (4,)).astype(bool)})
+
+
+def test_not_and_isnan():
+    check_op("Not", {"a": np.random.default_rng(7).integers(0, 2, (9,)).astype(bool)})
+    x = rand(4, 5, seed=8)
+    x[1, 2] = np.nan
+    x[3, 0] = np.nan
+    check_op("IsNaN", {"x": x}, expect_prims=["isnan"])
+
+
+@pytest.mark.parametrize("op,lo,hi", [
+    ("Neg", -3, 3), ("Abs", -3, 3), ("Exp", -3, 3), ("Log", 0.1, 5), ("Sqrt", 0.01, 9),
+    ("Reciprocal", 0.5, 4), ("Tanh", -4, 4), ("Erf", -3, 3), ("Sigmoid", -8, 8),
+])
+def test_unary(op, lo, hi):
+    check_op(op, {"x": rand(3, 7, 11, seed=9, lo=lo, hi=hi)})
+
+
+@pytest.mark.parametrize("exp", [Const(np.float32(2.0)), Const(np.array([0.5, 3.0, -1.0], np.float32)),
+                                 Const(np.int64(3))])
+def test_pow(exp):
+    check_op("Pow", {"x": rand(4, 3, seed=10, lo=0.2, hi=3.0), "y": exp})
+
+
+@pytest.mark.parametrize("op", ["Max", "Min", "Sum"])
+def test_variadic(op):
+    check_op(op, {"a": rand(2, 3, 4, seed=11), "b": rand(4, seed=12), "c": rand(3, 1, seed=13)})
+    check_op(op, {"a": rand(5, seed=14)})
+
+
+def test_max_propagates_nan():
+    a = rand(6, seed=15)
+    a[2] = np.nan
+    check_op("Max", {"a": a, "b": rand(6, seed=16)})
+
+
+def test_where_broadcasts_all_three():
+    rng = np.random.default_rng(17)
+    check_op("Where", {"c": rng.integers(0, 2, (3, 1)).astype(bool), "x": rand(1, 4, seed=18), "y": rand(4, seed=19)})
+
+
+@pytest.mark.parametrize("to,src", [
+    (7, rand(5, 3, seed=20, lo=-40, hi=40)),  # float -> int64 truncates
+    (1, np.random.default_rng(21).integers(-9, 9, (6,)).astype(np.int64)),
+    (9, np.array([0.0, 1.5, -2.0, 0.0, 3.0], np.float32)),  # float -> bool
+    (10, rand(4, 4, seed=22)),  # float16
+    (1, np.array([True, False, True])),
+])
+def test_cast(to, src):
+    check_op("Cast", {"x": src}, {"to": to})
+
+
+def test_relu_and_leaky_relu():
+    check_op("Relu", {"x": rand(2, 9, seed=23)}, expect_prims=["max", "fill"])
+    check_op("LeakyRelu", {"x": rand(2, 9, seed=24)}, {"alpha": 0.13}, expect_prims=["where"])
+    check_op("LeakyRelu", {"x": rand(17, seed=25)})
+
+
+@pytest.mark.parametrize("inputs", [
+    {"lo": Const(np.float32(-0.5)), "hi": Const(np.float32(0.7))},
+    {"lo": Const(np.float32(0.0)), "__omit": None},  # ReLU-like: no max
+    {"__omit0": None, "hi": Const(np.float32(6.0))},
+    {"lo": rand(seed=26), "hi": Const(np.float32(1.0))},  # min as a graph input
+])
+def test_clip11(inputs):
+    check_op("Clip", {"x": rand(3, 8, seed=27, lo=-3, hi=8)} | inputs)
+
+
+def test_clip6_attributes():
+    check_op("Clip", {"x": rand(3, 8, seed=28, lo=-3, hi=8)}, {"min": 0.0, "max": 6.0}, opset=6)
+    check_op("Clip", {"x": rand(5, seed=29)}, {"max": 0.5}, opset=6)
+
+
+def test_hard_sigmoid_hard_swish_softplus():
+    check_op("HardSigmoid", {"x": rand(4, 6, seed=30, lo=-6, hi=6)}, {"alpha": 0.3, "beta": 0.4})
+    check_op("HardSigmoid", {"x": rand(13, seed=31, lo=-6, hi=6)})
+    check_op("HardSwish", {"x": rand(2, 5, 7, seed=32, lo=-6, hi=6)})
+    check_op("Softplus", {"x": rand(3, 9, seed=33, lo=-30, hi=30)})  # large |x| stays finite
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu(approximate):
+    pg = check_op("Gelu", {"x": rand(3, 5, 7, seed=34, lo=-4, hi=4)}, {"approximate": approximate})
+    assert ("tanh" if approximate == "tanh" else "erf") in {n.op for n in pg.nodes}
+
+
+def test_identity_and_dropout():
+    pg = check_op("Identity", {"x": rand(3, 4, seed=35)})
+    assert len(pg.nodes) == 1  # the output copy; no arithmetic
+    check_op("Dropout", {"x": rand(3, 4, seed=36)}, n_outputs=2)  # mask: all true
+    check_op("Dropout", {"x": rand(3, 4, seed=37), "ratio": Const(np.float32(0.3))}, opset=13)
