@@ -1,0 +1,146 @@
+"""Candidate kernels: which sets of primitives may form one GPU kernel.
+
+A candidate is a convex, connected set of orchestrated nodes plus the subset
+of them it writes to memory. Convex sets are exactly the differences S' \\ S of
+two comparable execution states (Korch); this module enumerates them directly
+as connected sets (ESU: each connected set once, by extension from its
+lowest node) filtered for convexity, which avoids visiting the same difference
+from many state pairs. Connected means linked by a dataflow edge or by reading
+a common tensor (sibling fusion, e.g. three projections of one input).
+
+This module decides legality only; it never looks at costs. Pruning rules:
+- size: at most `max_nodes` nodes;
+- at most one linear primitive per kernel (a fused GEMM-chain template may
+  later claim more through `KernelLegality`);
+- an opaque primitive is a kernel of its own;
+- the code generator's verdict, through `KernelLegality`.
+The first three are monotone (no superset of an illegal set is legal), so the
+enumeration prunes on them; the code generator's verdict is asked last.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Protocol
+
+from tessera.ir.prims import Category, Prim
+from tessera.orchestrate.graphview import OGraph, bits
+
+
+class TooManyCandidates(Exception):
+    """A subgraph has more candidates than allowed; the caller splits it."""
+
+
+class KernelLegality(Protocol):
+    """The code generator's say: None if it can generate `mask` as one kernel, else why not."""
+
+    def check(self, og: OGraph, mask: int) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class CandidateRules:
+    max_nodes: int = 12
+    max_linear: int = 1
+    # Optional outputs (nodes read outside the kernel that are not its sinks):
+    # up to this many, every subset is a variant; more, only none or all.
+    output_subset_limit: int = 2
+    max_candidates: int = 40_000
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One candidate kernel: the nodes it computes and those it writes."""
+
+    nodes: int
+    outputs: int
+    inputs: int  # orchestrated nodes outside the kernel that it reads
+
+    @property
+    def size(self) -> int:
+        return self.nodes.bit_count()
+
+
+class StructuralLegality:
+    """What any backend can generate, judged from the primitives alone.
+
+    A kernel with a linear primitive holds only that primitive and an epilogue
+    computed from its result (elementwise and reshape primitives that read it,
+    directly or through each other), as GEMM/conv templates with fused
+    epilogues allow. Everything else (elementwise, reductions, layout) may mix.
+    """
+
+    def check(self, og: OGraph, mask: int) -> str | None:
+        linear = [i for i in bits(mask) if Prim(og.nodes[i].op).category is Category.LINEAR]
+        if not linear:
+            return None
+        (root,) = linear
+        for i in bits(mask & ~(1 << root)):
+            cat = Prim(og.nodes[i].op).category
+            if not (cat is Category.ELEMENTWISE or og.nodes[i].op in (Prim.RESHAPE.value, Prim.BROADCAST.value)):
+                return f"{og.nodes[i].op} cannot join a linear kernel"
+            if not (og.anc[i] >> root) & 1:
+                return f"{og.nodes[i].name} is not computed from the linear result (only epilogues fuse)"
+        return None
+
+
+def _monotone_ok(og: OGraph, mask: int, rules: CandidateRules, linear: int, opaque: int) -> bool:
+    if mask.bit_count() > rules.max_nodes:
+        return False
+    if (mask & linear).bit_count() > rules.max_linear:
+        return False
+    return not (mask & opaque) or mask.bit_count() == 1
+
+
+def _output_variants(og: OGraph, mask: int, rules: CandidateRules) -> list[int]:
+    """Sinks are always written; other nodes read outside may be written or recomputed by readers."""
+    needed = og.consumers_outside(mask)
+    sinks = og.sinks(mask) & needed
+    optional = bits(needed & ~sinks)
+    if len(optional) <= rules.output_subset_limit:
+        subsets = [c for r in range(len(optional) + 1) for c in combinations(optional, r)]
+    else:
+        subsets = [(), tuple(optional)]
+    return [sinks | sum(1 << i for i in s) for s in subsets]
+
+
+def enumerate_candidates(og: OGraph, members: int, rules: CandidateRules,
+                         legality: KernelLegality) -> list[Candidate]:
+    """Every legal candidate kernel inside subgraph `members`, with its output variants."""
+    linear = opaque = 0
+    for i in bits(members):
+        cat = Prim(og.nodes[i].op).category
+        if cat is Category.LINEAR:
+            linear |= 1 << i
+        elif cat is Category.OPAQUE:
+            opaque |= 1 << i
+    adj = [(og.preds[i] | og.succs[i] | og.siblings[i]) & members if (members >> i) & 1 else 0
+           for i in range(og.n)]
+    sets: list[int] = []
+
+    # A convex superset of `sub` contains its hull sub | (anc(sub) & desc(sub)),
+    # so a hull that breaks a monotone rule prunes the whole branch.
+    def extend(sub: int, ext: int, nbhd: int, v: int, below: int, above: int) -> None:
+        sets.append(sub)
+        if len(sets) > rules.max_candidates:
+            raise TooManyCandidates(f"more than {rules.max_candidates} connected sets")
+        while ext:
+            w = (ext & -ext).bit_length() - 1
+            ext &= ~(1 << w)
+            grown = sub | (1 << w)
+            b2, a2 = below | og.anc[w], above | og.desc[w]
+            if not _monotone_ok(og, grown | (b2 & a2), rules, linear, opaque):
+                continue
+            excl = adj[w] & ~grown & ~nbhd & ~((1 << (v + 1)) - 1)
+            extend(grown, ext | excl, nbhd | adj[w], v, b2, a2)
+
+    for v in bits(members):
+        later = adj[v] & ~((1 << (v + 1)) - 1)
+        extend(1 << v, later, adj[v] | (1 << v), v, og.anc[v], og.desc[v])
+
+    out: list[Candidate] = []
+    for mask in sets:
+        if not og.is_convex(mask) or legality.check(og, mask) is not None:
+            continue
+        inputs = og.inputs_of(mask)
+        out.extend(Candidate(mask, o, inputs) for o in _output_variants(og, mask, rules))
+    return out

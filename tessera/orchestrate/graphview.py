@@ -1,0 +1,153 @@
+"""`OGraph`: the primitive graph as orchestration sees it.
+
+Orchestration chooses kernels over *orchestrated nodes*: every primitive except
+the free ones. A primitive is free when it reads only constants or other free
+primitives (a FILL, the reshape and broadcast of a bias, a cast of a weight):
+every kernel that needs it recomputes it from index arithmetic, so it is never
+a kernel of its own and never written to memory. Each orchestrated node knows
+its free prologue and the constant or graph-input tensors it reads.
+
+Sets of nodes are Python ints used as bitsets (bit i = node i), which keeps
+the convexity checks and state enumeration fast.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tessera.ir.graph import Graph, Node
+from tessera.ir.prims import Category, Prim
+
+
+def bits(mask: int) -> list[int]:
+    """The indices of the set bits of `mask`, ascending."""
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
+
+
+@dataclass
+class OGraph:
+    """Orchestrated nodes of a primitive graph, in topological order, with bitset relations."""
+
+    graph: Graph
+    nodes: list[Node] = field(default_factory=list)
+    index: dict[str, int] = field(default_factory=dict)  # node name -> position
+    preds: list[int] = field(default_factory=list)  # direct producers among orchestrated nodes
+    succs: list[int] = field(default_factory=list)
+    anc: list[int] = field(default_factory=list)  # transitive producers
+    desc: list[int] = field(default_factory=list)
+    siblings: list[int] = field(default_factory=list)  # nodes sharing a non-constant input tensor
+    free: dict[str, list[Node]] = field(default_factory=dict)  # node name -> free prologue, in order
+    external: list[frozenset[str]] = field(default_factory=list)  # graph inputs and constants read
+    out_bytes: list[int] = field(default_factory=list)
+    graph_outputs: int = 0  # nodes whose output is a graph output
+
+    @property
+    def n(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def all(self) -> int:
+        return (1 << self.n) - 1
+
+    def is_convex(self, mask: int) -> bool:
+        """No node outside `mask` lies on a path between two nodes inside it."""
+        below = above = 0
+        for i in bits(mask):
+            below |= self.anc[i]
+            above |= self.desc[i]
+        return (below & above & ~mask) == 0
+
+    def consumers_outside(self, mask: int) -> int:
+        """Nodes inside `mask` whose value is needed outside it (or is a graph output)."""
+        out = 0
+        for i in bits(mask):
+            if self.succs[i] & ~mask or (self.graph_outputs >> i) & 1:
+                out |= 1 << i
+        return out
+
+    def inputs_of(self, mask: int) -> int:
+        """Orchestrated nodes outside `mask` that nodes inside read."""
+        inp = 0
+        for i in bits(mask):
+            inp |= self.preds[i]
+        return inp & ~mask
+
+    def sinks(self, mask: int) -> int:
+        return sum(1 << i for i in bits(mask) if not self.succs[i] & mask)
+
+    def names(self, mask: int) -> list[str]:
+        return [self.nodes[i].name for i in bits(mask)]
+
+
+def _is_free(node: Node, free_or_const: set[str], outputs: set[str]) -> bool:
+    if Prim(node.op).category in (Category.LINEAR, Category.OPAQUE) or any(o in outputs for o in node.outputs):
+        return False
+    return all(i in free_or_const for i in node.inputs if i)
+
+
+def build_ograph(g: Graph) -> OGraph:
+    """The orchestration view of primitive graph `g` (which must be topologically sorted)."""
+    outputs = set(g.outputs)
+    free_or_const: set[str] = set(g.constants)
+    free_nodes: dict[str, Node] = {}
+    og = OGraph(graph=g)
+    for node in g.topological_order():
+        if _is_free(node, free_or_const, outputs):
+            free_or_const.update(node.outputs)
+            free_nodes[node.outputs[0]] = node
+        else:
+            og.index[node.name] = len(og.nodes)
+            og.nodes.append(node)
+    producer = {o: og.index[n.name] for n in og.nodes for o in n.outputs}
+    order = {n.name: k for k, n in enumerate(g.nodes)}
+    readers: dict[str, int] = {}
+    for i, node in enumerate(og.nodes):
+        pred, ext, prologue = 0, set(), []
+        todo = [t for t in node.inputs if t]
+        seen: set[str] = set()
+        while todo:
+            t = todo.pop()
+            if t in seen:
+                continue
+            seen.add(t)
+            if t in producer:
+                pred |= 1 << producer[t]
+                readers[t] = readers.get(t, 0) | (1 << i)
+            elif t in free_nodes:
+                prologue.append(free_nodes[t])
+                todo.extend(x for x in free_nodes[t].inputs if x)
+            else:  # a constant or a graph input
+                ext.add(t)
+                if t in g.inputs:
+                    readers[t] = readers.get(t, 0) | (1 << i)
+        og.preds.append(pred)
+        og.external.append(frozenset(ext))
+        og.free[node.name] = sorted(prologue, key=lambda n: order[n.name])
+        og.out_bytes.append(sum(g.types[o].nbytes for o in node.outputs if o))
+        if any(o in outputs for o in node.outputs):
+            og.graph_outputs |= 1 << i
+    og.succs = [0] * og.n
+    for i, p in enumerate(og.preds):
+        for j in bits(p):
+            og.succs[j] |= 1 << i
+    og.siblings = [0] * og.n
+    for mask in readers.values():
+        for i in bits(mask):
+            og.siblings[i] |= mask & ~(1 << i)
+    og.anc = [0] * og.n
+    for i in range(og.n):  # topological order: producers come first
+        a = og.preds[i]
+        for j in bits(og.preds[i]):
+            a |= og.anc[j]
+        og.anc[i] = a
+    og.desc = [0] * og.n
+    for i in reversed(range(og.n)):
+        d = og.succs[i]
+        for j in bits(og.succs[i]):
+            d |= og.desc[j]
+        og.desc[i] = d
+    return og

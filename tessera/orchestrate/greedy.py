@@ -1,0 +1,40 @@
+"""The greedy baseline: rule-based fusion as TVM and TorchInductor do it.
+
+Every linear or opaque primitive is a kernel of its own (a library call).
+Memory-bound primitives are fused along producer -> consumer edges, in
+topological order, whenever the merged group stays convex, legal and within
+the size bound. Every value read outside its group is written once: no
+redundant computation, no fission-specific tricks. The same candidate rules,
+legality and cost model as the optimal strategy apply, so the two compare
+like for like.
+"""
+from __future__ import annotations
+
+from tessera.ir.prims import Category, Prim
+from tessera.orchestrate.candidates import Candidate, CandidateRules, KernelLegality
+from tessera.orchestrate.graphview import OGraph, bits
+
+
+def greedy_groups(og: OGraph, members: int, rules: CandidateRules, legality: KernelLegality) -> list[int]:
+    """Node sets of the greedy kernels inside `members`."""
+    group = {i: 1 << i for i in bits(members)}
+    alone = {i for i in bits(members)
+             if Prim(og.nodes[i].op).category in (Category.LINEAR, Category.OPAQUE)}
+    for v in bits(members):
+        for u in bits(og.preds[v] & members):
+            gu, gv = group[u], group[v]
+            if gu == gv or u in alone or v in alone:
+                continue
+            merged = gu | gv
+            if merged.bit_count() > rules.max_nodes or not og.is_convex(merged):
+                continue
+            if legality.check(og, merged) is not None:
+                continue
+            for i in bits(merged):
+                group[i] = merged
+    return sorted(set(group.values()))
+
+
+def greedy_candidates(og: OGraph, members: int, rules: CandidateRules, legality: KernelLegality) -> list[Candidate]:
+    """The greedy kernels as candidates, each writing every value read outside it."""
+    return [Candidate(g, og.consumers_outside(g), og.inputs_of(g)) for g in greedy_groups(og, members, rules, legality)]

@@ -1,0 +1,141 @@
+"""The orchestration driver: partition, enumerate, solve, assemble the plan.
+
+Costs come in as a function of a candidate, so this stage never depends on
+how they were obtained (`cost/` is a later stage).
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Callable, Iterable
+
+from tessera.ir.prims import Prim
+from tessera.orchestrate.blp import Problem, SolveStats, execution_order, solve
+from tessera.orchestrate.candidates import (Candidate, CandidateRules, KernelLegality, StructuralLegality,
+                                            TooManyCandidates, enumerate_candidates)
+from tessera.orchestrate.graphview import OGraph, bits
+from tessera.orchestrate.greedy import greedy_candidates
+from tessera.orchestrate.partition import Subgraph, partition, split_subgraph
+from tessera.orchestrate.plan import Buffer, Kernel, Plan, SubgraphReport
+
+STRATEGIES = ("optimal", "greedy")
+CostFn = Callable[[Candidate], float]
+
+
+def _index(cands: list[Candidate]) -> dict[tuple[int, int], int]:
+    return {(c.nodes, c.outputs): k for k, c in enumerate(cands)}
+
+
+def _solve_subgraph(og: OGraph, sub: Subgraph, cost: CostFn, strategy: str, rules: CandidateRules,
+                    legality: KernelLegality, solver: str, time_limit: float
+                    ) -> tuple[list[Candidate], list[float], SubgraphReport]:
+    required = sub.must_output | (og.graph_outputs & sub.members)
+    greedy = greedy_candidates(og, sub.members, rules, legality)
+    if strategy == "greedy":
+        cands = greedy
+    else:
+        cands = enumerate_candidates(og, sub.members, rules, legality)
+        known = _index(cands)
+        cands += [g for g in greedy if (g.nodes, g.outputs) not in known]
+    costs = [cost(c) for c in cands]
+    p = Problem(sub.members, cands, costs, required)
+    where = _index(cands)
+    warm = [where[(g.nodes, g.outputs)] for g in greedy]
+    greedy_order, stuck = execution_order(p, warm)
+    assert not stuck, "the greedy plan must be executable"
+    greedy_s = sum(costs[c] for c in greedy_order)
+    if strategy == "greedy":
+        order = greedy_order
+        stats = SolveStats("none", "greedy", False, float("nan"), 0.0, len(cands), 0, objective=greedy_s)
+    else:
+        _, order, stats = solve(p, solver=solver, warm=warm, time_limit=time_limit)
+    chosen = [cands[c] for c in order]
+    report = SubgraphReport(sub.index, sub.members.bit_count(), sub.states, len(cands), len(chosen),
+                            sum(costs[c] for c in order), greedy_s, stats.as_dict())
+    return chosen, [costs[c] for c in order], report
+
+
+def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: CandidateRules | None = None,
+                legality: KernelLegality | None = None, solver: str = "highs", time_limit: float = 60.0,
+                max_states: int = 2000, model: str = "", device: str = "", precision: str = "fp32",
+                cost_model: str = "analytical", greedy_cost: CostFn | None = None,
+                progress: Callable[[Iterable], Iterable] = lambda it: it) -> Plan:
+    """Choose the kernels of `og` and return the plan."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}")
+    start = time.perf_counter()
+    rules = rules or CandidateRules()
+    legality = legality or StructuralLegality()
+    subs, cuts = partition(og, max_states)
+    chosen: list[tuple[int, Candidate, float]] = []
+    reports: list[SubgraphReport] = []
+    k = 0
+    bar = progress(range(10 ** 9))  # advanced once per subgraph solved
+    it = iter(bar)
+    while k < len(subs):
+        try:
+            cands, costs, rep = _solve_subgraph(og, subs[k], cost, strategy, rules, legality, solver, time_limit)
+        except TooManyCandidates:
+            subs, cuts = split_subgraph(og, subs, k, max_states)
+            continue
+        chosen += [(subs[k].index, c, s) for c, s in zip(cands, costs)]
+        reports.append(rep)
+        next(it, None)
+        k += 1
+    greedy_total = _greedy_total(og, rules, legality, greedy_cost or cost)
+    kernels = _kernels(og, chosen)
+    return Plan(model=model, strategy=strategy, device=device, precision=precision, cost_model=cost_model,
+                kernels=kernels, buffers=_buffers(og, kernels),
+                subgraphs=reports,
+                cuts=[{"position": c.position, "tensors": list(c.tensors), "bytes": c.bytes,
+                       "lost_fusions": [list(e) for e in c.lost_fusions]} for c in cuts],
+                estimated_total_s=sum(k.cost_s for k in kernels), greedy_total_s=greedy_total,
+                orchestrate_s=time.perf_counter() - start, primitives=len(og.graph.nodes),
+                orchestrated_nodes=og.n)
+
+
+def _greedy_total(og: OGraph, rules: CandidateRules, legality: KernelLegality, cost: CostFn) -> float:
+    """The greedy baseline over the whole graph (no partition cuts)."""
+    return sum(cost(c) for c in greedy_candidates(og, og.all, rules, legality))
+
+
+def _kernels(og: OGraph, chosen: list[tuple[int, Candidate, float]]) -> list[Kernel]:
+    times = Counter()
+    for _, c, _ in chosen:
+        times.update(bits(c.nodes))
+    out = []
+    for kid, (sub, c, cost_s) in enumerate(chosen):
+        nodes = [og.nodes[i] for i in bits(c.nodes)]
+        prologue: dict[str, None] = {}
+        for n in nodes:
+            prologue.update((f.name, None) for f in og.free[n.name])
+        inputs: dict[str, None] = {}
+        for u in bits(c.inputs):
+            inputs.update((o, None) for o in og.nodes[u].outputs if o)
+        for i in bits(c.nodes):
+            inputs.update((t, None) for t in sorted(og.external[i]))
+        outputs = [o for v in bits(c.outputs) for o in og.nodes[v].outputs if o]
+        sources = sorted({s for n in nodes for s in n.source})
+        cats = Counter(Prim(n.op).category.value for n in nodes)
+        ops = "_".join(dict.fromkeys(n.op for n in nodes))[:40]
+        out.append(Kernel(id=kid, name=f"k{kid}_{ops}", subgraph=sub, prims=[n.name for n in nodes],
+                          prologue=list(prologue), outputs=outputs, inputs=list(inputs), cost_s=cost_s,
+                          source_nodes=sources, categories=dict(cats),
+                          recomputed=[og.nodes[i].name for i in bits(c.nodes) if times[i] > 1]))
+    return out
+
+
+def _buffers(og: OGraph, kernels: list[Kernel]) -> list[Buffer]:
+    g = og.graph
+    first: dict[str, int] = {t: -1 for t in g.inputs}
+    last: dict[str, int] = {}
+    for k in kernels:
+        for t in k.inputs:
+            if t in first:
+                last[t] = k.id
+        for t in k.outputs:
+            first.setdefault(t, k.id)
+    end = len(kernels)
+    outs = set(g.outputs)
+    return [Buffer(t, g.types[t].nbytes, f, end if t in outs else last.get(t, f), t in outs)
+            for t, f in first.items()]

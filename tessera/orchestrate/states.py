@@ -1,0 +1,61 @@
+"""Execution states: the downward-closed node sets of a subgraph.
+
+A state is a set of nodes that can have run: with every node, all its
+producers inside the subgraph (producers outside it are available already).
+Korch's candidate kernels are the differences S' \\ S of two comparable states;
+`tests/test_orchestrate_candidates.py` checks that these are exactly the convex
+subsets, which is what `candidates.py` enumerates directly.
+"""
+from __future__ import annotations
+
+from tessera.orchestrate.graphview import OGraph, bits
+
+
+def ready(og: OGraph, members: int, state: int) -> int:
+    """Nodes of `members` not in `state` whose producers in `members` all are."""
+    out = 0
+    for i in bits(members & ~state):
+        if not (og.preds[i] & members & ~state):
+            out |= 1 << i
+    return out
+
+
+def count_states(og: OGraph, members: int, cap: int) -> int:
+    """The number of execution states of subgraph `members`, counting up to `cap + 1`.
+
+    Depth-first search from the empty state with a memo of visited bitsets.
+    """
+    seen = {0}
+    stack = [0]
+    while stack:
+        s = stack.pop()
+        for i in bits(ready(og, members, s)):
+            t = s | (1 << i)
+            if t not in seen:
+                seen.add(t)
+                if len(seen) > cap:
+                    return len(seen)
+                stack.append(t)
+    return len(seen)
+
+
+def enumerate_states(og: OGraph, members: int, cap: int = 1 << 20) -> set[int]:
+    """Every execution state of subgraph `members` (raises past `cap`)."""
+    seen = {0}
+    stack = [0]
+    while stack:
+        s = stack.pop()
+        for i in bits(ready(og, members, s)):
+            t = s | (1 << i)
+            if t not in seen:
+                seen.add(t)
+                if len(seen) > cap:
+                    raise ValueError(f"more than {cap} states")
+                stack.append(t)
+    return seen
+
+
+def state_differences(og: OGraph, members: int) -> set[int]:
+    """All non-empty S' \\ S for states S ⊂ S' (quadratic: for tests on small graphs)."""
+    states = enumerate_states(og, members)
+    return {b & ~a for a in states for b in states if a != b and a & b == a}
