@@ -4,9 +4,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Sequence
 
+from tqdm import tqdm
+
+from tessera.compiler import CompileOptions, compile_model, write_artifacts
+from tessera.cost import DEVICES, PRECISIONS
 from tessera.errors import TesseraError
+from tessera.orchestrate import SOLVERS, STRATEGIES
 from tessera.summary import format_summary, summarize
 from tessera.tolerance import TOLERANCE
 from tessera.verify import STAGES, verify
@@ -48,7 +54,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="random seed (default: fresh)")
     p.add_argument("--precision", choices=sorted(TOLERANCE), default="fp32", help="tolerance to apply")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p = sub.add_parser("compile", help="split a model and choose its kernels; writes OUT/plan.json and OUT/report.html")
+    _add_model_args(p)
+    p.add_argument("-o", "--out", required=True, type=Path, help="output directory")
+    p.add_argument("--cost", choices=["analytical"], default="analytical", help="cost model")
+    p.add_argument("--gpu", default="h100", choices=sorted(DEVICES), help="device preset for the cost model")
+    p.add_argument("--strategy", choices=STRATEGIES, default="optimal")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    p.add_argument("--solver", choices=SOLVERS, default="highs")
+    p.add_argument("--time-limit", type=float, default=60.0, help="seconds per subgraph solve")
+    p.add_argument("--max-states", type=int, default=2000, help="execution states per subgraph")
+    p.add_argument("--max-kernel-nodes", type=int, default=12, help="primitives per candidate kernel")
     return parser
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    opts = CompileOptions(strategy=args.strategy, cost=args.cost, gpu=args.gpu, precision=args.precision,
+                          solver=args.solver, time_limit=args.time_limit, max_states=args.max_states,
+                          max_kernel_nodes=args.max_kernel_nodes, input_shapes=parse_input_shapes(args.input_shape))
+    with tqdm(total=1, desc="orchestrate", unit="subgraph", file=sys.stderr, leave=False,
+              disable=not sys.stderr.isatty()) as bar:
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.n = done
+            bar.refresh()
+
+        result = compile_model(args.model, opts, progress)
+    write_artifacts(result, args.out)
+    plan = result.plan
+    solved = [s.solver for s in plan.subgraphs]
+    optimal = sum(1 for s in solved if s.get("optimal"))
+    print(f"{plan.model}: {len(plan.kernels)} kernels from {plan.primitives} primitives "
+          f"({plan.strategy}, {args.cost} cost, {plan.device}, {plan.precision})")
+    print(f"  estimated {plan.estimated_total_s * 1e6:.1f} us; greedy baseline {plan.greedy_total_s * 1e6:.1f} us "
+          f"({plan.greedy_total_s / max(plan.estimated_total_s, 1e-30):.2f}x)")
+    print(f"  {len(plan.subgraphs)} subgraph(s), {optimal} solved to proven optimality, "
+          f"{sum(s.get('seconds', 0.0) for s in solved):.2f} s in the solver; {len(plan.cuts)} cut(s)")
+    print(f"  wrote {args.out / 'plan.json'} and {args.out / 'report.html'}")
+    return 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -74,7 +117,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if r.passed else 1
 
 
-COMMANDS = {"inspect": cmd_inspect, "verify": cmd_verify}
+COMMANDS = {"inspect": cmd_inspect, "verify": cmd_verify, "compile": cmd_compile}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,19 +23,18 @@ selection violates it, since none of its kernels outside K wrote U. The
 program is re-solved until the selection is executable, so the result is
 optimal among executable selections.
 
-Backends: HiGHS (highspy, the default: fastest on our instances, see
-docs/orchestration.md), CBC through PuLP (Korch's choice) and OR-Tools CP-SAT.
+Backends (`solver_*.py`): HiGHS (highspy, the default: fastest on our
+instances, see docs/orchestration.md), CBC through PuLP (Korch's choice) and
+OR-Tools CP-SAT.
 Each takes a warm start (the greedy plan) and a time limit; at the limit the
 best plan found is returned, marked not optimal.
 """
 from __future__ import annotations
 
+import importlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
-
-import highspy
-import numpy as np
 
 from tessera.orchestrate.candidates import Candidate
 from tessera.orchestrate.graphview import bits
@@ -179,41 +178,8 @@ def cycle_cut(p: Problem, order: Sequence[int], stuck: Sequence[int]) -> tuple[l
 Backend = Callable[[Problem, list[int] | None, float], tuple[list[int], str, float]]
 
 
-def _highs(p: Problem, warm: list[int] | None, time_limit: float) -> tuple[list[int], str, float]:
-    rows, ycol, lower, upper = build_rows(p)
-    n, ncol = len(p.candidates), len(lower)
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit))
-    h.setOptionValue("mip_rel_gap", 0.0)
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = ncol, rows.count
-    # Costs in microseconds: in seconds they sit below the solver's tolerances.
-    lp.col_cost_ = np.array([c * 1e6 for c in p.costs] + [0.0] * (ncol - n))
-    lp.col_lower_, lp.col_upper_ = np.array(lower), np.array(upper)
-    lp.row_lower_ = np.array([-highspy.kHighsInf if v == -INF else v for v in rows.lo])
-    lp.row_upper_ = np.array([highspy.kHighsInf if v == INF else v for v in rows.hi])
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
-    lp.a_matrix_.start_ = np.array(rows.starts, dtype=np.int32)
-    lp.a_matrix_.index_ = np.array(rows.index, dtype=np.int32)
-    lp.a_matrix_.value_ = np.array(rows.value)
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * n + [highspy.HighsVarType.kContinuous] * (ncol - n)
-    h.passModel(lp)
-    if warm is not None:
-        sol = highspy.HighsSolution()
-        sol.col_value = _full_solution(p, warm, ycol, ncol)
-        sol.value_valid = True
-        h.setSolution(sol)
-    h.run()
-    status = h.modelStatusToString(h.getModelStatus())
-    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal and h.getInfo().primal_solution_status == 0:
-        return [], "no_solution", INF
-    x = h.getSolution().col_value
-    gap = h.getInfo().mip_gap
-    return [c for c in range(n) if x[c] > 0.5], ("optimal" if status == "Optimal" else "time_limit"), gap
-
-
-def _full_solution(p: Problem, warm: list[int], ycol: dict[int, int], ncol: int) -> list[float]:
+def full_solution(p: Problem, warm: list[int], ycol: dict[int, int], ncol: int) -> list[float]:
+    """Column values (x then y) of the selection `warm`, for a warm start."""
     col = [0.0] * ncol
     for c in warm:
         col[c] = 1.0
@@ -222,66 +188,12 @@ def _full_solution(p: Problem, warm: list[int], ycol: dict[int, int], ncol: int)
     return col
 
 
-def _cbc(p: Problem, warm: list[int] | None, time_limit: float) -> tuple[list[int], str, float]:
-    import pulp  # optional dependency: only for comparing solvers
-
-    rows, ycol, lower, upper = build_rows(p)
-    n = len(p.candidates)
-    prob = pulp.LpProblem("kernels", pulp.LpMinimize)
-    xs = [pulp.LpVariable(f"x{c}", cat="Binary") for c in range(n)]
-    ys = [pulp.LpVariable(f"y{k}", lowBound=lower[n + k], upBound=1) for k in range(len(lower) - n)]
-    var = xs + ys
-    prob += pulp.lpSum(cost * 1e6 * x for cost, x in zip(p.costs, xs))  # microseconds
-    for r in range(rows.count):
-        expr = pulp.lpSum(rows.value[k] * var[rows.index[k]] for k in range(rows.starts[r], rows.starts[r + 1]))
-        if rows.lo[r] != -INF:
-            prob += expr >= rows.lo[r]
-        if rows.hi[r] != INF:
-            prob += expr <= rows.hi[r]
-    if warm is not None:
-        for c, x in enumerate(xs):
-            x.setInitialValue(1 if c in set(warm) else 0)
-    prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, warmStart=warm is not None, gapRel=0.0))
-    chosen = [c for c, x in enumerate(xs) if (x.value() or 0) > 0.5]
-    optimal = pulp.LpStatus[prob.status] == "Optimal"
-    return chosen, ("optimal" if optimal else "time_limit"), 0.0 if optimal else float("nan")
-
-
-def _cpsat(p: Problem, warm: list[int] | None, time_limit: float) -> tuple[list[int], str, float]:
-    from ortools.sat.python import cp_model  # optional dependency: only for comparing solvers
-
-    rows, ycol, lower, upper = build_rows(p)
-    n = len(p.candidates)
-    m = cp_model.CpModel()
-    var = [m.NewBoolVar(f"x{c}") for c in range(n)] + [m.NewBoolVar(f"y{k}") for k in range(len(lower) - n)]
-    for k, lo in enumerate(lower):
-        if lo >= 1:
-            m.Add(var[k] == 1)
-    for r in range(rows.count):
-        terms = [(int(rows.value[k]), var[rows.index[k]]) for k in range(rows.starts[r], rows.starts[r + 1])]
-        expr = sum(c * v for c, v in terms)
-        if rows.lo[r] != -INF:
-            m.Add(expr >= int(rows.lo[r]))
-        if rows.hi[r] != INF:
-            m.Add(expr <= int(rows.hi[r]))
-    scale = 1e10  # CP-SAT needs integer costs: 0.1 ns units
-    m.Minimize(sum(int(round(c * scale)) * var[k] for k, c in enumerate(p.costs)))
-    if warm is not None:
-        for k, v in enumerate(_full_solution(p, warm, ycol, len(lower))):
-            m.AddHint(var[k], int(v))
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit)
-    solver.parameters.num_workers = 2
-    st = solver.Solve(m)
-    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return [], "no_solution", INF
-    chosen = [c for c in range(n) if solver.Value(var[c])]
-    gap = 0.0 if st == cp_model.OPTIMAL else abs(solver.ObjectiveValue() - solver.BestObjectiveBound()) / max(
-        abs(solver.ObjectiveValue()), 1e-30)
-    return chosen, ("optimal" if st == cp_model.OPTIMAL else "time_limit"), gap
-
-
-BACKENDS: dict[str, Backend] = {"highs": _highs, "cbc": _cbc, "cpsat": _cpsat}
+def backend(name: str) -> Backend:
+    """The solve function of backend `name`, imported on first use: highspy and
+    OR-Tools each bundle HiGHS, and the two cannot be loaded in one process."""
+    if name not in SOLVERS:
+        raise ValueError(f"unknown solver '{name}'; choose one of {', '.join(SOLVERS)}")
+    return importlib.import_module(f"tessera.orchestrate.solver_{name}").solve_problem
 
 
 def solve(p: Problem, solver: str = "highs", warm: list[int] | None = None, time_limit: float = 60.0,
@@ -291,12 +203,12 @@ def solve(p: Problem, solver: str = "highs", warm: list[int] | None = None, time
     `warm` must be an executable selection (the greedy plan); it is returned
     if the solver finds nothing better within the time limit.
     """
-    backend = BACKENDS[solver]
+    run = backend(solver)
     start = time.perf_counter()
     stats = SolveStats(solver, "optimal", True, 0.0, 0.0, 0, 0)
     while True:
         left = max(time_limit - (time.perf_counter() - start), 0.01)
-        chosen, status, gap = backend(p, warm, left)
+        chosen, status, gap = run(p, warm, left)
         stats.solves += 1
         if not chosen:
             if warm is None:

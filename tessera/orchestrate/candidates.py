@@ -27,6 +27,9 @@ from tessera.ir.prims import Category, Prim
 from tessera.orchestrate.graphview import OGraph, bits
 
 
+_REDUCE_OPS = {Prim.REDUCE_SUM.value, Prim.REDUCE_MAX.value, Prim.REDUCE_MIN.value}
+
+
 class TooManyCandidates(Exception):
     """A subgraph has more candidates than allowed; the caller splits it."""
 
@@ -66,10 +69,18 @@ class StructuralLegality:
     A kernel with a linear primitive holds only that primitive and an epilogue
     computed from its result (elementwise and reshape primitives that read it,
     directly or through each other), as GEMM/conv templates with fused
-    epilogues allow. Everything else (elementwise, reductions, layout) may mix.
+    epilogues allow. Reductions in one kernel share one shape and one set of
+    axes (one reduction loop), and a pooling window does not mix with them.
+    Everything else (elementwise, layout) may mix.
     """
 
     def check(self, og: OGraph, mask: int) -> str | None:
+        g = og.graph
+        loops = {(g.types[og.nodes[i].inputs[0]].shape, og.nodes[i].attrs["axes"])
+                 for i in bits(mask) if og.nodes[i].op in _REDUCE_OPS}
+        windows = sum(1 for i in bits(mask) if og.nodes[i].op == Prim.WINDOW_REDUCE.value)
+        if len(loops) > 1 or windows > 1 or (windows and loops):
+            return "reductions over different shapes or axes need separate loops"
         linear = [i for i in bits(mask) if Prim(og.nodes[i].op).category is Category.LINEAR]
         if not linear:
             return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Callable, Iterable
+from typing import Callable
 
 from tessera.ir.prims import Prim
 from tessera.orchestrate.blp import Problem, SolveStats, execution_order, solve
@@ -59,8 +59,12 @@ def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: C
                 legality: KernelLegality | None = None, solver: str = "highs", time_limit: float = 60.0,
                 max_states: int = 2000, model: str = "", device: str = "", precision: str = "fp32",
                 cost_model: str = "analytical", greedy_cost: CostFn | None = None,
-                progress: Callable[[Iterable], Iterable] = lambda it: it) -> Plan:
-    """Choose the kernels of `og` and return the plan."""
+                progress: Callable[[int, int], None] | None = None) -> Plan:
+    """Choose the kernels of `og` and return the plan.
+
+    `progress(done, total)` is called after each subgraph (the total grows
+    when a subgraph with too many candidates is split).
+    """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}")
     start = time.perf_counter()
@@ -70,8 +74,6 @@ def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: C
     chosen: list[tuple[int, Candidate, float]] = []
     reports: list[SubgraphReport] = []
     k = 0
-    bar = progress(range(10 ** 9))  # advanced once per subgraph solved
-    it = iter(bar)
     while k < len(subs):
         try:
             cands, costs, rep = _solve_subgraph(og, subs[k], cost, strategy, rules, legality, solver, time_limit)
@@ -80,8 +82,9 @@ def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: C
             continue
         chosen += [(subs[k].index, c, s) for c, s in zip(cands, costs)]
         reports.append(rep)
-        next(it, None)
         k += 1
+        if progress:
+            progress(k, len(subs))
     greedy_total = _greedy_total(og, rules, legality, greedy_cost or cost)
     kernels = _kernels(og, chosen)
     return Plan(model=model, strategy=strategy, device=device, precision=precision, cost_model=cost_model,
