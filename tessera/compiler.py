@@ -16,7 +16,7 @@ from tessera.cost import AnalyticalCost, device
 from tessera.errors import TesseraError
 from tessera.fission import FissionResult, fission
 from tessera.frontend import LoadedModel, load
-from tessera.orchestrate import CandidateRules, OGraph, Plan, build_ograph, orchestrate
+from tessera.orchestrate import DEFAULT_SOLVER, CandidateRules, OGraph, Plan, build_ograph, orchestrate
 from tessera.orchestrate.report import write_report
 
 
@@ -26,7 +26,7 @@ class CompileOptions:
     cost: str = "analytical"
     gpu: str = "h100"
     precision: str = "fp32"
-    solver: str = "highs"
+    solver: str = DEFAULT_SOLVER
     time_limit: float = 60.0
     max_states: int = 2000
     max_kernel_nodes: int = 12

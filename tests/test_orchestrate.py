@@ -5,7 +5,6 @@ import itertools
 import random
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tessera.cost import AnalyticalCost, device
@@ -18,7 +17,7 @@ from tessera.orchestrate.blp import Problem, execution_order, solve
 from tessera.orchestrate.candidates import Candidate, CandidateRules, StructuralLegality, enumerate_candidates
 from tessera.orchestrate.graphview import OGraph, bits
 from tessera.orchestrate.partition import partition
-from tessera.orchestrate.states import count_states, state_differences
+from tessera.orchestrate.states import state_differences
 
 MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
 
@@ -119,8 +118,8 @@ def test_cycle_trap_is_rejected():
     assert stats.objective > 2.0  # the cheap cyclic selection was excluded
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_solver_matches_brute_force(seed):
+def random_instance(seed: int) -> tuple[Problem, list[int] | None]:
+    """A small program with random costs, and a warm start (all single-node kernels) if it is one."""
     og = random_dag(5, 100 + seed)
     cands = enumerate_candidates(og, og.all, CandidateRules(max_nodes=3, output_subset_limit=1), StructuralLegality())
     if len(cands) > 16:
@@ -130,6 +129,12 @@ def test_solver_matches_brute_force(seed):
     p = Problem(og.all, cands, costs, og.graph_outputs)
     singles = [k for k, c in enumerate(cands) if c.size == 1 and c.outputs == c.nodes]
     warm = singles if not execution_order(p, singles)[1] and len(singles) == og.n else None
+    return p, warm
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_solver_matches_brute_force(seed):
+    p, warm = random_instance(seed)
     _, _, stats = solve(p, warm=warm)
     assert stats.optimal
     assert stats.objective == pytest.approx(_brute_force(p))

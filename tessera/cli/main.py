@@ -12,7 +12,7 @@ from tqdm import tqdm
 from tessera.compiler import CompileOptions, compile_model, write_artifacts
 from tessera.cost import DEVICES, PRECISIONS
 from tessera.errors import TesseraError
-from tessera.orchestrate import SOLVERS, STRATEGIES
+from tessera.orchestrate import DEFAULT_SOLVER, SOLVERS, STRATEGIES
 from tessera.summary import format_summary, summarize
 from tessera.tolerance import TOLERANCE
 from tessera.verify import STAGES, verify
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", default="h100", choices=sorted(DEVICES), help="device preset for the cost model")
     p.add_argument("--strategy", choices=STRATEGIES, default="optimal")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    p.add_argument("--solver", choices=SOLVERS, default="highs")
+    p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds per subgraph solve")
     p.add_argument("--max-states", type=int, default=2000, help="execution states per subgraph")
     p.add_argument("--max-kernel-nodes", type=int, default=12, help="primitives per candidate kernel")

@@ -23,9 +23,9 @@ selection violates it, since none of its kernels outside K wrote U. The
 program is re-solved until the selection is executable, so the result is
 optimal among executable selections.
 
-Backends (`solver_*.py`): HiGHS (highspy, the default: fastest on our
-instances, see docs/orchestration.md), CBC through PuLP (Korch's choice) and
-OR-Tools CP-SAT.
+Backends (`solver_*.py`): CBC through PuLP (Korch's choice, and the default:
+with the warm start it was fastest on our instances, docs/orchestration.md),
+HiGHS (highspy) and OR-Tools CP-SAT.
 Each takes a warm start (the greedy plan) and a time limit; at the limit the
 best plan found is returned, marked not optimal.
 """
@@ -39,7 +39,9 @@ from typing import Callable, Sequence
 from tessera.orchestrate.candidates import Candidate
 from tessera.orchestrate.graphview import bits
 
-SOLVERS = ("highs", "cbc", "cpsat")
+SOLVERS = ("cbc", "highs", "cpsat")
+# CBC with the greedy warm start solved our instances fastest (scripts/bench_solvers.py).
+DEFAULT_SOLVER = "cbc"
 
 
 @dataclass
@@ -196,7 +198,7 @@ def backend(name: str) -> Backend:
     return importlib.import_module(f"tessera.orchestrate.solver_{name}").solve_problem
 
 
-def solve(p: Problem, solver: str = "highs", warm: list[int] | None = None, time_limit: float = 60.0,
+def solve(p: Problem, solver: str = DEFAULT_SOLVER, warm: list[int] | None = None, time_limit: float = 60.0,
           max_cuts: int = 1000) -> tuple[list[int], list[int], SolveStats]:
     """Choose kernels for `p`; returns (chosen candidates, their execution order, stats).
 

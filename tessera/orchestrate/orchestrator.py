@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Callable
 
 from tessera.ir.prims import Prim
-from tessera.orchestrate.blp import Problem, SolveStats, execution_order, solve
+from tessera.orchestrate.blp import DEFAULT_SOLVER, Problem, SolveStats, execution_order, solve
 from tessera.orchestrate.candidates import (Candidate, CandidateRules, KernelLegality, StructuralLegality,
                                             TooManyCandidates, enumerate_candidates)
 from tessera.orchestrate.graphview import OGraph, bits
@@ -56,7 +56,7 @@ def _solve_subgraph(og: OGraph, sub: Subgraph, cost: CostFn, strategy: str, rule
 
 
 def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: CandidateRules | None = None,
-                legality: KernelLegality | None = None, solver: str = "highs", time_limit: float = 60.0,
+                legality: KernelLegality | None = None, solver: str = DEFAULT_SOLVER, time_limit: float = 60.0,
                 max_states: int = 2000, model: str = "", device: str = "", precision: str = "fp32",
                 cost_model: str = "analytical", greedy_cost: CostFn | None = None,
                 progress: Callable[[int, int], None] | None = None) -> Plan:

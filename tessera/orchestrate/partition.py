@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tessera.ir.prims import Category, Prim
 from tessera.orchestrate.graphview import OGraph, bits
 from tessera.orchestrate.states import count_states
 
@@ -55,16 +56,24 @@ def cut_at(og: OGraph, p: int) -> Cut:
     return Cut(p, tuple(tensors), nbytes, tuple(lost))
 
 
-def _crossing_count(og: OGraph, lo: int, p: int) -> tuple[int, int]:
-    """(tensors, bytes) crossing position p, counting producers from `lo` on
-    (producers before `lo` cross an earlier cut anyway)."""
-    after = _mask(p, og.n)
+def _crossing_count(og: OGraph, lo: int, p: int, fusable: int) -> tuple[int, int]:
+    """(tensors, bytes) whose fusion a cut at position p forbids, counting
+    producers from `lo` on (earlier ones cross an earlier cut anyway). A value
+    read only by linear or opaque primitives across the cut costs nothing:
+    those read their inputs from memory in any plan."""
+    after = _mask(p, og.n) & fusable
     count = nbytes = 0
     for i in range(lo, p):
         if og.succs[i] & after:
             count += 1
             nbytes += og.out_bytes[i]
     return count, nbytes
+
+
+def fusable_nodes(og: OGraph) -> int:
+    """Nodes that can share a kernel with their producers (not linear, not opaque)."""
+    return sum(1 << i for i, n in enumerate(og.nodes)
+               if Prim(n.op).category not in (Category.LINEAR, Category.OPAQUE))
 
 
 def _longest_under_bound(og: OGraph, lo: int, max_states: int) -> int:
@@ -82,13 +91,14 @@ def _longest_under_bound(og: OGraph, lo: int, max_states: int) -> int:
 
 
 def best_cut(og: OGraph, lo: int, hi: int) -> int:
-    """The cut position in the later half of (lo, hi] with the fewest crossing
-    tensors (then bytes); ties go to the later position, for larger subgraphs."""
+    """The cut position in the later half of (lo, hi] that forbids the fewest
+    fusions (then bytes); ties go to the later position, for larger subgraphs."""
     best, best_key = hi, None
+    fusable = fusable_nodes(og)
     for p in range(max(lo + 1, lo + (hi - lo) // 2), hi + 1):
         if p == og.n:
             return p
-        count, nbytes = _crossing_count(og, lo, p)
+        count, nbytes = _crossing_count(og, lo, p, fusable)
         key = (count, nbytes, -p)
         if best_key is None or key < best_key:
             best, best_key = p, key

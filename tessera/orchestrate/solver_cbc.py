@@ -1,5 +1,7 @@
-"""CBC backend through PuLP: Korch's solver, kept for comparison (extra `solvers`)."""
+"""CBC backend through PuLP: Korch's solver, and tessera's default."""
 from __future__ import annotations
+
+import warnings
 
 import pulp
 
@@ -10,8 +12,8 @@ def solve_problem(p: Problem, warm: list[int] | None, time_limit: float) -> tupl
     rows, ycol, lower, upper = build_rows(p)
     n = len(p.candidates)
     prob = pulp.LpProblem("kernels", pulp.LpMinimize)
-    xs = [pulp.LpVariable(f"x{c}", cat="Binary") for c in range(n)]
-    ys = [pulp.LpVariable(f"y{k}", lowBound=lower[n + k], upBound=1) for k in range(len(lower) - n)]
+    xs = [prob.add_variable(f"x{c}", 0, 1, cat="Binary") for c in range(n)]
+    ys = [prob.add_variable(f"y{k}", lower[n + k], 1) for k in range(len(lower) - n)]
     var = xs + ys
     prob += pulp.lpSum(cost * 1e6 * x for cost, x in zip(p.costs, xs))  # microseconds
     for r in range(rows.count):
@@ -21,9 +23,14 @@ def solve_problem(p: Problem, warm: list[int] | None, time_limit: float) -> tupl
         if rows.hi[r] != INF:
             prob += expr <= rows.hi[r]
     if warm is not None:
+        start = set(warm)
         for c, x in enumerate(xs):
-            x.setInitialValue(1 if c in set(warm) else 0)
-    prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, warmStart=warm is not None, gapRel=0.0))
+            x.setInitialValue(1 if c in start else 0)
+    with warnings.catch_warnings():
+        # PuLP 3 deprecates its bundled-CBC command for 4.0; pyproject pins pulp < 4.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        cbc = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, warmStart=warm is not None, gapRel=0.0)
+    prob.solve(cbc)
     chosen = [c for c, x in enumerate(xs) if (x.value() or 0) > 0.5]
     optimal = pulp.LpStatus[prob.status] == "Optimal"
     return chosen, ("optimal" if optimal else "time_limit"), 0.0 if optimal else float("nan")

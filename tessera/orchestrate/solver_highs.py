@@ -1,4 +1,4 @@
-"""HiGHS (highspy) backend of the binary program: the default."""
+"""HiGHS (highspy) backend of the binary program."""
 from __future__ import annotations
 
 import highspy
