@@ -41,3 +41,28 @@ def test_console_entry_point_runs():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "PASS" in r.stdout
+
+
+def test_compile_writes_plan_and_report(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["compile", str(MODELS / "bert_tiny.onnx"), "-o", str(out), "--gpu", "h200"]) == 0
+    text = capsys.readouterr().out
+    assert "kernels from" in text and "proven optimality" in text
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["strategy"] == "optimal" and plan["device"].startswith("NVIDIA H200")
+    assert plan["estimated_total_s"] <= plan["greedy_total_s"]
+    for key in ("kernels", "buffers", "subgraphs", "cuts", "timings_s"):
+        assert key in plan
+    k = plan["kernels"][0]
+    for key in ("prims", "inputs", "outputs", "cost_s", "source_nodes"):
+        assert key in k
+    assert all(s["solver"]["optimal"] for s in plan["subgraphs"])
+    assert (out / "report.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_compile_bad_gpu_is_a_user_error(tmp_path, capsys):
+    assert main(["compile", str(MODELS / "gemm_g1.onnx"), "-o", str(tmp_path), "--strategy", "greedy",
+                 "--gpu", "h100", "--cost", "analytical", "--precision", "fp16"]) == 0
+    capsys.readouterr()
+    assert main(["compile", str(MODELS / "nope.onnx"), "-o", str(tmp_path)]) == 2
+    assert "no such file" in capsys.readouterr().err
