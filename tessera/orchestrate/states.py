@@ -20,11 +20,9 @@ def ready(og: OGraph, members: int, state: int) -> int:
     return out
 
 
-def count_states(og: OGraph, members: int, cap: int) -> int:
-    """The number of execution states of subgraph `members`, counting up to `cap + 1`.
-
-    Depth-first search from the empty state with a memo of visited bitsets.
-    """
+def _explore(og: OGraph, members: int, cap: int) -> tuple[set[int], bool]:
+    """States reached by depth-first search from the empty state (a memo of
+    visited bitsets), stopping once more than `cap` are found; and whether it stopped."""
     seen = {0}
     stack = [0]
     while stack:
@@ -34,24 +32,21 @@ def count_states(og: OGraph, members: int, cap: int) -> int:
             if t not in seen:
                 seen.add(t)
                 if len(seen) > cap:
-                    return len(seen)
+                    return seen, True
                 stack.append(t)
-    return len(seen)
+    return seen, False
+
+
+def count_states(og: OGraph, members: int, cap: int) -> int:
+    """The number of execution states of subgraph `members`, counting up to `cap + 1`."""
+    return len(_explore(og, members, cap)[0])
 
 
 def enumerate_states(og: OGraph, members: int, cap: int = 1 << 20) -> set[int]:
     """Every execution state of subgraph `members` (raises past `cap`)."""
-    seen = {0}
-    stack = [0]
-    while stack:
-        s = stack.pop()
-        for i in bits(ready(og, members, s)):
-            t = s | (1 << i)
-            if t not in seen:
-                seen.add(t)
-                if len(seen) > cap:
-                    raise ValueError(f"more than {cap} states")
-                stack.append(t)
+    seen, stopped = _explore(og, members, cap)
+    if stopped:
+        raise ValueError(f"more than {cap} states")
     return seen
 
 
