@@ -219,3 +219,16 @@ def test_optimal_plan_recomputes_exp():
     greedy = orchestrate(og, cost, strategy="greedy")
     assert len(greedy.kernels) == 2 and not any(k.recomputed for k in greedy.kernels)
     assert plan.estimated_total_s < greedy.estimated_total_s
+
+
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
+def test_time_limit_returns_a_plan_marked_not_optimal(solver):
+    pg = fission(load(MODELS / "segformer_b0_small.onnx").graph).graph
+    og = build_ograph(pg)
+    plan = orchestrate(og, AnalyticalCost(og, device("h100")), solver=solver, time_limit=0.01)
+    _check_plan(og, plan)
+    statuses = {s.solver["status"] for s in plan.subgraphs}
+    assert statuses & {"time_limit", "greedy"}, statuses
+    for s in plan.subgraphs:
+        assert s.solver["optimal"] == (s.solver["status"] == "optimal")
+        assert s.optimal_s <= s.greedy_s + 1e-12  # never worse than the warm start

@@ -30,7 +30,14 @@ def solve_problem(p: Problem, warm: list[int] | None, time_limit: float) -> tupl
         # PuLP 3 deprecates its bundled-CBC command for 4.0; pyproject pins pulp < 4.
         warnings.simplefilter("ignore", DeprecationWarning)
         cbc = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, warmStart=warm is not None, gapRel=0.0)
-    prob.solve(cbc)
+    try:
+        prob.solve(cbc)
+    except pulp.PulpSolverError:
+        # CBC stopped before writing a solution (a very short time limit): the
+        # caller keeps its warm start.
+        return [], "no_solution", INF
     chosen = [c for c, x in enumerate(xs) if (x.value() or 0) > 0.5]
-    optimal = pulp.LpStatus[prob.status] == "Optimal"
+    # prob.status says "Optimal" even when CBC stopped at the time limit with a
+    # feasible solution; sol_status tells the two apart.
+    optimal = prob.sol_status == pulp.LpSolutionOptimal
     return chosen, ("optimal" if optimal else "time_limit"), 0.0 if optimal else float("nan")
