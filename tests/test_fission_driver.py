@@ -73,3 +73,15 @@ def test_multi_output_opaque():
     pg = _run_both(m, {"x": np.random.default_rng(3).permutation(18).reshape(2, 9).astype(np.float32)})
     opaque = [n for n in pg.nodes if n.op == "opaque"]
     assert len(opaque) == 1 and len(opaque[0].outputs) == 2
+
+
+def test_issue_operator_list_has_rules():
+    from tessera.ops import supported_ops
+
+    required = ("Add Sub Mul Div Pow Sqrt Reciprocal Exp Log Neg Abs Erf Tanh Sigmoid Relu Clip LeakyRelu Gelu "
+                "HardSwish HardSigmoid Softplus Min Max Where Cast Equal Greater Less IsNaN Softmax "
+                "LayerNormalization InstanceNormalization BatchNormalization GroupNormalization ReduceMean "
+                "ReduceSum ReduceMax MatMul Gemm Conv ConvTranspose MaxPool AveragePool GlobalAveragePool "
+                "Transpose Reshape Flatten Squeeze Unsqueeze Concat Split Slice Pad Expand Gather GatherElements "
+                "Resize Identity Dropout").split()
+    assert not set(required) - set(supported_ops())
