@@ -12,12 +12,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import torch
+
 from tessera.cost import AnalyticalCost, device
 from tessera.errors import TesseraError
 from tessera.fission import FissionResult, fission
 from tessera.frontend import LoadedModel, load
 from tessera.orchestrate import DEFAULT_SOLVER, CandidateRules, OGraph, Plan, build_ograph, orchestrate
 from tessera.orchestrate.report import write_report
+from tessera.runtime.artifact import save_artifact
+from tessera.runtime.executable import Executable
+from tessera.version import __version__
 
 
 @dataclass
@@ -80,11 +85,25 @@ def compile_model(source: Any, options: CompileOptions | None = None,
     return CompileResult(loaded, fis, og, plan, timings)
 
 
-def write_artifacts(result: CompileResult, out: Path) -> None:
-    """OUT/plan.json and OUT/report.html."""
-    out.mkdir(parents=True, exist_ok=True)
+def plan_document(result: CompileResult) -> dict[str, Any]:
+    """plan.json's content: the plan, pass timings and opaque operators."""
     doc = result.plan.to_json()
     doc["timings_s"] = {k: round(v, 4) for k, v in result.timings.items()}
     doc["opaque"] = [{"node": o.node, "op": o.op_type, "reason": o.reason} for o in result.fission.opaque]
-    (out / "plan.json").write_text(json.dumps(doc, indent=1))
+    return doc
+
+
+def write_artifacts(result: CompileResult, out: Path) -> None:
+    """The artifact directory: plan.json, report.html and what `tessera.load` needs."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(json.dumps(plan_document(result), indent=1))
     write_report(result.plan, result.ograph, out / "report.html")
+    save_artifact(out, result.fission.graph, result.loaded.model,
+                  {"tessera": __version__, "model": result.loaded.label, "precision": result.plan.precision,
+                   "input_shapes": {k: list(v) for k, v in result.loaded.input_shapes.items()}})
+
+
+def compile(source: Any, options: CompileOptions | None = None, device: str | torch.device = "cpu") -> Executable:
+    """Compile a model into a callable that takes and returns torch tensors."""
+    result = compile_model(source, options)
+    return Executable(result.fission.graph, plan_document(result), device)

@@ -47,7 +47,7 @@ def test_compile_writes_plan_and_report(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["compile", str(MODELS / "bert_tiny.onnx"), "-o", str(out), "--gpu", "h200"]) == 0
     text = capsys.readouterr().out
-    assert "kernels from" in text and "proven optimality" in text
+    assert "kernels from" in text and "proven optimality" in text and "tessera run" in text
     plan = json.loads((out / "plan.json").read_text())
     assert plan["strategy"] == "optimal" and plan["device"].startswith("NVIDIA H200")
     assert plan["estimated_total_s"] <= plan["greedy_total_s"]

@@ -3,19 +3,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+import torch
 from tqdm import tqdm
 
 from tessera.compiler import CompileOptions, compile_model, write_artifacts
 from tessera.cost import DEVICES, PRECISIONS
 from tessera.errors import TesseraError
+from tessera.frontend import load as frontend_load
 from tessera.orchestrate import DEFAULT_SOLVER, SOLVERS, STRATEGIES
 from tessera.summary import format_summary, summarize
-from tessera.tolerance import TOLERANCE
-from tessera.verify import STAGES, verify
+from tessera.runtime.artifact import load_artifact as load
+from tessera.runtime.artifact import read_meta
+from tessera.tolerance import TOLERANCE, passes, rel_l2
+from tessera.verify import STAGES, random_inputs, run_onnxruntime, verify
 
 
 def parse_input_shapes(specs: Sequence[str] | None) -> dict[str, tuple[int, ...]]:
@@ -65,7 +71,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds per subgraph solve")
     p.add_argument("--max-states", type=int, default=2000, help="execution states per subgraph")
     p.add_argument("--max-kernel-nodes", type=int, default=12, help="primitives per candidate kernel")
+    p = sub.add_parser("run", help="run a compiled artifact; --check compares with onnxruntime")
+    p.add_argument("artifact", type=Path, help="directory written by tessera compile -o")
+    p.add_argument("--check", action="store_true", help="compare every output with onnxruntime")
+    p.add_argument("--inputs", type=Path, help=".npz file of inputs by name (default: fresh random inputs)")
+    p.add_argument("--seed", type=int, help="seed for random inputs (default: fresh)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--save-outputs", type=Path, help="write the outputs to this .npz file")
     return parser
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    meta = read_meta(args.artifact)
+    exe = load(args.artifact, args.device)
+    model = frontend_load(args.artifact / "model.onnx", meta["input_shapes"])
+    seed = int.from_bytes(os.urandom(4), "little") if args.seed is None else args.seed
+    if args.inputs:
+        with np.load(args.inputs) as data:
+            feeds = {k: data[k] for k in data.files}
+    else:
+        feeds = random_inputs(model.graph, seed)
+    outs = {k: v.cpu().numpy() for k, v in exe.run(**feeds).items()}
+    if args.save_outputs:
+        np.savez(args.save_outputs, **outs)
+    print(f"{args.artifact}: ran {len(exe.steps)} kernels on {args.device}"
+          + ("" if args.inputs else f", random inputs (seed {seed})"))
+    if not args.check:
+        for name, v in outs.items():
+            print(f"  {name:<24} {str(list(v.shape)):<20} {v.dtype}")
+        return 0
+    ref = run_onnxruntime(model.model, feeds)
+    precision = meta.get("precision", "fp32")
+    ok = True
+    for name, v in outs.items():
+        err = rel_l2(v, ref[name])
+        good = passes(err, precision)
+        ok &= good
+        print(f"  {name:<24} {str(list(v.shape)):<20} rel L2 {err:.3e}  {'PASS' if good else 'FAIL'}")
+    print(f"{'PASS' if ok else 'FAIL'} (tolerance {TOLERANCE[precision]:g}, {precision}, vs onnxruntime)")
+    return 0 if ok else 1
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -90,7 +134,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
           f"({plan.greedy_total_s / max(plan.estimated_total_s, 1e-30):.2f}x)")
     print(f"  {len(plan.subgraphs)} subgraph(s), {optimal} solved to proven optimality, "
           f"{sum(s.get('seconds', 0.0) for s in solved):.2f} s in the solver; {len(plan.cuts)} cut(s)")
-    print(f"  wrote {args.out / 'plan.json'} and {args.out / 'report.html'}")
+    print(f"  wrote the artifact {args.out} (plan.json, report.html; run it with tessera run {args.out} --check)")
     return 0
 
 
@@ -117,7 +161,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if r.passed else 1
 
 
-COMMANDS = {"inspect": cmd_inspect, "verify": cmd_verify, "compile": cmd_compile}
+COMMANDS = {"inspect": cmd_inspect, "verify": cmd_verify, "compile": cmd_compile, "run": cmd_run}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

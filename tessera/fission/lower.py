@@ -29,16 +29,18 @@ def emit_opaque(b: PrimBuilder, node: Node, out_types: list[TensorType], opset: 
     """One OPAQUE primitive that runs `node` as-is through the fallback."""
     b.source = (node.name,)
     attrs = {"op_type": node.op, "domain": node.domain, "opset": opset, "onnx_attrs": dict(node.attrs)}
-    if len(out_types) == 1:
+    if len(node.outputs) == 1:
         return [b.emit(Prim.OPAQUE, node.inputs, attrs, out_type=out_types[0], hint=node.op.lower())]
-    # Several outputs: the node writes them all; each tensor gets its own type.
+    # Several outputs: the node writes them all, each with its own type. An
+    # omitted output keeps its place as "" so the rest keep their ONNX positions.
     name = b.fresh(f"{node.name}/opaque")
-    outs = [b.fresh(f"{name}:{i}") for i in range(len(out_types))]
+    outs = [b.fresh(f"{name}:{i}") if o else "" for i, o in enumerate(node.outputs)]
     b.graph.nodes.append(Node(name=name, op=Prim.OPAQUE.value, inputs=node.inputs, outputs=tuple(outs),
                               attrs=attrs, source=(node.name,)))
-    for o, t in zip(outs, out_types):
+    named = [o for o in outs if o]
+    for o, t in zip(named, out_types):
         b.graph.types[o] = t
-    return outs
+    return named
 
 
 def fission(opg: Graph) -> FissionResult:

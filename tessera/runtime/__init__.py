@@ -1,0 +1,1 @@
+"""Stage `runtime`: executable plans."""

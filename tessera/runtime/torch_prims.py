@@ -1,0 +1,353 @@
+"""Every primitive as torch tensor operations, on whatever device its inputs live.
+
+`run_node` follows `ir/prims.py` exactly and agrees with the NumPy reference
+interpreter (`ir/interp.py`): same integer rounding, NaN propagation, padding
+rules and dtypes. Differences that remain are rounding only: bfloat16 tensors
+are real bfloat16 here (the interpreter holds them in float32), and float16 /
+bfloat16 sums accumulate in float32 as the interpreter's do.
+
+OPAQUE nodes go through the interpreter's onnxruntime path on the CPU.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tessera.errors import MalformedModelError, ShapeError, UnsupportedError, node_ref
+from tessera.ir.dtype import DType
+from tessera.ir.graph import Graph, GraphKind, Node, TensorType
+from tessera.ir.interp_opaque import run_opaque
+from tessera.ir.prims import Prim
+
+TORCH_DTYPES: dict[DType, torch.dtype] = {
+    DType.FLOAT32: torch.float32, DType.FLOAT16: torch.float16, DType.BFLOAT16: torch.bfloat16,
+    DType.FLOAT64: torch.float64, DType.INT64: torch.int64, DType.INT32: torch.int32,
+    DType.INT8: torch.int8, DType.UINT8: torch.uint8, DType.BOOL: torch.bool,
+}
+DTYPES_OF: dict[torch.dtype, DType] = {v: k for k, v in TORCH_DTYPES.items()}
+
+Kernel = Callable[[Node, Sequence[torch.Tensor], TensorType, torch.device], torch.Tensor]
+
+
+def run_node(node: Node, args: Sequence[torch.Tensor], out_types: Sequence[TensorType], *,
+             device: torch.device | str | None = None,
+             opsets: Mapping[str, int] | None = None) -> list[torch.Tensor]:
+    """The outputs of primitive `node` on `args`, one per (non-empty) output,
+    each with exactly its declared shape and dtype.
+
+    `device` places outputs of nodes without inputs (FILL, some OPAQUE); it
+    defaults to the first argument's device, else the CPU. `opsets` are the
+    graph's (an OPAQUE node of a custom domain needs that domain's version).
+    """
+    try:
+        prim = Prim(node.op)
+    except ValueError:
+        raise MalformedModelError(f"{node_ref(node.name, node.op)} is not a primitive") from None
+    dev = torch.device(device) if device is not None else (args[0].device if args else torch.device("cpu"))
+    if prim is Prim.OPAQUE:
+        outs = _opaque(node, args, out_types, dev, opsets)
+    else:
+        outs = [_KERNELS[prim](node, args, out_types[0], dev)]
+    if len(outs) != len(out_types):
+        raise ShapeError(f"{node_ref(node.name, node.op)}: computed {len(outs)} outputs, "
+                         f"the graph declares {len(out_types)}")
+    return [_conform(node, y, t) for y, t in zip(outs, out_types)]
+
+
+def _conform(node: Node, y: torch.Tensor, t: TensorType) -> torch.Tensor:
+    want = TORCH_DTYPES[t.dtype]
+    if y.dtype != want:
+        y = y.to(want)
+    if tuple(y.shape) != t.shape:
+        raise ShapeError(f"{node_ref(node.name, node.op)}: computed shape {list(y.shape)}, "
+                         f"the graph declares {list(t.shape)}")
+    return y
+
+
+def _acc(dt: torch.dtype) -> torch.dtype | None:
+    """Accumulator of sums: 16-bit floats accumulate in float32, like the interpreter."""
+    return torch.float32 if dt in (torch.float16, torch.bfloat16) else None
+
+
+def _lowest(dt: torch.dtype) -> float | int | bool:
+    if dt.is_floating_point:
+        return float("-inf")
+    if dt is torch.bool:
+        return False
+    return int(torch.iinfo(dt).min)
+
+
+def _torch_pads(pads: Sequence[int], n: int) -> list[int]:
+    """ONNX pads (begins then ends) of the trailing n dims -> F.pad order (last dim first)."""
+    out: list[int] = []
+    for i in reversed(range(n)):
+        out += [int(pads[i]), int(pads[i + n])]
+    return out
+
+
+# ---- elementwise -------------------------------------------------------------------
+def _fill(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+    return torch.full(t.shape, node.attrs["value"], dtype=TORCH_DTYPES[t.dtype], device=dev)
+
+
+def _cast(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+    (x,) = args
+    to = TORCH_DTYPES[DType(node.attrs["dtype"])]
+    if to is torch.bool:
+        return x != 0  # ONNX: nonzero (and NaN) is true
+    if x.is_floating_point() and not to.is_floating_point:
+        # Float -> int truncates toward zero (torch's conversion does); narrow
+        # types go through int64 so out-of-range values wrap as NumPy's do.
+        return x.to(torch.int64).to(to) if to in (torch.int8, torch.uint8) else x.to(to)
+    return x.to(to)
+
+
+def _div(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if x.is_floating_point():
+        return torch.div(x, y)
+    # ONNX integer Div truncates toward zero. Division by zero is undefined in
+    # ONNX; torch would raise on the CPU, NumPy (the reference) gives 0.
+    zero = y == 0
+    return torch.div(x, y.masked_fill(zero, 1), rounding_mode="trunc").masked_fill(zero, 0)
+
+
+def _pow(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if x.is_floating_point() or x.dtype is torch.bool:
+        return torch.pow(x, y)
+    # x ** -k for integers truncates to 0 unless |x| == 1 (as the interpreter says).
+    neg = y < 0
+    out = torch.pow(x, y.masked_fill(neg, 0))
+    one = torch.ones_like(out)
+    tiny = torch.where(x == 1, one, torch.where(x == -1, torch.where(y % 2 == 0, one, -one), 0 * one))
+    return torch.where(neg, tiny, out)
+
+
+_UNARY: dict[Prim, Callable[[torch.Tensor], torch.Tensor]] = {
+    Prim.NEG: torch.neg, Prim.ABS: torch.abs, Prim.EXP: torch.exp, Prim.LOG: torch.log, Prim.SQRT: torch.sqrt,
+    Prim.RECIPROCAL: torch.reciprocal, Prim.TANH: torch.tanh, Prim.ERF: torch.erf,
+    Prim.SIGMOID: torch.sigmoid, Prim.ISNAN: torch.isnan, Prim.NOT: torch.logical_not,
+}
+_BINARY: dict[Prim, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    Prim.ADD: torch.add, Prim.SUB: torch.sub, Prim.MUL: torch.mul, Prim.DIV: _div, Prim.POW: _pow,
+    Prim.MAX: torch.maximum, Prim.MIN: torch.minimum,  # both propagate NaN
+    Prim.EQUAL: torch.eq, Prim.GREATER: torch.gt, Prim.LESS: torch.lt,
+    Prim.AND: torch.logical_and, Prim.OR: torch.logical_or,
+}
+
+
+def _unary(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+    return _UNARY[node.prim](args[0])
+
+
+def _binary(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+    return _BINARY[node.prim](args[0], args[1])
+
+
+def _where(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+    return torch.where(args[0], args[1], args[2])
+
+
+# ---- reduce / broadcast --------------------------------------------------------------
+def _reduce(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+    x = args[0]
+    axes = tuple(node.attrs["axes"])
+    if not axes:  # torch reads dim=() as "every dim"
+        return x
+    if node.prim is Prim.REDUCE_SUM:
+        return torch.sum(x, dim=axes, keepdim=True, dtype=_acc(x.dtype))
+    fn = torch.amax if node.prim is Prim.REDUCE_MAX else torch.amin  # both propagate NaN
+    return fn(x, dim=axes, keepdim=True)
+
+
+def _broadcast(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+    return args[0].expand(tuple(node.attrs["shape"]))  # a view
+
+
+def _window_reduce(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+    # Pad with the reduction's identity (skipping a padded position is the same
+    # as adding 0 / offering the lowest value to a max), then view the windows
+    # with unfold: exact for every dtype, unlike avg_pool * volume.
+    a = node.attrs
+    x = args[0]
+    kernel, strides, dils, pads = a["kernel"], a["strides"], a["dilations"], a["pads"]
+    n, r = len(kernel), x.dim()
+    kind = a["kind"]
+    if kind not in ("sum", "max"):
+        raise MalformedModelError(f"{node_ref(node.name, node.op)}: window_reduce kind {kind!r}")
+    if any(pads):
+        x = F.pad(x, _torch_pads(pads, n), value=0 if kind == "sum" else _lowest(x.dtype))
+    for i in range(n):
+        span = dils[i] * (kernel[i] - 1) + 1
+        x = x.unfold(r - n + i, span, strides[i])  # [..., out_i, ..., span_i]
+        if dils[i] > 1:
+            x = x[..., :: dils[i]]
+    window = tuple(range(r, r + n))
+    if kind == "sum":
+        return x.sum(dim=window, dtype=_acc(x.dtype))
+    return x.amax(dim=window)
+
+
+# ---- layout ------------------------------------------------------------------------
+def _transpose(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+    return args[0].permute(tuple(node.attrs["perm"]))
+
+
+def _reshape(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+    return args[0].reshape(tuple(node.attrs["shape"]))
+
+
+def _slice(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+    # torch has no negative-step views: slice the same elements forward, then flip.
+    index: list[slice] = []
+    flips: list[int] = []
+    for d, (start, step, n) in enumerate(zip(node.attrs["starts"], node.attrs["steps"], node.attrs["shape"])):
+        if n == 0:
+            index.append(slice(0, 0))
+        elif step > 0:
+            index.append(slice(start, start + (n - 1) * step + 1, step))
+        else:
+            last = start + (n - 1) * step
+            index.append(slice(last, start + 1, -step))
+            flips.append(d)
+    y = args[0][tuple(index)]
+    return y.flip(flips) if flips else y
+
+
+def _pad(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+    x = args[0]
+    p = node.attrs["pads"]
+    r = x.dim()
+    mode = node.attrs["mode"]
+    if mode == "constant":
+        v: Any = node.attrs.get("value", 0)
+        v = bool(v) if x.dtype is torch.bool else (float(v) if x.is_floating_point() else int(v))
+        return F.pad(x, _torch_pads(p, r), value=v)
+    if mode not in ("reflect", "edge"):
+        raise MalformedModelError(f"{node_ref(node.name, node.op)}: pad mode {mode!r}")
+    # F.pad reflects/replicates only some ranks and dims; an index per padded dim
+    # works for every rank and dtype (pads are < the dim for reflect: prim_shapes).
+    for d in range(r):
+        b, e = int(p[d]), int(p[d + r])
+        if b == 0 and e == 0:
+            continue
+        size = x.shape[d]
+        i = torch.arange(-b, size + e, device=x.device)
+        if mode == "reflect":
+            i = i.abs()
+            i = torch.where(i >= size, 2 * (size - 1) - i, i)
+        else:
+            i = i.clamp(0, size - 1)
+        x = x.index_select(d, i)
+    return x
+
+
+def _concat(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+    return torch.cat(list(args), dim=node.attrs["axis"])
+
+
+def _wrap(idx: torch.Tensor, extent: int) -> torch.Tensor:
+    """Negative indices count from the end (ONNX Gather/GatherElements)."""
+    idx = idx.to(torch.int64)
+    return torch.where(idx < 0, idx + extent, idx)
+
+
+def _gather(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+    data, idx = args
+    axis = node.attrs["axis"]
+    flat = data.index_select(axis, _wrap(idx, data.shape[axis]).reshape(-1))
+    return flat.reshape(data.shape[:axis] + idx.shape + data.shape[axis + 1:])
+
+
+def _gather_elements(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+    data, idx = args
+    axis = node.attrs["axis"]
+    # torch.gather, like ONNX, lets the indices be smaller than the data off the axis.
+    return torch.gather(data, axis, _wrap(idx, data.shape[axis]))
+
+
+# ---- linear ------------------------------------------------------------------------
+def _matmul(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+    a, b = args
+    if a.is_floating_point():
+        return torch.matmul(a, b)
+    # CUDA has no integer GEMM: a broadcast product summed over k is exact (and wraps like NumPy).
+    return (a.unsqueeze(-1) * b.unsqueeze(-3)).sum(dim=-2)
+
+
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
+
+def _spatial_rank(node: Node, x: torch.Tensor) -> int:
+    n = x.dim() - 2
+    if n not in _CONV:
+        raise UnsupportedError(f"{node_ref(node.name, node.op)}: torch convolves 1 to 3 spatial dims, not {n}")
+    return n
+
+
+def _conv(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+    x, w = args
+    a = node.attrs
+    n = _spatial_rank(node, x)
+    pads = [int(v) for v in a["pads"]]
+    padding: Sequence[int] = pads[:n]
+    if pads[:n] != pads[n:]:  # torch pads symmetrically: pad asymmetric pads explicitly
+        x = F.pad(x, _torch_pads(pads, n))
+        padding = [0] * n
+    return _CONV[n](x, w, None, tuple(a["strides"]), tuple(padding), tuple(a["dilations"]), a["group"])
+
+
+def _conv_transpose(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+    # The full output (pads 0) is cropped by pb at the start and pe at the end;
+    # output_padding extends it at the end with positions no input reaches (0).
+    # torch crops symmetrically and refuses output_padding >= max(stride, dilation):
+    # let it do min(pb, pe) and the output_padding it takes, crop/extend the rest.
+    x, w = args
+    a = node.attrs
+    n = _spatial_rank(node, x)
+    s, d, p, op = a["strides"], a["dilations"], a["pads"], a["output_padding"]
+    takes = [op[i] < max(s[i], d[i]) for i in range(n)]
+    # Where torch cannot take the output_padding, it must crop nothing at the end
+    # either: the zeros we append have to follow the full output's last position.
+    sym = [min(p[i], p[i + n]) if takes[i] else 0 for i in range(n)]
+    top = [op[i] if takes[i] else 0 for i in range(n)]
+    y = _CONV_T[n](x, w, None, tuple(s), tuple(sym), tuple(top), a["group"], tuple(d))
+    fix = [(sym[i] - p[i], (op[i] - top[i]) - (p[i + n] - sym[i])) for i in range(n)]
+    if any(v for f in fix for v in f):
+        y = F.pad(y, [v for f in reversed(fix) for v in f])  # negative pads crop
+    return y
+
+
+# ---- opaque ------------------------------------------------------------------------
+def _opaque(node: Node, args: Sequence[torch.Tensor], out_types: Sequence[TensorType], dev: torch.device,
+            opsets: Mapping[str, int] | None) -> list[torch.Tensor]:
+    # onnxruntime on the CPU, exactly as the interpreter runs it (bfloat16 crosses as float32).
+    outs = [o for o in node.outputs if o]
+    graph = Graph(name="opaque", kind=GraphKind.PRIMITIVE, types=dict(zip(outs, out_types)),
+                  opsets=dict(opsets) if opsets else {"": int(node.attrs["opset"])})
+    in_types = [TensorType(tuple(v.shape), DTYPES_OF[v.dtype]) for v in args]
+    arrays = [(v.float() if v.dtype is torch.bfloat16 else v).detach().cpu().numpy() for v in args]
+    results = run_opaque(graph, node, arrays, in_types, exact=False)
+    return [_from_numpy(r).to(device=dev, dtype=TORCH_DTYPES[t.dtype]) for r, t in zip(results, out_types)]
+
+
+def _from_numpy(r: np.ndarray) -> torch.Tensor:
+    r = np.asarray(r)
+    if not (r.flags.writeable and r.flags.c_contiguous):  # torch.from_numpy wants an owned buffer
+        r = np.array(r, order="C", copy=True)
+    return torch.from_numpy(r)
+
+
+_KERNELS: dict[Prim, Kernel] = {
+    Prim.FILL: _fill, Prim.CAST: _cast, Prim.WHERE: _where,
+    **{p: _unary for p in _UNARY}, **{p: _binary for p in _BINARY},
+    Prim.REDUCE_SUM: _reduce, Prim.REDUCE_MAX: _reduce, Prim.REDUCE_MIN: _reduce,
+    Prim.BROADCAST: _broadcast, Prim.WINDOW_REDUCE: _window_reduce,
+    Prim.TRANSPOSE: _transpose, Prim.RESHAPE: _reshape, Prim.SLICE: _slice, Prim.PAD: _pad,
+    Prim.CONCAT: _concat, Prim.GATHER: _gather, Prim.GATHER_ELEMENTS: _gather_elements,
+    Prim.MATMUL: _matmul, Prim.CONV: _conv, Prim.CONV_TRANSPOSE: _conv_transpose,
+}
+assert set(_KERNELS) == set(Prim) - {Prim.OPAQUE}, "every primitive needs a kernel"

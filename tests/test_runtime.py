@@ -1,0 +1,59 @@
+"""The executable: compile, save, load and run against onnxruntime (torch backend, CPU)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import tessera
+from tessera.cli.main import main
+from tessera.errors import ModelLoadError, ShapeError
+from tessera.frontend import load as frontend_load
+from tessera.tolerance import rel_l2
+from tessera.verify import random_inputs, run_onnxruntime
+
+MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
+
+
+@pytest.mark.parametrize("name", ["attn_s7.onnx", "bert_tiny.onnx", "candy_small.onnx", "gpt2_tiny.onnx",
+                                  "segformer_b0_small.onnx", "efficientvit_b0_small.onnx"])
+@pytest.mark.parametrize("strategy", ["optimal", "greedy"])
+def test_compile_and_run_matches_onnxruntime(name, strategy):
+    run = tessera.compile(MODELS / name, tessera.CompileOptions(strategy=strategy))
+    model = frontend_load(MODELS / name)
+    feeds = random_inputs(model.graph, seed=11)
+    ref = run_onnxruntime(model.model, feeds)
+    outs = run(*[torch.from_numpy(feeds[n]) for n in run.input_names])
+    for name_, out in zip(run.output_names, outs):
+        assert rel_l2(out.numpy(), ref[name_]) < 1e-5
+
+
+def test_artifact_round_trip_and_cli_check(tmp_path, capsys):
+    out = tmp_path / "bert"
+    assert main(["compile", str(MODELS / "bert_tiny.onnx"), "-o", str(out)]) == 0
+    for f in ("plan.json", "report.html", "graph.pkl", "model.onnx", "artifact.json"):
+        assert (out / f).is_file()
+    capsys.readouterr()
+    assert main(["run", str(out), "--check", "--seed", "5"]) == 0
+    text = capsys.readouterr().out
+    assert "PASS" in text and "seed 5" in text
+    exe = tessera.load(out)
+    x = torch.randint(0, 1000, (1, 128))
+    np.testing.assert_allclose(exe(x)[0].numpy(), exe(input_ids=x)[0].numpy() if "input_ids" in exe.input_names
+                               else exe(**{exe.input_names[0]: x})[0].numpy())
+    np.savez(tmp_path / "in.npz", **{exe.input_names[0]: x.numpy()})
+    assert main(["run", str(out), "--inputs", str(tmp_path / "in.npz"), "--save-outputs", str(tmp_path / "o.npz")]) == 0
+    with np.load(tmp_path / "o.npz") as saved:
+        np.testing.assert_allclose(saved[exe.output_names[0]], exe(x)[0].numpy(), rtol=1e-6)
+
+
+def test_runtime_errors(tmp_path, capsys):
+    with pytest.raises(ModelLoadError, match="not a tessera artifact"):
+        tessera.load(tmp_path)
+    assert main(["run", str(tmp_path)]) == 2
+    assert "not a tessera artifact" in capsys.readouterr().err
+    exe = tessera.compile(MODELS / "gemm_g1.onnx")
+    with pytest.raises(ShapeError, match="'a'"):
+        exe(torch.randn(1, 5, 64), torch.randn(1, 64, 256), torch.randn(1, 256, 64))
