@@ -79,9 +79,6 @@ class OGraph:
     def sinks(self, mask: int) -> int:
         return sum(1 << i for i in bits(mask) if not self.succs[i] & mask)
 
-    def names(self, mask: int) -> list[str]:
-        return [self.nodes[i].name for i in bits(mask)]
-
 
 def _is_free(node: Node, free_or_const: set[str], outputs: set[str]) -> bool:
     if Prim(node.op).category in (Category.LINEAR, Category.OPAQUE) or any(o in outputs for o in node.outputs):

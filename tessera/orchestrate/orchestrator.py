@@ -58,7 +58,7 @@ def _solve_subgraph(og: OGraph, sub: Subgraph, cost: CostFn, strategy: str, rule
 def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: CandidateRules | None = None,
                 legality: KernelLegality | None = None, solver: str = DEFAULT_SOLVER, time_limit: float = 60.0,
                 max_states: int = 2000, model: str = "", device: str = "", precision: str = "fp32",
-                cost_model: str = "analytical", greedy_cost: CostFn | None = None,
+                cost_model: str = "analytical",
                 progress: Callable[[int, int], None] | None = None) -> Plan:
     """Choose the kernels of `og` and return the plan.
 
@@ -85,7 +85,7 @@ def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: C
         k += 1
         if progress:
             progress(k, len(subs))
-    greedy_total = _greedy_total(og, rules, legality, greedy_cost or cost)
+    greedy_total = _greedy_total(og, rules, legality, cost)
     kernels = _kernels(og, chosen)
     return Plan(model=model, strategy=strategy, device=device, precision=precision, cost_model=cost_model,
                 kernels=kernels, buffers=_buffers(og, kernels),

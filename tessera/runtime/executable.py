@@ -56,7 +56,12 @@ class Executable:
             for n in step.nodes:
                 for t in n.inputs:
                     last_read[t] = i
-        self._last_read = last_read
+        # Values to drop after each step: read for the last time there, and
+        # neither a graph output nor a constant (those live for the whole run).
+        self._free_after: list[list[str]] = [[] for _ in self.steps]
+        for t, i in last_read.items():
+            if t and t not in graph.outputs and t not in self.constants:
+                self._free_after[i].append(t)
 
     @property
     def input_names(self) -> list[str]:
@@ -94,7 +99,6 @@ class Executable:
         return {t: env[t] for t in self.graph.outputs}
 
     def _run_steps(self, env: dict[str, torch.Tensor]) -> None:
-        keep = set(self.graph.outputs)
         for i, step in enumerate(self.steps):
             local: dict[str, torch.Tensor] = {}
             for n in step.nodes:
@@ -104,9 +108,8 @@ class Executable:
                 local.update(zip([o for o in n.outputs if o], outs))
             for t in step.writes:  # what the kernel writes to memory, as its own buffer
                 env[t] = local[t].contiguous()
-            for t in [t for t in env if self._last_read.get(t, -1) == i and t not in keep
-                      and t not in self.constants]:
-                del env[t]
+            for t in self._free_after[i]:
+                env.pop(t, None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
         outs = self.run(*args, **kwargs)
