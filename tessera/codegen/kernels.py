@@ -1,0 +1,339 @@
+"""Generated Triton kernels for memory-intensive candidates.
+
+Two kernel forms cover every legal candidate:
+
+- **pointwise**: one program per `XBLOCK` flat output elements. Outputs of
+  different sizes share the grid of the largest, each store masked by its own
+  size. Elementwise, layout and broadcast primitives are index arithmetic; a
+  pooling window is a loop around the value it reduces.
+- **row reduction**: all reductions of the kernel run over the same input
+  shape `S` and axes `A` (the candidate rules guarantee it). A program owns
+  `XBLOCK` rows (the coordinates off `A`) and walks the `RNUMEL` elements of
+  each row. Reductions that read other reductions (layernorm's variance reads
+  its mean) go in later passes. *Persistent* schedules hold a whole row in
+  registers (`RBLOCK >= RNUMEL`, one pass over memory); *looped* schedules
+  stream the row in `RBLOCK` chunks once per pass. Outputs are either per-row
+  (the reduced shape, or anything of that many elements) or per-element (as
+  many elements as `S`, in its row-major order).
+
+The schedule space is Hidet's: a few block sizes and warp counts fixed by the
+hardware, not by the input shape; remainders are masked.
+"""
+from __future__ import annotations
+
+import re
+import textwrap
+from dataclasses import dataclass, field
+from math import prod
+from typing import Sequence
+
+from tessera.codegen import index as ix
+from tessera.codegen.emitter import Emitter, Scope
+from tessera.codegen.index import Ix
+from tessera.codegen.triton_ops import COMPUTE, STORAGE, Unsupported, Val
+from tessera.ir.graph import Graph, Node
+from tessera.ir.prims import REDUCTIONS, Prim
+
+# Elements one program holds in registers per value (fp32: 16 KiB).
+BLOCK_ELEMENTS = 4096
+POINTWISE_BLOCKS = (1024, 512, 256, 2048)
+LOOPED_RBLOCKS = (1024, 2048, 512)
+WARPS = (4, 8, 2)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    xblock: int
+    rblock: int = 1
+    num_warps: int = 4
+    persistent: bool = True  # reductions: the whole row in one block
+
+    def to_json(self) -> dict[str, object]:
+        return {"xblock": self.xblock, "rblock": self.rblock, "num_warps": self.num_warps,
+                "persistent": self.persistent}
+
+
+@dataclass
+class KernelSource:
+    """A generated kernel: Triton source and how to launch it."""
+
+    name: str
+    source: str
+    inputs: list[str]  # tensors read from memory, in argument order
+    outputs: list[str]  # tensors written, after the inputs
+    xnumel: int
+    rnumel: int
+    schedule: Schedule
+    prims: list[str] = field(default_factory=list)
+
+    @property
+    def grid(self) -> int:
+        return -(-self.xnumel // self.schedule.xblock)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def schedules(xnumel: int, rnumel: int) -> list[Schedule]:
+    """The schedule space of a kernel, the default first."""
+    if rnumel <= 1:
+        return [Schedule(min(b, _pow2(xnumel)), 1, w) for b in POINTWISE_BLOCKS for w in WARPS[:2]]
+    out: list[Schedule] = []
+    rb = _pow2(rnumel)
+    if rb <= BLOCK_ELEMENTS:
+        for xb in (max(1, BLOCK_ELEMENTS // rb), max(1, BLOCK_ELEMENTS // rb // 4)):
+            xb = min(xb, _pow2(xnumel))
+            out.extend(Schedule(xb, rb, w, True) for w in WARPS)
+    for r in LOOPED_RBLOCKS:
+        if r < rb:
+            out.append(Schedule(1, r, 4, False))
+    return list(dict.fromkeys(out))
+
+
+def _sanitize(name: str) -> str:
+    s = re.sub(r"\W", "_", name)
+    return s if s[:1].isalpha() else f"k_{s}"
+
+
+class _Kernel:
+    """Shared state of one generation: the emitter and the argument lists."""
+
+    def __init__(self, graph: Graph, nodes: Sequence[Node], outputs: Sequence[str]) -> None:
+        self.graph = graph
+        self.nodes = list(nodes)
+        produced = {o for n in nodes for o in n.outputs}
+        missing = [o for o in outputs if o not in produced]
+        if missing:
+            raise Unsupported(f"outputs {missing} are not computed by the kernel")
+        reads: dict[str, None] = {}
+        for n in self.nodes:
+            for t in n.inputs:
+                if t and t not in produced:
+                    reads[t] = None
+        self.inputs = list(reads)
+        self.outputs = list(outputs)
+        for t in self.inputs + self.outputs:
+            if self.graph.types[t].dtype not in STORAGE:
+                raise Unsupported(f"tensor {t} has type {self.graph.types[t].dtype.value}")
+        args = {t: f"in{i}" for i, t in enumerate(self.inputs)}
+        self.em = Emitter(graph, nodes, args)
+        self.out_args = {t: f"out{i}" for i, t in enumerate(self.outputs)}
+
+    def block(self, v: Val, shape: str, need: frozenset[str]) -> str:
+        """`v` as a full block: stores need one even when the value is a scalar."""
+        if v.is_literal:
+            return f"tl.full({shape}, {v.expr}, {COMPUTE[v.dtype]})"
+        if not need <= v.deps:
+            return f"tl.broadcast_to({v.expr}, {shape})"
+        return v.expr
+
+    def store(self, tensor: str, offset: Ix, v: Val, mask: frozenset[str], shape: str,
+              need: frozenset[str]) -> None:
+        m = self.em.mask_expr(mask)
+        self.em.stmt(f"tl.store({self.out_args[tensor]} + {offset.expr}, {self.block(v, shape, need)}"
+                     + (f", mask={m})" if m else ")"))
+
+
+def _pointwise(k: _Kernel, sched: Schedule) -> tuple[list[str], int, int]:
+    em = k.em
+    xnumel = max(k.graph.types[o].numel for o in k.outputs)
+    em.stack[0].avail = frozenset({"x"})
+    header = ["pid = tl.program_id(0)", "xindex = pid * XBLOCK + tl.arange(0, XBLOCK)",
+              f"xmask = xindex < {xnumel}"]
+    em.cond_deps["xmask"] = frozenset({"x"})
+    xdep = frozenset({"x"})
+    for o in k.outputs:
+        t = k.graph.types[o]
+        mask = frozenset({"xmask"}) if t.numel == xnumel else frozenset({em.cond(f"xindex < {t.numel}", xdep)})
+        flat = Ix("xindex", None, t.numel, xdep)
+        v = em.value(o, ix.unravel(flat, t.shape), mask)
+        k.store(o, flat, v, mask, "[XBLOCK]", xdep)
+    return header, xnumel, 1
+
+
+def _reduction(k: _Kernel, sched: Schedule) -> tuple[list[str], int, int]:
+    em, g = k.em, k.graph
+    reds = [n for n in k.nodes if n.op in _REDUCE_OPS]
+    loops = {(g.types[n.inputs[0]].shape, tuple(n.attrs["axes"])) for n in reds}
+    if len(loops) != 1:
+        raise Unsupported("reductions over different shapes or axes")
+    ((shape, axes),) = loops
+    outer = [d for d in range(len(shape)) if d not in axes]
+    xnumel = prod(shape[d] for d in outer)
+    rnumel = prod(shape[d] for d in axes)
+    if sched.persistent and sched.rblock < rnumel:
+        raise Unsupported("persistent schedule with a block shorter than the row")
+    for o in k.outputs:
+        if g.types[o].numel not in (xnumel, xnumel * rnumel):
+            raise Unsupported(f"output {o} has {g.types[o].numel} elements, neither a row ({xnumel}) "
+                              f"nor the reduced tensor ({xnumel * rnumel})")
+    xdep = frozenset({"x"})
+    em.stack[0].avail = xdep
+    em.shape_of = lambda deps: "[XBLOCK, RBLOCK]" if any(d.startswith("r") for d in deps) else "[XBLOCK, 1]"
+    header = ["pid = tl.program_id(0)", "xindex = pid * XBLOCK + tl.arange(0, XBLOCK)[:, None]",
+              f"xmask = xindex < {xnumel}"]
+    em.cond_deps["xmask"] = xdep
+    xc = ix.unravel(Ix("xindex", None, xnumel, xdep), [shape[d] for d in outer])
+    row_index = [Ix.of(0)] * len(shape)
+    for d, c in zip(outer, xc):
+        row_index[d] = c
+    natural = tuple(i.expr for i in row_index)
+
+    def open_row(tag: str) -> tuple[list[Ix], str]:
+        """The element coordinates of the row chunk the current scope walks."""
+        if sched.persistent:
+            rexpr = "tl.arange(0, RBLOCK)[None, :]"
+        else:
+            rexpr = f"{tag} + tl.arange(0, RBLOCK)[None, :]"
+        dep = frozenset({tag})
+        rindex = Ix(em.emit(rexpr, dep, "rindex"), None, rnumel, dep)
+        rmask = em.cond(f"{rindex.expr} < {rnumel}", dep)
+        coords = list(row_index)
+        for d, c in zip(axes, ix.unravel(rindex, [shape[d] for d in axes])):
+            coords[d] = c
+        return coords, rmask
+
+    def walk() -> tuple[list[Ix], str]:
+        tag = em.fresh("r")
+        if sched.persistent:
+            em.stack[0].avail = em.stack[0].avail | {tag}
+        else:
+            em.push(f"for {tag} in range(0, {rnumel}, RBLOCK):", tag)
+        return open_row(tag)
+
+    # Passes: a reduction goes after every reduction it reads.
+    depth: dict[str, int] = {}
+    order = {n.name: i for i, n in enumerate(g.topological_order())}
+    by_out = {n.outputs[0]: n for n in reds}
+    for n in sorted(reds, key=lambda n: order[n.name]):
+        ups = [depth[by_out[t].name] for t in _reduce_ancestors(n, k, by_out)]
+        depth[n.name] = 1 + max(ups, default=0)
+    persistent_coords: tuple[list[Ix], str] | None = walk() if sched.persistent else None
+    for level in sorted(set(depth.values())):
+        group = [n for n in reds if depth[n.name] == level]
+        accs = {}
+        if not sched.persistent:
+            for n in group:
+                accs[n.name] = em.fresh("acc")
+                em.stmt(f"{accs[n.name]} = tl.full([XBLOCK, RBLOCK], {_IDENT[n.op]}, tl.float32)")
+        coords, rmask = persistent_coords if persistent_coords else walk()
+        mask = frozenset({"xmask", rmask})
+        for n in group:
+            v = em.value(n.inputs[0], coords, mask)
+            if not g.types[n.inputs[0]].dtype.is_float:
+                raise Unsupported(f"{n.name}: integer reduction")
+            m = em.mask_expr(mask)
+            if sched.persistent:
+                term = f"tl.where({m}, {v.expr}, {_IDENT[n.op]})"
+                res = em.emit(f"{_REDUCE_FN[n.op]}({term}, 1)[:, None]", xdep, "row")
+            else:
+                acc = accs[n.name]
+                em.stmt(f"{acc} = tl.where({m}, {_COMBINE[n.op].format(acc=acc, v=v.expr)}, {acc})")
+            if sched.persistent:
+                em.rows[(n.outputs[0], natural)] = Val(res, g.types[n.outputs[0]].dtype, xdep)
+        if not sched.persistent:
+            em.pop()
+            for n in group:
+                res = em.emit(f"{_REDUCE_FN[n.op]}({accs[n.name]}, 1)[:, None]", xdep, "row")
+                em.rows[(n.outputs[0], natural)] = Val(res, g.types[n.outputs[0]].dtype, xdep)
+    per_element = [o for o in k.outputs if g.types[o].numel != xnumel]
+    if per_element:
+        coords, rmask = persistent_coords if persistent_coords else walk()
+        mask = frozenset({"xmask", rmask})
+        flat = em.index_var(ix.ravel(coords, shape))
+        for o in per_element:
+            v = em.value(o, ix.reshape_index(coords, shape, g.types[o].shape), mask)
+            k.store(o, flat, v, mask, "[XBLOCK, RBLOCK]", v.deps | flat.deps)
+        if not sched.persistent:
+            em.pop()
+    for o in k.outputs:
+        if o in per_element:
+            continue
+        t = g.types[o]
+        v = em.value(o, ix.unravel(Ix("xindex", None, xnumel, xdep), t.shape), frozenset({"xmask"}))
+        k.store(o, Ix("xindex", None, xnumel, xdep), v, frozenset({"xmask"}), "[XBLOCK, 1]", xdep)
+    return header, xnumel, rnumel
+
+
+def _reduce_ancestors(n: Node, k: _Kernel, by_out: dict[str, Node]) -> list[str]:
+    """Outputs of the kernel's reductions that `n` reads, directly or through other kernel nodes."""
+    producer = {o: m for m in k.nodes for o in m.outputs}
+    seen: set[str] = set()
+    found: list[str] = []
+    stack = list(n.inputs)
+    while stack:
+        t = stack.pop()
+        if t in seen or t not in producer:
+            continue
+        seen.add(t)
+        if t in by_out:
+            found.append(t)
+            continue
+        stack.extend(producer[t].inputs)
+    return found
+
+
+_REDUCE_OPS = {p.value for p in REDUCTIONS}
+_IDENT = {Prim.REDUCE_SUM.value: "0.0", Prim.REDUCE_MAX.value: '-float("inf")', Prim.REDUCE_MIN.value: 'float("inf")'}
+_REDUCE_FN = {Prim.REDUCE_SUM.value: "tl.sum", Prim.REDUCE_MAX.value: "tl.max", Prim.REDUCE_MIN.value: "tl.min"}
+_COMBINE = {Prim.REDUCE_SUM.value: "{acc} + {v}", Prim.REDUCE_MAX.value: "tl.maximum({acc}, {v})",
+            Prim.REDUCE_MIN.value: "tl.minimum({acc}, {v})"}
+
+
+def _render(scope: Scope, indent: str, out: list[str]) -> None:
+    for line in scope.lines:
+        if isinstance(line, Scope):
+            out.append(f"{indent}{line.header}")
+            _render(line, indent + "    ", out)
+        else:
+            out.append(f"{indent}{line}")
+
+
+def kind_of(nodes: Sequence[Node]) -> str:
+    return "reduction" if any(n.op in _REDUCE_OPS for n in nodes) else "pointwise"
+
+
+def generate(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], name: str,
+             schedule: Schedule | None = None, sources: Sequence[str] = ()) -> KernelSource:
+    """Triton source computing `outputs` from `nodes` (a kernel's primitives and free prologue).
+
+    Raises `Unsupported` with the reason when the candidate has no Triton form.
+    """
+    k = _Kernel(graph, nodes, outputs)
+    reduction = kind_of(nodes) == "reduction"
+    if schedule is None:
+        schedule = _default_schedule(graph, nodes, outputs, reduction)
+    header, xnumel, rnumel = (_reduction if reduction else _pointwise)(k, schedule)
+    fn = _sanitize(name)
+    body: list[str] = []
+    _render(k.em.stack[0], "    ", body)
+    g = graph
+    rd = sum(g.types[t].nbytes for t in k.inputs)
+    wr = sum(g.types[t].nbytes for t in k.outputs)
+    doc = [f"# tessera kernel {name}: {'row reduction' if reduction else 'pointwise'}, "
+           f"{xnumel} x {rnumel} elements",
+           *textwrap.wrap("primitives: " + ", ".join(f"{n.name} ({n.op})" for n in nodes), 100,
+                          initial_indent="# ", subsequent_indent="#   ")]
+    if sources:
+        doc += textwrap.wrap("ONNX nodes: " + ", ".join(sources), 100, initial_indent="# ",
+                             subsequent_indent="#   ")
+    doc += [f"# {a}: {t} {g.types[t]}" for t, a in zip(k.inputs, [f"in{i}" for i in range(len(k.inputs))])]
+    doc += [f"# {a}: {t} {g.types[t]}" for t, a in k.out_args.items()]
+    doc.append(f"# memory: reads {rd} B, writes {wr} B; the roofline is this traffic at full bandwidth")
+    params = ", ".join([f"in{i}" for i in range(len(k.inputs))] + list(k.out_args.values()))
+    src = "\n".join(["import triton", "import triton.language as tl", "", ""] + doc + [
+        "@triton.jit", f"def {fn}({params}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):"]
+        + [f"    {h}" for h in header] + body) + "\n"
+    return KernelSource(fn, src, k.inputs, k.outputs, xnumel, rnumel, schedule, [n.name for n in nodes])
+
+
+def _default_schedule(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], reduction: bool) -> Schedule:
+    if not reduction:
+        return schedules(max(graph.types[o].numel for o in outputs), 1)[0]
+    red = next(n for n in nodes if n.op in _REDUCE_OPS)
+    shape = graph.types[red.inputs[0]].shape
+    axes = red.attrs["axes"]
+    rnumel = prod(shape[d] for d in axes)
+    return schedules(prod(shape) // max(1, rnumel), max(2, rnumel))[0] if rnumel > 1 else \
+        Schedule(min(64, _pow2(prod(shape))), 1, 4, True)

@@ -1,0 +1,166 @@
+"""Every primitive -> Triton mapping of elementwise math, in one table.
+
+Values are computed in a *compute type*: float32 for every float type narrower
+than float64 (fp16/bf16 load as fp32 and round when stored or cast), float64,
+the integer types, and int1 for bool. Operands reach these functions as Triton
+expressions; `Emit` lets a mapping name intermediate results.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from tessera.ir.dtype import DType
+from tessera.ir.prims import Prim
+
+
+class Unsupported(Exception):
+    """The generator cannot produce this kernel; the message says why."""
+
+
+# Triton element types as the pointer of a tensor of this dtype holds them.
+STORAGE: dict[DType, str] = {
+    DType.FLOAT32: "tl.float32", DType.FLOAT16: "tl.float16", DType.BFLOAT16: "tl.bfloat16",
+    DType.FLOAT64: "tl.float64", DType.INT64: "tl.int64", DType.INT32: "tl.int32", DType.INT8: "tl.int8",
+    DType.UINT8: "tl.uint8", DType.BOOL: "tl.int1",
+}
+COMPUTE: dict[DType, str] = {**STORAGE, DType.FLOAT16: "tl.float32", DType.BFLOAT16: "tl.float32"}
+
+
+@dataclass(frozen=True)
+class Val:
+    """A value in the kernel: a variable or a literal, its compute type and the loops it depends on."""
+
+    expr: str
+    dtype: DType
+    deps: frozenset[str] = frozenset()
+    literal: Any = None  # the Python value when `expr` is a literal (a FILL)
+
+    @property
+    def is_literal(self) -> bool:
+        return self.literal is not None
+
+
+Emit = Callable[[str, frozenset[str]], str]  # (expression, deps) -> variable name
+
+
+def literal(value: Any, dtype: DType) -> Val:
+    """A FILL's value as Triton source."""
+    if dtype is DType.BOOL:
+        v: Any = bool(value)
+        return Val("1" if v else "0", dtype, literal=v)
+    if dtype.is_float:
+        v = float(value)
+        if math.isnan(v):
+            src = 'float("nan")'
+        elif math.isinf(v):
+            src = 'float("inf")' if v > 0 else '-float("inf")'
+        else:
+            src = repr(v)
+        return Val(src, dtype, literal=v)
+    v = int(value)
+    return Val(str(v), dtype, literal=v)
+
+
+def _np_cast(value: Any, to: DType) -> Any:
+    if to is DType.BOOL:
+        return value != 0
+    if not to.is_float and isinstance(value, float):
+        return int(math.trunc(value))
+    return np.array(value).astype(to.to_numpy()).item()
+
+
+def _tanh(x: str, emit: Emit, deps: frozenset[str]) -> str:
+    # e**(-2|x|) never overflows; tanh keeps the sign of x.
+    e = emit(f"tl.exp(-2.0 * tl.abs({x}))", deps)
+    t = emit(f"(1.0 - {e}) / (1.0 + {e})", deps)
+    return f"tl.where({x} < 0, -{t}, {t})"
+
+
+def _pow(x: Val, y: Val, emit: Emit, deps: frozenset[str]) -> str:
+    if not x.dtype.is_float:
+        raise Unsupported("integer pow")
+    if y.is_literal:
+        k = float(y.literal)
+        special = {1.0: x.expr, 2.0: f"{x.expr} * {x.expr}", 0.5: f"tl.sqrt({x.expr})",
+                   -1.0: f"1.0 / {x.expr}", 3.0: f"{x.expr} * {x.expr} * {x.expr}",
+                   -0.5: f"1.0 / tl.sqrt({x.expr})", 0.0: f"{x.expr} * 0.0 + 1.0"}
+        if k in special:
+            return special[k]
+    # x**y = e**(y ln|x|), negative only for x < 0 and odd integer y, NaN for x < 0 and fractional y.
+    r = emit(f"tl.exp({y.expr} * tl.log(tl.abs({x.expr})))", deps)
+    yi = emit(f"({y.expr}).to(tl.int64)", deps)
+    whole = emit(f"({yi}).to(tl.float32) == {y.expr}", deps)
+    signed = f"tl.where({whole}, tl.where({yi} % 2 != 0, -{r}, {r}), float(\"nan\"))"
+    return f"tl.where({y.expr} == 0, 1.0, tl.where({x.expr} < 0, {signed}, {r}))"
+
+
+_INFIX = {Prim.ADD: "+", Prim.SUB: "-", Prim.MUL: "*", Prim.EQUAL: "==", Prim.GREATER: ">",
+          Prim.LESS: "<", Prim.AND: "&", Prim.OR: "|"}
+_UNARY_FN = {Prim.ABS: "tl.abs", Prim.EXP: "tl.exp", Prim.LOG: "tl.log", Prim.SQRT: "tl.sqrt",
+             Prim.ERF: "tl.erf", Prim.SIGMOID: "tl.sigmoid"}
+
+
+def _cast(x: Val, to: DType) -> str:
+    if to is DType.BOOL:
+        return f"{x.expr} != 0"
+    if COMPUTE[to] == COMPUTE[x.dtype] and to.itemsize >= x.dtype.itemsize:
+        return x.expr
+    if to in (DType.FLOAT16, DType.BFLOAT16):  # round to the narrow type, compute on in fp32
+        return f"({x.expr}).to({STORAGE[to]}).to(tl.float32)"
+    return f"({x.expr}).to({COMPUTE[to]})"
+
+
+def elementwise(prim: Prim, args: Sequence[Val], out: DType, attrs: Any, emit: Emit) -> str:
+    """The Triton expression for elementwise `prim` of `args`, in `out`'s compute type."""
+    deps = frozenset().union(*(a.deps for a in args))
+    if prim is Prim.CAST:
+        return _cast(args[0], out)
+    if prim in _INFIX:
+        a, b = args
+        return f"{a.expr} {_INFIX[prim]} {b.expr}"
+    if prim in _UNARY_FN:
+        if not args[0].dtype.is_float and prim is not Prim.ABS:
+            raise Unsupported(f"{prim.value} of {args[0].dtype.value}")
+        return f"{_UNARY_FN[prim]}({args[0].expr})"
+    x = args[0]
+    if prim is Prim.NEG:
+        return f"-{x.expr}"
+    if prim is Prim.RECIPROCAL:
+        if not x.dtype.is_float:
+            raise Unsupported("integer reciprocal")
+        return f"1.0 / {x.expr}"
+    if prim is Prim.TANH:
+        return _tanh(x.expr, emit, deps)
+    if prim is Prim.ISNAN:
+        return f"{x.expr} != {x.expr}"
+    if prim is Prim.NOT:
+        return f"{x.expr} == 0"
+    if prim is Prim.DIV:
+        if not x.dtype.is_float:
+            raise Unsupported("integer division (ONNX truncates, Triton's // does not promise to)")
+        return f"{x.expr} / {args[1].expr}"
+    if prim is Prim.POW:
+        return _pow(x, args[1], emit, deps)
+    if prim in (Prim.MAX, Prim.MIN):
+        fn = "tl.maximum" if prim is Prim.MAX else "tl.minimum"
+        nan = ", propagate_nan=tl.PropagateNan.ALL" if x.dtype.is_float else ""
+        return f"{fn}({x.expr}, {args[1].expr}{nan})"
+    if prim is Prim.WHERE:
+        c, a, b = args
+        return f"tl.where({c.expr}, {a.expr}, {b.expr})"
+    raise Unsupported(f"no Triton mapping for {prim.value}")
+
+
+def fold_literal(prim: Prim, args: Sequence[Val], out: DType) -> Val | None:
+    """Constant-fold an elementwise primitive of literals (a cast of a FILL, say)."""
+    if not all(a.is_literal for a in args):
+        return None
+    if prim is Prim.CAST:
+        return literal(_np_cast(args[0].literal, out), out)
+    if prim is Prim.NEG:
+        return literal(-args[0].literal, out)
+    return None

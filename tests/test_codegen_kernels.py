@@ -1,0 +1,239 @@
+"""Every generated kernel form against the float64 reference, under Triton's interpreter.
+
+Each case turns a small model's whole primitive graph into one Triton kernel,
+so the kernel form is exercised exactly: elementwise chains, layout chains,
+softmax, layer/instance/group norm, pooling, concat/split, pad, resize and
+gather, on shapes that are not powers of two (primes among them), with the
+default schedule and with the other schedule kinds.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from kernelcheck import check_kernel, one_kernel
+from onnx import helper, numpy_helper
+from opcheck import Const, build_model, rand
+
+from tessera.codegen.kernels import Schedule, generate, schedules
+from tessera.codegen.triton_ops import Unsupported
+from tessera.fission import fission
+from tessera.frontend import load
+
+I64 = np.int64
+
+
+def graph_model(nodes: list, inputs: dict, outputs: list[str], opset: int = 20) -> onnx.ModelProto:
+    """A model of several nodes; output types come from ONNX shape inference."""
+    gi, inits = [], []
+    for name, v in inputs.items():
+        if isinstance(v, Const):
+            inits.append(numpy_helper.from_array(v.value, name))
+        else:
+            gi.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape)))
+    g = helper.make_graph(nodes, "g", gi, [], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    inferred = {vi.name: vi for vi in onnx.shape_inference.infer_shapes(m).graph.value_info}
+    m.graph.output.extend(inferred[o] for o in outputs)
+    return m
+
+
+def feeds_of(inputs: dict) -> dict:
+    return {k: v for k, v in inputs.items() if not isinstance(v, Const)}
+
+
+def check(op: str, inputs: dict, attrs: dict | None = None, opset: int = 20, n_outputs: int = 1,
+          schedule: Schedule | None = None):
+    return check_kernel(build_model(op, inputs, attrs, opset=opset, n_outputs=n_outputs), feeds_of(inputs), schedule)
+
+
+# ---- elementwise chains ------------------------------------------------------------------
+@pytest.mark.parametrize("op,attrs,opset", [
+    ("Gelu", {}, 20), ("Gelu", {"approximate": "tanh"}, 20), ("HardSwish", {}, 14), ("Tanh", {}, 13),
+    ("LeakyRelu", {"alpha": 0.1}, 16), ("Softplus", {}, 1), ("Erf", {}, 13), ("Sigmoid", {}, 13), ("HardSigmoid", {}, 6),
+])
+def test_unary_chains(op, attrs, opset):
+    check(op, {"x": rand(3, 37, seed=1, lo=-4, hi=4)}, attrs, opset)
+
+
+def test_binary_broadcast_chain_with_where_and_pow():
+    x, y = rand(2, 1, 13, seed=2), rand(7, 1, seed=3, lo=0.5, hi=2)
+    m = graph_model([
+        helper.make_node("Add", ["x", "y"], ["s"]),
+        helper.make_node("Greater", ["s", "y"], ["c"]),
+        helper.make_node("Abs", ["s"], ["a"]),
+        helper.make_node("Pow", ["a", "y"], ["p"]),
+        helper.make_node("Where", ["c", "p", "s"], ["w"]),
+        helper.make_node("Max", ["w", "x"], ["out"]),
+    ], {"x": x, "y": y}, ["out", "c"])
+    check_kernel(m, {"x": x, "y": y})
+
+
+def test_casts_round_and_truncate():
+    x = rand(5, 11, seed=4, lo=-50, hi=50)
+    m = graph_model([
+        helper.make_node("Cast", ["x"], ["h"], to=onnx.TensorProto.FLOAT16),
+        helper.make_node("Cast", ["x"], ["i"], to=onnx.TensorProto.INT64),
+        helper.make_node("Cast", ["i"], ["f"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Cast", ["h"], ["g"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Sub", ["g", "f"], ["out"]),
+    ], {"x": x}, ["out", "i", "h"])
+    check_kernel(m, {"x": x}, exact=False)  # the reference rounds to float16 too
+
+
+# ---- layout chains -----------------------------------------------------------------------
+def test_transpose_reshape_slice_chain():
+    x = rand(3, 5, 7, 2, seed=5)
+    m = graph_model([
+        helper.make_node("Transpose", ["x"], ["t"], perm=[2, 0, 3, 1]),
+        helper.make_node("Reshape", ["t", "shape"], ["r"]),
+        helper.make_node("Slice", ["r", "starts", "ends", "axes", "steps"], ["s"]),
+        helper.make_node("Relu", ["s"], ["out"]),
+    ], {"x": x, "shape": Const(np.array([7, 6, 5], I64)), "starts": Const(np.array([-1, 1], I64)),
+        "ends": Const(np.array([-100, 6], I64)), "axes": Const(np.array([0, 1], I64)),
+        "steps": Const(np.array([-2, 2], I64))}, ["out"])
+    check_kernel(m, {"x": x})
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_concat_and_split(axis):
+    a, b = rand(3, 5, 7, seed=6), rand(3, 5, 7, seed=7)
+    parts = [[1, 2, 2], [2, 3, 2], [2, 3, 1, 3]][axis]
+    a = a[tuple(slice(0, 2) if d == axis else slice(None) for d in range(3))]
+    m = graph_model([
+        helper.make_node("Concat", ["a", "b"], ["c"], axis=axis),
+        helper.make_node("Split", ["c", "split"], [f"o{i}" for i in range(len(parts))], axis=axis),
+    ], {"a": a, "b": b, "split": Const(np.array(parts, I64))}, [f"o{i}" for i in range(len(parts))])
+    ks = check_kernel(m, {"a": a, "b": b})
+    assert len(ks.outputs) == len(parts)  # outputs of different sizes in one pointwise grid
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
+def test_pad(mode):
+    x = rand(2, 5, 7, seed=8)
+    pads = Const(np.array([0, 2, 1, 1, 3, 2], I64))
+    check("Pad", {"x": x, "pads": pads, "value": Const(np.array(1.5, np.float32))} if mode == "constant"
+          else {"x": x, "pads": pads}, {"mode": mode}, opset=13)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_gather_negative_indices(axis):
+    x = rand(5, 7, 3, seed=9)
+    idx = np.array([[0, -1, 2], [4, -5, 1]], I64)
+    check_kernel(build_model("Gather", {"x": x, "i": idx}, {"axis": axis}, opset=13), {"x": x, "i": idx})
+
+
+def test_gather_elements():
+    x = rand(4, 6, seed=10)
+    idx = np.array([[0, -1, 3], [5, 2, -6], [1, 1, 1]], I64)
+    check_kernel(build_model("GatherElements", {"x": x, "i": idx}, {"axis": 1}, opset=13), {"x": x, "i": idx})
+
+
+@pytest.mark.parametrize("attrs", [
+    {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
+    {"mode": "linear", "coordinate_transformation_mode": "half_pixel"},
+    {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
+])
+def test_resize(attrs):
+    x = rand(1, 3, 5, 7, seed=11)
+    inputs = {"x": x, "roi": Const(np.zeros(0, np.float32)), "scales": Const(np.array([1, 1, 2.0, 1.5], np.float32))}
+    check("Resize", inputs, attrs, opset=13)
+
+
+# ---- reductions ----------------------------------------------------------------------------
+@pytest.mark.parametrize("axis", [-1, 1, 0])
+def test_softmax_any_axis(axis):
+    check("Softmax", {"x": rand(3, 7, 13, seed=12)}, {"axis": axis}, opset=13)
+
+
+def test_layernorm():
+    check("LayerNormalization", {"x": rand(5, 37, seed=13), "s": Const(rand(37, seed=14)),
+                                 "b": Const(rand(37, seed=15))}, {"axis": -1, "epsilon": 1e-5}, opset=17)
+
+
+def test_instance_norm():
+    check("InstanceNormalization", {"x": rand(2, 3, 7, 5, seed=16), "s": Const(rand(3, seed=17)),
+                                    "b": Const(rand(3, seed=18))}, {"epsilon": 1e-5}, opset=6)
+
+
+def test_group_norm():
+    check("GroupNormalization", {"x": rand(2, 6, 5, seed=19), "s": Const(rand(6, seed=20)),
+                                 "b": Const(rand(6, seed=21))}, {"epsilon": 1e-5, "num_groups": 3}, opset=21)
+
+
+def test_reduce_over_leading_and_middle_axes():
+    check("ReduceMax", {"x": rand(5, 3, 7, seed=22), "axes": Const(np.array([0, 2], I64))}, {"keepdims": 0}, opset=18)
+
+
+# Looped schedules stream a row in chunks: rows longer than the block, not a multiple of it.
+@pytest.mark.parametrize("op,inputs,attrs,opset", [
+    ("Softmax", {"x": rand(3, 1031, seed=23)}, {"axis": -1}, 13),
+    ("LayerNormalization", {"x": rand(2, 1201, seed=24), "s": Const(rand(1201, seed=25)),
+                            "b": Const(rand(1201, seed=26))}, {"axis": -1}, 17),
+    ("InstanceNormalization", {"x": rand(1, 2, 31, 37, seed=27), "s": Const(rand(2, seed=28)),
+                               "b": Const(rand(2, seed=29))}, {}, 6),
+])
+def test_looped_reductions(op, inputs, attrs, opset):
+    graph = fission(load(build_model(op, inputs, attrs, opset=opset)).graph).graph
+    looped = [s for s in schedules(3, 1031) if not s.persistent]
+    assert looped, "rows longer than a block have a looped schedule"
+    check(op, inputs, attrs, opset, schedule=Schedule(2, 512, 4, False))
+    check(op, inputs, attrs, opset, schedule=Schedule(1, 256, 4, False))
+    assert "for r" in one_kernel(graph, Schedule(1, 256, 4, False)).source
+
+
+def test_persistent_block_shorter_than_row_is_unsupported():
+    graph = fission(load(build_model("Softmax", {"x": rand(3, 100)}, {"axis": -1}, opset=13)).graph).graph
+    with pytest.raises(Unsupported, match="persistent"):
+        one_kernel(graph, Schedule(1, 64, 4, True))
+
+
+# ---- pooling ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+    {"kernel_shape": [2, 3], "dilations": [2, 1], "pads": [0, 1, 1, 0], "ceil_mode": 1},
+    {"kernel_shape": [3, 3]},
+])
+def test_max_pool(attrs):
+    check("MaxPool", {"x": rand(1, 3, 11, 13, seed=30)}, attrs, opset=12)
+
+
+@pytest.mark.parametrize("include_pad", [0, 1])
+def test_average_pool(include_pad):
+    check("AveragePool", {"x": rand(2, 3, 7, 11, seed=31)},
+          {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1], "count_include_pad": include_pad}, opset=11)
+
+
+def test_global_average_pool_is_a_row_reduction():
+    ks = check("GlobalAveragePool", {"x": rand(1, 5, 7, 9, seed=32)}, opset=1)
+    assert ks.rnumel == 63
+
+
+def test_pool_then_elementwise_in_one_kernel():
+    x = rand(1, 2, 9, 9, seed=33)
+    m = graph_model([
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Sigmoid", ["p"], ["out"]),
+    ], {"x": x}, ["out"], opset=12)
+    check_kernel(m, {"x": x})
+
+
+# ---- every schedule of the space runs ------------------------------------------------------
+def test_every_default_space_schedule_is_correct_for_softmax():
+    inputs = {"x": rand(6, 37, seed=34)}
+    for s in schedules(6, 37):
+        check("Softmax", inputs, {"axis": -1}, 13, schedule=s)
+
+
+def test_source_is_readable():
+    ks = check("Softmax", {"x": rand(2, 5, seed=35)}, {"axis": -1}, 13)
+    assert "# primitives: softmax_0/reduce_max (reduce_max)" in ks.source
+    assert "# in0: x float32[2x5]" in ks.source
+    assert ks.name == "k0_test"
+
+
+def test_unsupported_says_why():
+    graph = fission(load(build_model("Div", {"a": np.arange(1, 7, dtype=I64), "b": np.full(6, 4, I64)})).graph).graph
+    with pytest.raises(Unsupported, match="integer division"):
+        one_kernel(graph)
