@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from tessera.codegen.select import TritonLegality
 from tessera.cost import AnalyticalCost, device
 from tessera.errors import TesseraError
 from tessera.fission import FissionResult, fission
@@ -78,6 +79,7 @@ def compile_model(source: Any, options: CompileOptions | None = None,
     cost = AnalyticalCost(og, dev, opt.precision)
     done("cost")
     plan = orchestrate(og, cost, strategy=opt.strategy, rules=CandidateRules(max_nodes=opt.max_kernel_nodes),
+                       legality=TritonLegality(),
                        solver=opt.solver, time_limit=opt.time_limit, max_states=opt.max_states,
                        model=loaded.label, device=dev.name, precision=opt.precision, cost_model=opt.cost,
                        progress=progress)

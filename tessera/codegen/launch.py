@@ -16,6 +16,12 @@ import torch
 from tessera.codegen.kernels import KernelSource
 
 
+def use_interpreter(device: torch.device) -> None:
+    """On a CPU, generated kernels run in Triton's interpreter (read when a kernel is loaded)."""
+    if device.type == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
 def cache_dir() -> Path:
     """Where generated kernel files live: $TESSERA_CACHE or ~/.cache/tessera."""
     root = Path(os.environ.get("TESSERA_CACHE", Path.home() / ".cache" / "tessera"))

@@ -1,10 +1,11 @@
-"""An executable plan: the chosen kernels, run in plan order on torch tensors.
+"""An executable plan: the chosen kernels, launched in plan order.
 
-Each kernel of the plan runs its primitives (free prologue first) and keeps
-the values the plan says it writes; everything else it computed is dropped
-when the kernel ends, as on-chip intermediates would be. This is the torch
-backend every kernel can fall back to; generated Triton kernels, buffer reuse
-and CUDA-graph replay come with the code generator (issue 4).
+Each plan kernel becomes one step (`codegen/select.py` picks the backend):
+a generated Triton kernel, a torch linear call plus a generated epilogue, or
+torch for an opaque primitive. Tensors that generated kernels write live in
+buffers allocated once and reused by lifetime (`runtime/buffers.py`). On the
+GPU the whole sequence is captured once as a CUDA graph and replayed; on the
+CPU the same kernels run through Triton's interpreter.
 """
 from __future__ import annotations
 
@@ -14,54 +15,95 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from tessera.errors import ShapeError
+from tessera.errors import ShapeError, TesseraError
 from tessera.ir.graph import Graph, Node
+from tessera.runtime.buffers import BufferPool, Lifetime
 from tessera.runtime.torch_prims import TORCH_DTYPES, run_node
 
 
-@dataclass(frozen=True)
+from tessera.codegen.launch import KernelCompileError, TritonKernel, use_interpreter
+from tessera.codegen.select import KernelImpl, implement
+from tessera.codegen.triton_ops import Unsupported
+
+
+class KernelBuildError(TesseraError):
+    """A plan kernel could not be generated or compiled; names the kernel and its primitives."""
+
+
+@dataclass
 class Step:
-    """One kernel: its primitives in order, and the tensors it keeps."""
-
-    name: str
-    nodes: tuple[Node, ...]
-    writes: tuple[str, ...]
-
-
-def build_steps(graph: Graph, plan: Mapping[str, Any]) -> list[Step]:
-    """The plan's kernels (in execution order) as steps over `graph`'s nodes."""
-    by_name = {n.name: n for n in graph.nodes}
-    order = {n.name: i for i, n in enumerate(graph.topological_order())}
-    steps = []
-    for k in plan["kernels"]:
-        names = sorted(set(k["prologue"]) | set(k["prims"]), key=order.__getitem__)
-        steps.append(Step(k["name"], tuple(by_name[n] for n in names), tuple(k["outputs"])))
-    return steps
+    impl: KernelImpl
+    kernel: TritonKernel | None
 
 
 class Executable:
     """Runs a primitive graph kernel by kernel, as a plan orders it."""
 
-    def __init__(self, graph: Graph, plan: Mapping[str, Any], device: str | torch.device = "cpu") -> None:
+    def __init__(self, graph: Graph, plan: Mapping[str, Any], device: str | torch.device = "cpu",
+                 cuda_graph: bool = True, kernel_dir: Any = None) -> None:
         self.graph = graph
         self.plan = plan
         self.device = torch.device(device)
-        self.steps = build_steps(graph, plan)
+        use_interpreter(self.device)
+        by_name = {n.name: n for n in graph.nodes}
         self.constants = {name: torch.from_numpy(np.array(v, order="C")).to(
             self.device, TORCH_DTYPES[graph.types[name].dtype]) for name, v in graph.constants.items()}
+        self.steps: list[Step] = []
+        for k in plan["kernels"]:
+            prims = [by_name[n] for n in k["prims"]]
+            prologue = [by_name[n] for n in k["prologue"]]
+            try:
+                impl = implement(graph, prims, prologue, k["outputs"], k["name"], k.get("source_nodes", ()))
+                kernel = TritonKernel(impl.triton, kernel_dir) if impl.triton else None
+            except (Unsupported, KernelCompileError) as e:
+                raise KernelBuildError(f"kernel {k['name']} ({', '.join(k['prims'])}) cannot be built: {e}") from None
+            self.steps.append(Step(impl, kernel))
+        self._fold_torch_prologues()
         # An fp32 plan means fp32 arithmetic: torch would run convs and matmuls in tf32 on Ampere+.
         self.allow_tf32 = plan.get("precision") == "tf32"
+        self._plan_memory()
+        self.cuda_graph = cuda_graph and self.device.type == "cuda"
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._static_in: dict[str, torch.Tensor] = {}
+        self._static_out: dict[str, torch.Tensor] = {}
+
+    def _fold_torch_prologues(self) -> None:
+        """Free nodes that torch steps read depend only on constants: compute them once, now."""
+        for step in self.steps:
+            for n in step.impl.folded:
+                if all(o in self.constants for o in n.outputs if o):
+                    continue
+                args = [self.constants[t] for t in n.inputs if t]
+                outs = run_node(n, args, [self.graph.types[o] for o in n.outputs if o], device=self.device,
+                                opsets=self.graph.opsets)
+                self.constants.update(zip([o for o in n.outputs if o], outs))
+
+    def _plan_memory(self) -> None:
+        """Buffers for what generated kernels write; what to drop after each step."""
+        outputs = set(self.graph.outputs)
         last_read: dict[str, int] = {}
         for i, step in enumerate(self.steps):
-            for n in step.nodes:
-                for t in n.inputs:
-                    last_read[t] = i
-        # Values to drop after each step: read for the last time there, and
-        # neither a graph output nor a constant (those live for the whole run).
+            for t in self._reads(step):
+                last_read[t] = i
+        end = len(self.steps)
+        lifetimes = []
+        for i, step in enumerate(self.steps):
+            if step.kernel is None:
+                continue
+            for t in step.kernel.ks.outputs:
+                nbytes = self.graph.types[t].nbytes
+                lifetimes.append(Lifetime(t, nbytes, i, end if t in outputs else last_read.get(t, i)))
+        types = {t: (self.graph.types[t].shape, TORCH_DTYPES[self.graph.types[t].dtype]) for t in
+                 (lt.tensor for lt in lifetimes)}
+        self.pool = BufferPool(lifetimes, types, self.device)
         self._free_after: list[list[str]] = [[] for _ in self.steps]
         for t, i in last_read.items():
-            if t and t not in graph.outputs and t not in self.constants:
+            if t not in outputs and t not in self.constants:
                 self._free_after[i].append(t)
+
+    def _reads(self, step: Step) -> list[str]:
+        produced = {o for n in step.impl.nodes for o in n.outputs}
+        return [t for n in step.impl.nodes for t in n.inputs if t and t not in produced]
 
     @property
     def input_names(self) -> list[str]:
@@ -70,6 +112,17 @@ class Executable:
     @property
     def output_names(self) -> list[str]:
         return list(self.graph.outputs)
+
+    @property
+    def backends(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self.steps:
+            out[s.impl.backend] = out.get(s.impl.backend, 0) + 1
+        return out
+
+    def sources(self) -> dict[str, str]:
+        """Generated Triton source by kernel name."""
+        return {s.impl.name: s.impl.triton.source for s in self.steps if s.impl.triton}
 
     def _feeds(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         if args and kwargs:
@@ -83,33 +136,92 @@ class Executable:
             x = torch.as_tensor(v).to(self.device)
             if tuple(x.shape) != t.shape:
                 raise ShapeError(f"input '{name}' has shape {list(x.shape)}, the model takes {list(t.shape)}")
-            feeds[name] = x.to(TORCH_DTYPES[t.dtype])
+            feeds[name] = x.to(TORCH_DTYPES[t.dtype]).contiguous()
         return feeds
 
     def run(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
-        """Outputs by name, for inputs given by position or by name."""
-        env: dict[str, torch.Tensor] = {**self.constants, **self._feeds(args, kwargs)}
-        saved = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = self.allow_tf32
-        try:
-            with torch.no_grad(), torch.backends.cudnn.flags(allow_tf32=self.allow_tf32):
-                self._run_steps(env)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = saved
-        return {t: env[t] for t in self.graph.outputs}
+        """Outputs by name (fresh tensors), for inputs given by position or by name."""
+        return {t: v.clone() for t, v in self.run_static(self._feeds(args, kwargs)).items()}
 
-    def _run_steps(self, env: dict[str, torch.Tensor]) -> None:
+    def run_static(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Outputs in the executable's own buffers, overwritten by the next call (for benchmarks)."""
+        with self._precision():
+            if not self.cuda_graph:
+                return self._launch(feeds)
+            if self._graph is None:
+                self._capture(feeds)
+            for name, x in feeds.items():
+                self._static_in[name].copy_(x)
+            assert self._graph is not None
+            self._graph.replay()
+            return self._static_out
+
+    def _capture(self, feeds: Mapping[str, torch.Tensor]) -> None:
+        self._static_in = {k: v.clone() for k, v in feeds.items()}
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._launch(self._static_in)  # compiles every kernel before capture
+        torch.cuda.current_stream().wait_stream(stream)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            self._static_out = self._launch(self._static_in)
+        self._graph = g
+
+    def _precision(self) -> Any:
+        exe = self
+
+        class _Flags:
+            def __enter__(self) -> None:
+                self.saved = torch.backends.cuda.matmul.allow_tf32
+                torch.backends.cuda.matmul.allow_tf32 = exe.allow_tf32
+                self.cudnn = torch.backends.cudnn.flags(enabled=True, allow_tf32=exe.allow_tf32)
+                self.cudnn.__enter__()
+                self.grad = torch.no_grad()
+                self.grad.__enter__()
+
+            def __exit__(self, *exc: Any) -> None:
+                self.grad.__exit__(*exc)
+                self.cudnn.__exit__(*exc)
+                torch.backends.cuda.matmul.allow_tf32 = self.saved
+
+        return _Flags()
+
+    def _launch(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        env: dict[str, torch.Tensor] = {**self.constants, **feeds}
         for i, step in enumerate(self.steps):
-            local: dict[str, torch.Tensor] = {}
-            for n in step.nodes:
-                ins = [local[t] if t in local else env[t] for t in n.inputs if t]
-                outs = run_node(n, ins, [self.graph.types[o] for o in n.outputs if o],
-                                device=self.device, opsets=self.graph.opsets)
-                local.update(zip([o for o in n.outputs if o], outs))
-            for t in step.writes:  # what the kernel writes to memory, as its own buffer
-                env[t] = local[t].contiguous()
+            impl = step.impl
+            if impl.backend == "triton":
+                self._triton(step, env)
+            elif impl.backend == "linear":
+                assert impl.linear is not None
+                env.update(self._torch([impl.linear], env))
+                if step.kernel is not None:
+                    self._triton(step, env)
+            else:
+                env.update({t: v for t, v in self._torch(impl.prims, env).items() if t in impl.outputs})
             for t in self._free_after[i]:
                 env.pop(t, None)
+        return {t: env[t] for t in self.graph.outputs}
+
+    def _triton(self, step: Step, env: dict[str, torch.Tensor]) -> None:
+        assert step.kernel is not None
+        ks = step.kernel.ks
+        outs = [self.pool.views[t] for t in ks.outputs]
+        try:
+            step.kernel(*[env[t] for t in ks.inputs], *outs)
+        except KernelCompileError as e:
+            raise KernelBuildError(str(e)) from None
+        env.update(zip(ks.outputs, outs))
+
+    def _torch(self, nodes: Sequence[Node], env: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        local: dict[str, torch.Tensor] = {}
+        for n in nodes:
+            ins = [local[t] if t in local else env[t] for t in n.inputs if t]
+            outs = run_node(n, ins, [self.graph.types[o] for o in n.outputs if o], device=self.device,
+                            opsets=self.graph.opsets)
+            local.update(zip([o for o in n.outputs if o], outs))
+        return local
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
         outs = self.run(*args, **kwargs)
