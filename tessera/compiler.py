@@ -1,6 +1,6 @@
 """The compile driver: a linear list of named passes.
 
-    load -> fission -> ograph -> cost -> orchestrate -> write
+    load -> fission -> precision -> ograph -> cost -> orchestrate -> codegen -> write
 
 Each pass name is also its key in `CompileResult.timings` and in the report.
 """
@@ -14,13 +14,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from tessera.codegen.select import TritonLegality
+from tessera.codegen.select import KernelImpl, TritonLegality, implement
+from tessera.codegen.triton_ops import Unsupported
 from tessera.cost import AnalyticalCost, device
 from tessera.errors import TesseraError
 from tessera.fission import FissionResult, fission
 from tessera.frontend import LoadedModel, load
+from tessera.ir.graph import Graph
 from tessera.orchestrate import DEFAULT_SOLVER, CandidateRules, OGraph, Plan, build_ograph, orchestrate
 from tessera.orchestrate.report import write_report
+from tessera.rewrite import convert_precision
 from tessera.runtime.artifact import save_artifact
 from tessera.runtime.executable import Executable
 from tessera.version import __version__
@@ -43,17 +46,19 @@ class CompileOptions:
 class CompileResult:
     loaded: LoadedModel
     fission: FissionResult
+    graph: Graph  # the primitive graph in the chosen precision: what runs
     ograph: OGraph
     plan: Plan
+    kernels: list[KernelImpl] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
 
-PASSES = ("load", "fission", "ograph", "cost", "orchestrate")
+PASSES = ("load", "fission", "precision", "ograph", "cost", "orchestrate", "codegen")
 
 
 def compile_model(source: Any, options: CompileOptions | None = None,
                   progress: Callable[[int, int], None] | None = None) -> CompileResult:
-    """Load, split and orchestrate a model; the plan is not yet code (issue 4)."""
+    """Load, split, orchestrate a model and generate its kernels."""
     opt = options or CompileOptions()
     if opt.cost != "analytical":
         raise TesseraError(f"--cost {opt.cost} needs GPU measurements, which are not available yet; use analytical")
@@ -74,7 +79,12 @@ def compile_model(source: Any, options: CompileOptions | None = None,
     done("load")
     fis = fission(loaded.graph)
     done("fission")
-    og = build_ograph(fis.graph)
+    try:
+        graph = convert_precision(fis.graph, opt.precision)
+    except ValueError as e:
+        raise TesseraError(str(e)) from None
+    done("precision")
+    og = build_ograph(graph)
     done("ograph")
     cost = AnalyticalCost(og, dev, opt.precision)
     done("cost")
@@ -84,7 +94,22 @@ def compile_model(source: Any, options: CompileOptions | None = None,
                        model=loaded.label, device=dev.name, precision=opt.precision, cost_model=opt.cost,
                        progress=progress)
     done("orchestrate")
-    return CompileResult(loaded, fis, og, plan, timings)
+    kernels = generate_kernels(graph, plan)
+    done("codegen")
+    return CompileResult(loaded, fis, graph, og, plan, kernels, timings)
+
+
+def generate_kernels(graph: Graph, plan: Plan) -> list[KernelImpl]:
+    """Every plan kernel as code; a kernel the generator refuses names itself and its primitives."""
+    by_name = {n.name: n for n in graph.nodes}
+    out = []
+    for k in plan.kernels:
+        try:
+            out.append(implement(graph, [by_name[n] for n in k.prims], [by_name[n] for n in k.prologue],
+                                 k.outputs, k.name, k.source_nodes))
+        except Unsupported as e:
+            raise TesseraError(f"kernel {k.name} ({', '.join(k.prims)}) has no code: {e}") from None
+    return out
 
 
 def plan_document(result: CompileResult) -> dict[str, Any]:
@@ -92,6 +117,12 @@ def plan_document(result: CompileResult) -> dict[str, Any]:
     doc = result.plan.to_json()
     doc["timings_s"] = {k: round(v, 4) for k, v in result.timings.items()}
     doc["opaque"] = [{"node": o.node, "op": o.op_type, "reason": o.reason} for o in result.fission.opaque]
+    for k, impl in zip(doc["kernels"], result.kernels):
+        k["backend"] = impl.backend
+        if impl.reason:
+            k["fallback_reason"] = impl.reason
+        if impl.triton:
+            k["schedule"] = impl.triton.schedule.to_json()
     return doc
 
 
@@ -100,7 +131,14 @@ def write_artifacts(result: CompileResult, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(json.dumps(plan_document(result), indent=1))
     write_report(result.plan, result.ograph, out / "report.html")
-    save_artifact(out, result.fission.graph, result.loaded.model,
+    kdir = out / "kernels"
+    kdir.mkdir(exist_ok=True)
+    for old in kdir.glob("*.py"):
+        old.unlink()
+    for impl in result.kernels:  # for people to read; the runtime regenerates them from the plan
+        if impl.triton:
+            (kdir / f"{impl.triton.name}.py").write_text(impl.triton.source)
+    save_artifact(out, result.graph, result.loaded.model,
                   {"tessera": __version__, "model": result.loaded.label, "precision": result.plan.precision,
                    "input_shapes": {k: list(v) for k, v in result.loaded.input_shapes.items()}})
 
@@ -108,4 +146,4 @@ def write_artifacts(result: CompileResult, out: Path) -> None:
 def compile(source: Any, options: CompileOptions | None = None, device: str | torch.device = "cpu") -> Executable:
     """Compile a model into a callable that takes and returns torch tensors."""
     result = compile_model(source, options)
-    return Executable(result.fission.graph, plan_document(result), device)
+    return Executable(result.graph, plan_document(result), device)

@@ -94,7 +94,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     outs = {k: v.cpu().numpy() for k, v in exe.run(**feeds).items()}
     if args.save_outputs:
         np.savez(args.save_outputs, **outs)
-    print(f"{args.artifact}: ran {len(exe.steps)} kernels on {args.device}"
+    backends = ", ".join(f"{n} {b}" for b, n in sorted(exe.backends.items()))
+    print(f"{args.artifact}: ran {len(exe.steps)} kernels ({backends}) on {args.device}"
           + ("" if args.inputs else f", random inputs (seed {seed})"))
     if not args.check:
         for name, v in outs.items():

@@ -21,6 +21,7 @@ from tessera.runtime.buffers import BufferPool, Lifetime
 from tessera.runtime.torch_prims import TORCH_DTYPES, run_node
 
 
+from tessera.codegen.kernels import Schedule
 from tessera.codegen.launch import KernelCompileError, TritonKernel, use_interpreter
 from tessera.codegen.select import KernelImpl, implement
 from tessera.codegen.triton_ops import Unsupported
@@ -53,7 +54,8 @@ class Executable:
             prims = [by_name[n] for n in k["prims"]]
             prologue = [by_name[n] for n in k["prologue"]]
             try:
-                impl = implement(graph, prims, prologue, k["outputs"], k["name"], k.get("source_nodes", ()))
+                sched = Schedule(**k["schedule"]) if "schedule" in k else None
+                impl = implement(graph, prims, prologue, k["outputs"], k["name"], k.get("source_nodes", ()), sched)
                 kernel = TritonKernel(impl.triton, kernel_dir) if impl.triton else None
             except (Unsupported, KernelCompileError) as e:
                 raise KernelBuildError(f"kernel {k['name']} ({', '.join(k['prims'])}) cannot be built: {e}") from None

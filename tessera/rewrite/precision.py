@@ -1,0 +1,74 @@
+"""The `--precision` pass: the dtype a graph computes in.
+
+fp32 and tf32 keep float32 tensors (tf32 only changes how matrix units
+multiply, which the runtime sets). fp16 and bf16 store every float32 tensor,
+constant and FILL in the narrow type. Generated kernels still compute in
+float32 between loads and stores, and cuBLAS/cuDNN accumulate in float32, so
+only the values kept in memory are rounded. Opaque operators keep float32:
+they run through a fallback that may not have narrow kernels, so casts go
+around them.
+"""
+from __future__ import annotations
+
+from tessera.ir.dtype import DType
+from tessera.ir.graph import Graph, Node, TensorType
+from tessera.ir.prims import Prim
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+_NARROW = {"fp16": DType.FLOAT16, "bf16": DType.BFLOAT16}
+
+
+def convert_precision(graph: Graph, precision: str) -> Graph:
+    """`graph` computing in `precision` (a new graph; fp32/tf32 return it unchanged)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    to = _NARROW.get(precision)
+    if to is None:
+        return graph
+    g = graph.clone()
+
+    def narrow(t: TensorType) -> TensorType:
+        return TensorType(t.shape, to) if t.dtype is DType.FLOAT32 else t
+
+    wide = {name for name, t in graph.types.items() if t.dtype is DType.FLOAT32}
+    g.types = {name: narrow(t) for name, t in graph.types.items()}
+    g.constants = {name: (v.astype(to.to_numpy()) if name in wide else v) for name, v in graph.constants.items()}
+    nodes: list[Node] = []
+    for n in graph.nodes:
+        attrs = dict(n.attrs)
+        if n.op in (Prim.CAST.value, Prim.FILL.value) and attrs.get("dtype") == DType.FLOAT32.value:
+            attrs["dtype"] = to.value
+        if n.op != Prim.OPAQUE.value:
+            nodes.append(Node(n.name, n.op, n.inputs, n.outputs, attrs, n.domain, n.source))
+            continue
+        # Opaque: cast narrowed inputs back to float32, and its float32 outputs to the narrow type.
+        ins = []
+        for t in n.inputs:
+            if t in wide:
+                w = f"{t}/{n.name}/fp32"
+                nodes.append(Node(f"{n.name}/cast_in_{len(ins)}", Prim.CAST.value, (t,), (w,),
+                                  {"dtype": DType.FLOAT32.value}, source=n.source))
+                g.types[w] = graph.types[t]
+                ins.append(w)
+            else:
+                ins.append(t)
+        outs, casts = [], []
+        for k, t in enumerate(n.outputs):
+            if t in wide:
+                w = f"{t}/fp32"
+                g.types[w] = graph.types[t]
+                casts.append(Node(f"{n.name}/cast_out_{k}", Prim.CAST.value, (w,), (t,), {"dtype": to.value},
+                                  source=n.source))
+                outs.append(w)
+            else:
+                outs.append(t)
+        nodes.append(Node(n.name, n.op, tuple(ins), tuple(outs), attrs, n.domain, n.source))
+        nodes.extend(casts)
+    g.nodes = nodes
+    return g
+
+
+def narrow_dtype(precision: str) -> DType | None:
+    """The dtype float32 tensors become under `precision` (None: they stay float32)."""
+    return _NARROW.get(precision)
+
