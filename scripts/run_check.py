@@ -1,73 +1,124 @@
-"""Compile models and run them with `--check` semantics on a device.
+"""Compile models and check them on a device, in several precisions: the GPU correctness run.
 
-    PYTHONPATH=. python scripts/run_check.py --device cuda --dir carry/models --zoo resnet50 --out $OUT
+    PYTHONPATH=. python scripts/run_check.py --dir carry/models --zoo resnet50,inception_v3,bert_base,gpt2 \
+        --precisions fp32,tf32,fp16 --workers 12 --out $OUT
 
-Each model is compiled (analytical cost, optimal plan, fp32), run through the
-executable on the device, and compared with onnxruntime on the same fresh
-random inputs. Prints a table and writes run_check.json. The torch backend
-runs every kernel for now; this checks plans and the runtime, not speed.
+Each (model, precision) is compiled (analytical cost, optimal plan) in a
+worker process, run by the executable on the device (generated Triton
+kernels, torch for linear and opaque primitives, CUDA-graph replay), and
+compared with onnxruntime (fp32, CPU) on fresh random inputs: twice, with two
+seeds, so the second call checks the replayed graph on new inputs. Prints a
+table last and writes run_check.json.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import datetime
 import json
+import multiprocessing as mp
+import os
 import platform
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from model_zoo import build  # noqa: E402
-
-import tessera  # noqa: E402
-from tessera.frontend import load as frontend_load  # noqa: E402
-from tessera.tolerance import TOLERANCE, rel_l2  # noqa: E402
-from tessera.verify import random_inputs, run_onnxruntime  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def check(path: Path, device: str, seed: int) -> dict:
-    t0 = time.perf_counter()
-    exe = tessera.compile(path, tessera.CompileOptions(), device=device)
-    model = frontend_load(path)
-    feeds = random_inputs(model.graph, seed)
-    ref = run_onnxruntime(model.model, feeds)
-    outs = exe.run(**{k: torch.from_numpy(v) for k, v in feeds.items()})
-    errs = {k: rel_l2(v.cpu().numpy(), ref[k]) for k, v in outs.items()}
-    return {"model": path.stem, "kernels": len(exe.steps), "rel_l2": errs,
-            "passed": all(e < TOLERANCE["fp32"] for e in errs.values()), "seconds": time.perf_counter() - t0}
+def check(path: str, precision: str, device: str, seed: int, solver: str) -> dict:
+    import torch
+
+    import tessera
+    from tessera.frontend import load as frontend_load
+    from tessera.tolerance import TOLERANCE, rel_l2
+    from tessera.verify import random_inputs, run_onnxruntime
+
+    row: dict = {"model": Path(path).stem, "precision": precision}
+    try:
+        t0 = time.perf_counter()
+        exe = tessera.compile(path, tessera.CompileOptions(precision=precision, solver=solver), device=device)
+        row["compile_s"] = round(time.perf_counter() - t0, 2)
+        row["kernels"] = len(exe.steps)
+        row["backends"] = exe.backends
+        model = frontend_load(path)
+        errs: dict[str, float] = {}
+        t1 = time.perf_counter()
+        for s in (seed, seed + 1):
+            feeds = random_inputs(model.graph, s)
+            ref = run_onnxruntime(model.model, feeds)
+            outs = exe.run(**{k: torch.from_numpy(v) for k, v in feeds.items()})
+            for k, v in outs.items():
+                errs[k] = max(errs.get(k, 0.0), rel_l2(v.float().cpu().numpy(), ref[k]))
+        row["run_s"] = round(time.perf_counter() - t1, 2)
+        row["rel_l2"] = errs
+        row["passed"] = all(e < TOLERANCE[precision] for e in errs.values())
+    except Exception as e:  # noqa: BLE001 - record and go on
+        row["passed"] = False
+        row["error"] = f"{type(e).__name__}: {e}"[:2000]
+        row["trace"] = traceback.format_exc()[-3000:]
+    return row
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", default="cuda")
     ap.add_argument("--dir", type=Path)
+    ap.add_argument("--models", default="", help="comma-separated stems to keep from --dir (default: all)")
     ap.add_argument("--zoo", default="")
+    ap.add_argument("--precisions", default="fp32,tf32,fp16")
+    ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--solver", default="cbc")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args()
+
+    import torch
+
+    from model_zoo import build
+
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.machine(),
            "torch": torch.__version__, "python": platform.python_version()}
+    try:
+        import onnxruntime
+        import triton
+        env.update(triton=triton.__version__, onnxruntime=onnxruntime.__version__)
+    except ImportError:
+        pass
     paths = sorted(args.dir.glob("*.onnx")) if args.dir else []
+    keep = {m for m in args.models.split(",") if m}
+    if keep:
+        paths = [p for p in paths if p.stem in keep]
+    tmp = Path(tempfile.mkdtemp())
+    paths += [build(n, tmp) for n in args.zoo.split(",") if n]
+    # Big models first, so the slowest compiles start early.
+    paths.sort(key=lambda p: -p.stat().st_size)
+    jobs = [(str(p), prec) for p in paths for prec in args.precisions.split(",")]
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        paths += [build(n, Path(tmp)) for n in args.zoo.split(",") if n]
-        for p in paths:
-            try:
-                rows.append(check(p, args.device, args.seed))
-            except Exception as e:  # noqa: BLE001 - record and go on
-                rows.append({"model": p.stem, "passed": False, "error": f"{type(e).__name__}: {e}"})
-            print(json.dumps(rows[-1]), flush=True)
+    ctx = mp.get_context("spawn")
+    with cf.ProcessPoolExecutor(args.workers, mp_context=ctx) as pool:
+        futs = [pool.submit(check, p, prec, args.device, args.seed, args.solver) for p, prec in jobs]
+        for f in cf.as_completed(futs):
+            r = f.result()
+            rows.append(r)
+            print(json.dumps({k: v for k, v in r.items() if k != "trace"}), flush=True)
+    rows.sort(key=lambda r: (r["model"], r["precision"]))
     (args.out / "run_check.json").write_text(json.dumps({"env": env, "results": rows}, indent=1))
-    print(f"\n{env}\n{'model':<24}{'kernels':>8}  {'max rel L2':>11}  result")
     for r in rows:
-        worst = max(r["rel_l2"].values()) if "rel_l2" in r else float("nan")
-        print(f"{r['model']:<24}{r.get('kernels', '-'):>8}  {worst:>11.2e}  {'PASS' if r['passed'] else 'FAIL'}"
-              f"  {r.get('error', '')}")
+        if "trace" in r:
+            print(f"--- {r['model']} {r['precision']}\n{r['trace']}")
+    print(f"\n{env}")
+    print(f"{'model':<26}{'prec':<6}{'kernels':>8}  {'backends':<34}{'max rel L2':>11}  result")
+    for r in rows:
+        worst = max(r["rel_l2"].values()) if r.get("rel_l2") else float("nan")
+        be = " ".join(f"{k}:{v}" for k, v in sorted(r.get("backends", {}).items()))
+        print(f"{r['model']:<26}{r['precision']:<6}{r.get('kernels', '-'):>8}  {be:<34}{worst:>11.2e}  "
+              f"{'PASS' if r['passed'] else 'FAIL'}  {r.get('error', '')[:200]}")
+    print(f"{sum(r['passed'] for r in rows)}/{len(rows)} passed")
     return 0 if all(r["passed"] for r in rows) else 1
 
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# TESSERA_TEST_DEVICE=cuda runs the same cases compiled for the GPU; by default
+# they run in Triton's interpreter on the CPU.
+DEVICE = os.environ.get("TESSERA_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
 
 from typing import Any, Mapping, Sequence
 
@@ -28,11 +32,11 @@ def one_kernel(graph: Graph, schedule: Schedule | None = None) -> KernelSource:
 
 def run_kernel(graph: Graph, ks: KernelSource, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     env = {**graph.constants, **feeds}
-    args = [torch.from_numpy(np.ascontiguousarray(env[t])).to(TORCH_DTYPES[graph.types[t].dtype])
-            for t in ks.inputs]
-    outs = [torch.empty(graph.types[t].shape, dtype=TORCH_DTYPES[graph.types[t].dtype]) for t in ks.outputs]
+    args = [torch.from_numpy(np.array(env[t])).to(DEVICE, TORCH_DTYPES[graph.types[t].dtype]) for t in ks.inputs]
+    outs = [torch.empty(graph.types[t].shape, dtype=TORCH_DTYPES[graph.types[t].dtype], device=DEVICE)
+            for t in ks.outputs]
     TritonKernel(ks)(*args, *outs)
-    return {t: o.float().numpy() if o.dtype == torch.bfloat16 else o.numpy() for t, o in zip(ks.outputs, outs)}
+    return {t: (o.float() if o.dtype == torch.bfloat16 else o).cpu().numpy() for t, o in zip(ks.outputs, outs)}
 
 
 def check_kernel(model: Any, feeds: Mapping[str, np.ndarray], schedule: Schedule | None = None,
