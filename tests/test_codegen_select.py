@@ -1,0 +1,158 @@
+"""Backend choice per kernel, the generator's legality, and what plans become."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper
+from opcheck import Const, build_model, rand
+from test_codegen_kernels import graph_model
+
+import tessera
+from tessera.cli.main import main
+from tessera.codegen.select import TritonLegality, implement
+from tessera.codegen.triton_ops import Unsupported
+from tessera.fission import fission
+from tessera.frontend import load
+from tessera.ir.graph import Graph
+from tessera.orchestrate import build_ograph
+from tessera.rewrite import convert_precision
+from tessera.tolerance import rel_l2
+from tessera.verify import random_inputs, run_onnxruntime
+
+MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
+I64 = np.int64
+
+
+def prims(model: onnx.ModelProto) -> Graph:
+    return fission(load(model).graph).graph
+
+
+def test_single_primitives_are_always_legal_groups_need_triton():
+    # Integer division has no Triton form: alone it runs through torch, in a group it is illegal.
+    a, b = np.arange(1, 7, dtype=I64), np.full(6, 4, I64)
+    g = prims(graph_model([helper.make_node("Div", ["a", "b"], ["q"]), helper.make_node("Neg", ["q"], ["out"])],
+                          {"a": a, "b": b}, ["out"]))
+    og = build_ograph(g)
+    legal = TritonLegality()
+    assert legal.check(og, 0b01) is None and legal.check(og, 0b10) is None
+    assert "integer division" in legal.check(og, 0b11)
+    div = og.nodes[0]
+    impl = implement(g, [div], [], list(div.outputs), "k0")
+    assert impl.backend == "torch" and "integer division" in impl.reason
+    with pytest.raises(Unsupported):
+        implement(g, og.nodes, [], list(g.outputs), "k1")
+
+
+def test_reduction_outputs_must_fit_the_row_domain():
+    # A padded copy of a normalized tensor has neither a row's nor the tensor's element count.
+    x = rand(1, 2, 5, 6, seed=1)
+    g = prims(graph_model([
+        helper.make_node("InstanceNormalization", ["x", "s", "b"], ["n"]),
+        helper.make_node("Pad", ["n", "pads"], ["out"], mode="reflect"),
+    ], {"x": x, "s": Const(rand(2, seed=2)), "b": Const(rand(2, seed=3)),
+        "pads": Const(np.array([0, 0, 1, 1, 0, 0, 1, 1], I64))}, ["out"]))
+    og = build_ograph(g)
+    why = TritonLegality().check(og, og.all)
+    assert why is not None and "neither a row" in why
+
+
+def test_linear_kernel_is_torch_plus_a_triton_epilogue():
+    x, w = rand(2, 3, 9, 9, seed=4), rand(4, 3, 3, 3, seed=5)
+    m = graph_model([helper.make_node("Conv", ["x", "w", "bias"], ["c"], pads=[1, 1, 1, 1]),
+                     helper.make_node("Relu", ["c"], ["out"])],
+                    {"x": x, "w": Const(w), "bias": Const(rand(4, seed=6))}, ["out"])
+    exe = tessera.compile(m)
+    assert exe.backends == {"linear": 1}
+    (step,) = exe.steps
+    assert step.impl.linear.op == "conv" and step.kernel is not None
+    assert {n.op for n in step.impl.prims} >= {"conv", "add", "max"}
+    ref = run_onnxruntime(m, {"x": x})
+    assert rel_l2(exe(torch.from_numpy(x))[0].numpy(), ref["out"]) < 1e-5
+
+
+def test_known_kernel_counts():
+    # Softmax is one generated kernel. LayerNorm's 14 orchestrated primitives exceed the default
+    # 12-primitive candidate cap, so it is two (the mean, then the rest) unless the cap is raised.
+    exe = tessera.compile(build_model("Softmax", {"x": rand(4, 33)}, {"axis": -1}, opset=13))
+    assert exe.backends == {"triton": 1}
+    ln = build_model("LayerNormalization", {"x": rand(4, 33), "s": Const(rand(33)), "b": Const(rand(33))},
+                     {"axis": -1}, opset=17)
+    assert tessera.compile(ln).backends == {"triton": 2}
+    assert tessera.compile(ln, tessera.CompileOptions(max_kernel_nodes=14)).backends == {"triton": 1}
+
+
+def test_opaque_operator_runs_inside_the_executable_in_fp32_and_fp16():
+    # TopK has no fission rule: it stays opaque and runs through the fallback, between generated kernels.
+    x = rand(3, 10, seed=7)
+    m = graph_model([helper.make_node("Sigmoid", ["x"], ["s"]),
+                     helper.make_node("TopK", ["s", "k"], ["v", "i"], axis=1),
+                     helper.make_node("Mul", ["v", "v"], ["out"])], {"x": x, "k": Const(np.array([4], I64))},
+                    ["out", "i"], opset=13)
+    ref = run_onnxruntime(m, {"x": x})
+    for precision, tol in (("fp32", 1e-5), ("fp16", 1e-2)):
+        exe = tessera.compile(m, tessera.CompileOptions(precision=precision))
+        assert exe.backends.get("torch") == 1 and exe.backends.get("triton", 0) >= 1
+        out, idx = exe(torch.from_numpy(x))
+        assert rel_l2(out.float().numpy(), ref["out"]) < tol
+        np.testing.assert_array_equal(idx.numpy(), ref["i"])
+
+
+def test_precision_pass_narrows_floats_only():
+    g = prims(graph_model([helper.make_node("Cast", ["x"], ["c"], to=onnx.TensorProto.INT64),
+                           helper.make_node("Cast", ["c"], ["f"], to=onnx.TensorProto.FLOAT),
+                           helper.make_node("Add", ["f", "x"], ["out"])], {"x": rand(4)}, ["out", "c"]))
+    h = convert_precision(g, "fp16")
+    assert h.types["out"].dtype.value == "float16" and h.types["c"].dtype.value == "int64"
+    assert convert_precision(g, "tf32") is g
+    assert g.types["out"].dtype.value == "float32"  # the input graph is untouched
+    with pytest.raises(ValueError, match="precision"):
+        convert_precision(g, "fp8")
+
+
+def test_a_kernel_that_cannot_be_built_names_itself(tmp_path, capsys):
+    out = tmp_path / "art"
+    assert main(["compile", str(MODELS / "attn_s7.onnx"), "-o", str(out)]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    # Merge the softmax kernel into the transpose kernel: a row reduction cannot also write
+    # the transposed keys (neither a row nor the reduced tensor), so no backend runs that group.
+    soft = next(k for k in plan["kernels"] if "reduce_max" in "".join(k["prims"]))
+    mm = plan["kernels"][0]
+    assert "transpose" in mm["name"]
+    mm["prims"] += soft["prims"]
+    mm["prologue"] += soft["prologue"]
+    mm["outputs"] += soft["outputs"]
+    plan["kernels"].remove(soft)
+    (out / "plan.json").write_text(json.dumps(plan))
+    capsys.readouterr()
+    assert main(["run", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"kernel {mm['name']}" in err and soft["prims"][0] in err and "Traceback" not in err
+    assert (out / "plan.json").is_file() and (out / "graph.pkl").is_file()  # nothing is lost
+
+
+def test_compile_writes_readable_kernels(tmp_path):
+    out = tmp_path / "art"
+    assert main(["compile", str(MODELS / "attn_s7.onnx"), "-o", str(out)]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    names = {p.stem for p in (out / "kernels").glob("*.py")}
+    triton = [k for k in plan["kernels"] if k["backend"] == "triton"]
+    assert triton and {k["name"] for k in triton} <= names
+    src = (out / "kernels" / f"{triton[0]['name']}.py").read_text()
+    assert "# primitives:" in src and "# ONNX nodes:" in src and "@triton.jit" in src
+    assert all("schedule" in k for k in triton)
+
+
+def test_fp16_model_runs_and_checks_on_cpu():
+    exe = tessera.compile(MODELS / "candy_small.onnx", tessera.CompileOptions(precision="fp16"))
+    model = load(MODELS / "candy_small.onnx")
+    feeds = random_inputs(model.graph, seed=3)
+    ref = run_onnxruntime(model.model, feeds)
+    out = exe.run(**{k: torch.from_numpy(v) for k, v in feeds.items()})
+    for k, v in out.items():
+        assert v.dtype == torch.float16
+        assert rel_l2(v.float().numpy(), ref[k]) < 1e-2
