@@ -8,7 +8,8 @@ worker process, run by the executable on the device (generated Triton
 kernels, torch for linear and opaque primitives, CUDA-graph replay), and
 compared with onnxruntime (fp32, CPU) on fresh random inputs: twice, with two
 seeds, so the second call checks the replayed graph on new inputs. Prints a
-table last and writes run_check.json.
+table last and writes run_check.json. `run_check.py --table A.json B.json`
+prints the markdown table of docs/results.md from saved runs.
 """
 from __future__ import annotations
 
@@ -63,7 +64,41 @@ def check(path: str, precision: str, device: str, seed: int, solver: str) -> dic
     return row
 
 
+def markdown(files: list[Path]) -> str:
+    """One table (model x precision) from saved run_check.json files, for docs/results.md."""
+    rows: dict[str, dict[str, dict]] = {}
+    envs = []
+    for f in files:
+        doc = json.loads(f.read_text())
+        envs.append(doc["env"])
+        for r in doc["results"]:
+            rows.setdefault(r["model"], {})[r["precision"]] = r
+    precs = sorted({p for m in rows.values() for p in m}, key=["fp32", "tf32", "fp16", "bf16"].index)
+    out = [f"| model | kernels (fp32) | backends (fp32) | {' | '.join(precs)} |",
+           "| --- | ---: | --- |" + " ---: |" * len(precs)]
+    for model in sorted(rows):
+        base = rows[model].get("fp32", next(iter(rows[model].values())))
+        be = ", ".join(f"{v} {k}" for k, v in sorted(base.get("backends", {}).items()))
+        cells = []
+        for p in precs:
+            r = rows[model].get(p)
+            if r is None:
+                cells.append("-")
+                continue
+            worst = max(r["rel_l2"].values()) if r.get("rel_l2") else float("nan")
+            cells.append(f"{worst:.1e}" + ("" if r["passed"] else " **FAIL**"))
+        out.append(f"| {model} | {base.get('kernels', '-')} | {be} | {' | '.join(cells)} |")
+    env = envs[0]
+    out.append("")
+    out.append(f"{env['device']}, {env['date'][:10]}, torch {env['torch']}, Triton {env.get('triton')}, "
+               f"onnxruntime {env.get('onnxruntime')}.")
+    return "\n".join(out)
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--table"]:
+        print(markdown([Path(a) for a in sys.argv[2:]]))
+        return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dir", type=Path)
