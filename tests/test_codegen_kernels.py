@@ -15,7 +15,7 @@ from kernelcheck import check_kernel, one_kernel
 from onnx import helper, numpy_helper
 from opcheck import Const, build_model, rand
 
-from tessera.codegen.kernels import Schedule, generate, schedules
+from tessera.codegen.kernels import Schedule, schedules
 from tessera.codegen.triton_ops import Unsupported
 from tessera.fission import fission
 from tessera.frontend import load

@@ -25,7 +25,6 @@ from typing import Callable, Sequence
 from tessera.codegen import index as ix
 from tessera.codegen.index import Ix
 from tessera.codegen.triton_ops import COMPUTE, Unsupported, Val, elementwise, fold_literal, literal
-from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import BINARY, REDUCTIONS, UNARY, Prim
 
@@ -311,7 +310,7 @@ def _concat(em: Emitter, node: Node, index: tuple[Ix, ...], mask: Mask) -> Val:
         parts.append((c, em.value(t, sub, mask | ({c} if c else frozenset()))))
         start = end
     # Nested where from the last part outwards; the first part needs no test.
-    c0, acc = parts[-1]
+    _, acc = parts[-1]
     expr = acc.expr
     deps = acc.deps
     for c, v in reversed(parts[:-1]):

@@ -16,10 +16,21 @@ import torch
 from tessera.codegen.kernels import KernelSource
 
 
+_SET_BY_US = False
+
+
 def use_interpreter(device: torch.device) -> None:
-    """On a CPU, generated kernels run in Triton's interpreter (read when a kernel is loaded)."""
-    if device.type == "cpu":
+    """On a CPU, generated kernels run in Triton's interpreter (read when a kernel is loaded).
+
+    A GPU executable made later in the same process must not inherit that choice.
+    """
+    global _SET_BY_US
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         os.environ["TRITON_INTERPRET"] = "1"
+        _SET_BY_US = True
+    elif device.type == "cuda" and _SET_BY_US:
+        os.environ.pop("TRITON_INTERPRET", None)
+        _SET_BY_US = False
 
 
 def cache_dir() -> Path:
