@@ -61,7 +61,7 @@ def test_reduction_outputs_must_fit_the_row_domain():
     assert why is not None and "neither a row" in why
 
 
-def test_linear_kernel_is_torch_plus_a_triton_epilogue():
+def test_conv_bias_relu_is_one_library_call():
     x, w = rand(2, 3, 9, 9, seed=4), rand(4, 3, 3, 3, seed=5)
     m = graph_model([helper.make_node("Conv", ["x", "w", "bias"], ["c"], pads=[1, 1, 1, 1]),
                      helper.make_node("Relu", ["c"], ["out"])],
@@ -69,10 +69,29 @@ def test_linear_kernel_is_torch_plus_a_triton_epilogue():
     exe = tessera.compile(m)
     assert exe.backends == {"linear": 1}
     (step,) = exe.steps
-    assert step.impl.linear.op == "conv" and step.kernel is not None
-    assert {n.op for n in step.impl.prims} >= {"conv", "add", "max"}
+    assert step.impl.linear.op == "conv" and step.impl.bias and step.impl.relu
+    assert step.kernel is None  # nothing left for a second launch
     ref = run_onnxruntime(m, {"x": x})
     assert rel_l2(exe(torch.from_numpy(x))[0].numpy(), ref["out"]) < 1e-5
+
+
+@pytest.mark.parametrize("write_product", [False, True])
+def test_gemm_bias_then_generated_epilogue(write_product):
+    # Gemm's bias goes into addmm; the residual add and tanh after it are a generated kernel.
+    # When the raw product is itself an output, nothing is fused (it must be written as is).
+    x, r = rand(5, 7, seed=7), rand(5, 4, seed=8)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"], ["y"]),
+             helper.make_node("Add", ["y", "r"], ["z"]), helper.make_node("Tanh", ["z"], ["out"])]
+    outs = ["out", "p"] if write_product else ["out"]
+    m = graph_model(nodes, {"x": x, "r": r, "w": Const(rand(7, 4, seed=9)), "b": Const(rand(4, seed=10))}, outs)
+    exe = tessera.compile(m)
+    lin = [s for s in exe.steps if s.impl.backend == "linear"]
+    assert len(lin) == 1
+    assert bool(lin[0].impl.bias) is not write_product and not lin[0].impl.relu
+    ref = run_onnxruntime(m, {"x": x, "r": r})
+    got = exe(torch.from_numpy(x), torch.from_numpy(r))
+    for name, v in zip(exe.output_names, got):
+        assert rel_l2(v.numpy(), ref[name]) < 1e-5
 
 
 def test_known_kernel_counts():
@@ -156,3 +175,16 @@ def test_fp16_model_runs_and_checks_on_cpu():
     for k, v in out.items():
         assert v.dtype == torch.float16
         assert rel_l2(v.float().numpy(), ref[k]) < 1e-2
+
+
+def test_matmul_bias_relu_uses_the_addmm_activation_epilogue():
+    x = rand(1, 6, 7, seed=11)
+    m = graph_model([helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"], ["y"]),
+                     helper.make_node("Relu", ["y"], ["out"])],
+                    {"x": x, "w": Const(rand(7, 5, seed=12)), "b": Const(rand(5, seed=13))}, ["out"])
+    exe = tessera.compile(m)
+    # The 3-D input is reshaped to 2-D first: a view, not a copy kernel.
+    assert exe.backends == {"view": 1, "linear": 1}
+    step = exe.steps[1]
+    assert step.impl.bias and step.impl.relu and step.kernel is None
+    assert rel_l2(exe(torch.from_numpy(x))[0].numpy(), run_onnxruntime(m, {"x": x})["out"]) < 1e-5

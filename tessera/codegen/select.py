@@ -29,8 +29,9 @@ class KernelImpl:
     """How one plan kernel runs.
 
     backend: "triton" (`triton` computes everything), "linear" (`linear`
-    through torch, then `triton` for the epilogue if any), or "torch" (`prims`
-    through torch; `reason` says why not Triton). `folded` are free prologue
+    through torch, then `triton` for the epilogue if any), "view" (reshapes
+    only: aliases of their input, no launch), or "torch" (`prims` through
+    torch; `reason` says why not Triton). `folded` are free prologue
     nodes only torch reads: they depend on constants alone, so the runtime
     computes them once.
     """
@@ -44,6 +45,12 @@ class KernelImpl:
     linear: Node | None = None
     reason: str = ""
     folded: list[Node] = field(default_factory=list)
+    # Linear kernels: what the library call absorbs. `bias` is a constant-derived tensor
+    # holding one value per output column (matmul) or channel (conv); `fused` are the
+    # epilogue nodes the call computes (the bias add, then a ReLU if `relu`).
+    bias: str | None = None
+    relu: bool = False
+    fused: list[Node] = field(default_factory=list)
 
     @property
     def nodes(self) -> list[Node]:
@@ -87,12 +94,19 @@ def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], out
     nodes = prologue + prims
     if any(n.op == Prim.OPAQUE.value for n in prims):
         return KernelImpl(name, "torch", prims, prologue, list(outputs), reason="opaque operator", folded=prologue)
+    if not prologue and all(n.op == Prim.RESHAPE.value for n in prims):
+        # Row-major reshapes of a contiguous tensor are views: no kernel, no copy.
+        return KernelImpl(name, "view", prims, prologue, list(outputs))
     root = _linear_root(prims)
     if root is not None:
-        epi = _epilogue(graph, nodes, root)
-        impl = KernelImpl(name, "linear", prims, prologue, list(outputs), linear=root,
-                          folded=[n for n in prologue if n not in epi])
-        epi_out = [o for o in outputs if o not in root.outputs]
+        impl = KernelImpl(name, "linear", prims, prologue, list(outputs), linear=root)
+        impl.bias, impl.fused, impl.relu = _library_epilogue(graph, nodes, root, outputs)
+        done = {root.name} | {n.name for n in impl.fused}
+        epi = [n for n in _epilogue(graph, nodes, root) if n.name not in done]
+        # Kept only by the fused add: the bias's own producers, folded once at load.
+        epi = _live(epi, [o for o in outputs if not any(o in n.outputs for n in impl.fused) and o not in root.outputs])
+        impl.folded = _live(prologue, [t for t in root.inputs if t] + ([impl.bias] if impl.bias else []))
+        epi_out = [o for o in outputs if o not in root.outputs and not any(o in n.outputs for n in impl.fused)]
         if epi_out:
             impl.triton = generate(graph, epi, epi_out, name, schedule, sources)
         return impl
@@ -103,6 +117,77 @@ def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], out
         if len(prims) > 1:
             raise
         return KernelImpl(name, "torch", prims, prologue, list(outputs), reason=str(e), folded=prologue)
+
+
+def _live(nodes: list[Node], outputs: Sequence[str]) -> list[Node]:
+    """The nodes of `nodes` that `outputs` need."""
+    producer = {o: n for n in nodes for o in n.outputs}
+    keep: dict[str, Node] = {}
+    todo = list(outputs)
+    while todo:
+        n = producer.get(todo.pop())
+        if n is not None and n.name not in keep:
+            keep[n.name] = n
+            todo.extend(n.inputs)
+    return [n for n in nodes if n.name in keep]
+
+
+def _library_epilogue(graph: Graph, nodes: Sequence[Node], root: Node,
+                      outputs: Sequence[str]) -> tuple[str | None, list[Node], bool]:
+    """A bias add (and a ReLU after it) that the library call can absorb: (bias tensor, fused nodes, relu).
+
+    The bias must be a broadcast of a tensor that varies only along the output's
+    column axis (matmul) or channel axis (conv), so it is one vector.
+    """
+    if not graph.types[root.outputs[0]].dtype.is_float:
+        return None, [], False
+    readers: dict[str, list[Node]] = {}
+    for n in nodes:
+        for t in n.inputs:
+            readers.setdefault(t, []).append(n)
+    producer = {o: n for n in nodes for o in n.outputs}
+    r = root.outputs[0]
+    out_shape = graph.types[r].shape
+    views: list[Node] = []
+    # A matmul result may be reshaped (a view) before its bias add, if the columns stay last.
+    while root.op == Prim.MATMUL.value and r not in outputs and len(readers.get(r, [])) == 1 \
+            and readers[r][0].op == Prim.RESHAPE.value \
+            and graph.types[readers[r][0].outputs[0]].shape[-1:] == out_shape[-1:]:
+        views.append(readers[r][0])
+        r = views[-1].outputs[0]
+    if r in outputs or len(readers.get(r, [])) != 1 or readers[r][0].op != Prim.ADD.value:
+        return None, [], False
+    add = readers[r][0]
+    other = add.inputs[1] if add.inputs[0] == r else add.inputs[0]
+    bcast = producer.get(other)
+    if bcast is None or bcast.op != Prim.BROADCAST.value:
+        return None, [], False
+    src = bcast.inputs[0]
+    out_shape = graph.types[r].shape
+    axis = len(out_shape) - 1 if root.op == Prim.MATMUL.value else 1
+    src_shape = graph.types[src].shape
+    if len(src_shape) != len(out_shape) or any(n != 1 for d, n in enumerate(src_shape) if d != axis) \
+            or src_shape[axis] != out_shape[axis] or src in graph.inputs or src not in graph.constants \
+            and not _constant_derived(src, producer, graph):
+        return None, [], False
+    fused = views + [add]
+    a = add.outputs[0]
+    nxt = readers.get(a, [])
+    relu = False
+    if a not in outputs and len(nxt) == 1 and nxt[0].op == Prim.MAX.value:
+        mx = nxt[0]
+        zero = producer.get(mx.inputs[1] if mx.inputs[0] == a else mx.inputs[0])
+        if zero is not None and zero.op == Prim.FILL.value and float(zero.attrs["value"]) == 0.0:
+            fused.append(mx)
+            relu = True
+    return src, fused, relu
+
+
+def _constant_derived(t: str, producer: dict[str, Node], graph: Graph) -> bool:
+    if t in graph.constants:
+        return True
+    n = producer.get(t)
+    return n is not None and all(_constant_derived(i, producer, graph) for i in n.inputs if i)
 
 
 def prologue_of(og: OGraph, prims: Sequence[Node]) -> list[Node]:

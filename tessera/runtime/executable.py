@@ -18,7 +18,7 @@ import torch
 from tessera.errors import ShapeError, TesseraError
 from tessera.ir.graph import Graph, Node
 from tessera.runtime.buffers import BufferPool, Lifetime
-from tessera.runtime.torch_prims import TORCH_DTYPES, run_node
+from tessera.runtime.torch_prims import TORCH_DTYPES, run_linear_fused, run_node
 
 
 from tessera.codegen.kernels import Schedule
@@ -61,6 +61,9 @@ class Executable:
                 raise KernelBuildError(f"kernel {k['name']} ({', '.join(k['prims'])}) cannot be built: {e}") from None
             self.steps.append(Step(impl, kernel))
         self._fold_torch_prologues()
+        # Bias vectors the library calls take (constant-derived, computed once).
+        self._bias = {s.impl.name: self.constants[s.impl.bias].reshape(-1).contiguous()
+                      for s in self.steps if s.impl.bias}
         # An fp32 plan means fp32 arithmetic: torch would run convs and matmuls in tf32 on Ampere+.
         self.allow_tf32 = plan.get("precision") == "tf32"
         self._plan_memory()
@@ -81,20 +84,32 @@ class Executable:
                 self.constants.update(zip([o for o in n.outputs if o], outs))
 
     def _plan_memory(self) -> None:
-        """Buffers for what generated kernels write; what to drop after each step."""
+        """Buffers for what generated kernels write; what to drop after each step.
+
+        A view step's outputs alias its input, so reading them reads the buffer beneath.
+        """
         outputs = set(self.graph.outputs)
+        alias: dict[str, str] = {}
+        for step in self.steps:
+            if step.impl.backend == "view":
+                for n in step.impl.prims:
+                    alias[n.outputs[0]] = alias.get(n.inputs[0], n.inputs[0])
+        end = len(self.steps)
         last_read: dict[str, int] = {}
+        base_last: dict[str, int] = {}
         for i, step in enumerate(self.steps):
             for t in self._reads(step):
                 last_read[t] = i
-        end = len(self.steps)
+                base_last[alias.get(t, t)] = i
+        for t in outputs:
+            base_last[alias.get(t, t)] = end
         lifetimes = []
         for i, step in enumerate(self.steps):
             if step.kernel is None:
                 continue
             for t in step.kernel.ks.outputs:
                 nbytes = self.graph.types[t].nbytes
-                lifetimes.append(Lifetime(t, nbytes, i, end if t in outputs else last_read.get(t, i)))
+                lifetimes.append(Lifetime(t, nbytes, i, end if t in outputs else base_last.get(t, i)))
         types = {t: (self.graph.types[t].shape, TORCH_DTYPES[self.graph.types[t].dtype]) for t in
                  (lt.tensor for lt in lifetimes)}
         self.pool = BufferPool(lifetimes, types, self.device)
@@ -195,9 +210,18 @@ class Executable:
             impl = step.impl
             if impl.backend == "triton":
                 self._triton(step, env)
+            elif impl.backend == "view":
+                for n in impl.prims:
+                    env[n.outputs[0]] = env[n.inputs[0]].reshape(self.graph.types[n.outputs[0]].shape)
             elif impl.backend == "linear":
-                assert impl.linear is not None
-                env.update(self._torch([impl.linear], env))
+                root = impl.linear
+                assert root is not None
+                if impl.bias:
+                    last = impl.fused[-1].outputs[0]
+                    env[last] = run_linear_fused(root, [env[t] for t in root.inputs if t], self.graph.types[last],
+                                                 self._bias[impl.name], impl.relu)
+                else:
+                    env.update(self._torch([root], env))
                 if step.kernel is not None:
                     self._triton(step, env)
             else:
@@ -222,7 +246,8 @@ class Executable:
             ins = [local[t] if t in local else env[t] for t in n.inputs if t]
             outs = run_node(n, ins, [self.graph.types[o] for o in n.outputs if o], device=self.device,
                             opsets=self.graph.opsets)
-            local.update(zip([o for o in n.outputs if o], outs))
+            # Generated kernels index contiguous memory.
+            local.update(zip([o for o in n.outputs if o], [o.contiguous() for o in outs]))
         return local
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[torch.Tensor]:

@@ -277,6 +277,41 @@ def _matmul(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.
     return (a.unsqueeze(-1) * b.unsqueeze(-3)).sum(dim=-2)
 
 
+def run_linear_fused(node: Node, args: Sequence[torch.Tensor], out: TensorType, bias: torch.Tensor,
+                     relu: bool) -> torch.Tensor:
+    """A linear primitive with a bias vector (and ReLU) computed by the library call itself.
+
+    matmul: cuBLAS(Lt) addmm with the bias (and ReLU) epilogue when both operands
+    flatten to 2-D; conv: the bias argument of the convolution. Anything else
+    adds afterwards, with the same result.
+    """
+    prim = Prim(node.op)
+    if prim is Prim.MATMUL:
+        a, b = args
+        batch = a.shape[:-2].numel() if a.dim() > 2 else 1
+        if batch == 1 and (b.dim() == 2 or b.shape[:-2].numel() == 1):
+            a2, b2 = a.reshape(-1, a.shape[-1]), b.reshape(b.shape[-2], b.shape[-1])
+            y = torch._addmm_activation(bias, a2, b2) if relu else torch.addmm(bias, a2, b2)
+            return _conform(node, y.reshape(out.shape), out)
+        y = torch.matmul(a, b) + bias
+    elif prim is Prim.CONV:
+        x, w = args
+        a = node.attrs
+        n = _spatial_rank(node, x)
+        pads = [int(v) for v in a["pads"]]
+        padding: Sequence[int] = pads[:n]
+        if pads[:n] != pads[n:]:
+            x = F.pad(x, _torch_pads(pads, n))
+            padding = [0] * n
+        y = _CONV[n](x, w, bias, tuple(a["strides"]), tuple(padding), tuple(a["dilations"]), a["group"])
+    else:
+        y = _conv_transpose(node, args, out, args[0].device)
+        y = y + bias.reshape([1, -1] + [1] * (y.dim() - 2))
+    if relu:
+        y = torch.relu_(y)
+    return _conform(node, y, out)
+
+
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
