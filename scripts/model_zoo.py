@@ -1,9 +1,8 @@
 """Build the large benchmark models and export them to ONNX.
 
 ResNet-50 and Inception-V3 come from torchvision, BERT-base and GPT-2 from
-transformers, all with random weights from a fixed seed (BatchNorm statistics
-calibrated on random batches, so activations keep a trained-like scale),
-batch 1, exported with `torch.onnx.export(..., dynamo=True)`. Needs the `models` extra (the GPU
+transformers, all with random weights from a fixed seed, batch 1, exported
+with `torch.onnx.export(..., dynamo=True)`. Needs the `models` extra (the GPU
 machine has it). Usage:
 
     python scripts/model_zoo.py OUTDIR [--models resnet50,gpt2]
@@ -72,37 +71,11 @@ ZOO: dict[str, Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]] =
 }
 
 
-def calibrate_batchnorm(model: torch.nn.Module, args: tuple[torch.Tensor, ...], batches: int = 4) -> None:
-    """Set BatchNorm running statistics from random batches, as training would.
-
-    With the default statistics (mean 0, variance 1) a randomly initialised
-    network's activations drift by orders of magnitude (Inception-V3 reaches
-    3e12, past float16's range), which no trained model does.
-    """
-    bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    if not bns:
-        return
-    for m in bns:
-        m.reset_running_stats()
-        m.momentum = None  # a plain average over the calibration batches
-    model.train()
-    with torch.no_grad():
-        for _ in range(batches):
-            model(*[torch.randn(8, *a.shape[1:]) if a.is_floating_point() else a for a in args])
-    model.eval()
-
-
-def make(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    """Model `name` in eval mode with seeded weights and calibrated BatchNorm, and example inputs."""
-    torch.manual_seed(seed)
-    model, args = ZOO[name]()
-    calibrate_batchnorm(model, args)
-    return model.eval(), args
-
-
 def build(name: str, out: Path, seed: int = 0) -> Path:
     """Export model `name` to OUT/name.onnx (weights inside the file)."""
-    model, args = make(name, seed)
+    torch.manual_seed(seed)
+    model, args = ZOO[name]()
+    model.eval()
     path = out / f"{name}.onnx"
     with torch.no_grad():
         prog = torch.onnx.export(model, args, dynamo=True, optimize=True, verbose=False)
