@@ -34,7 +34,7 @@ def bench(fn) -> float:
     return float(do_bench(fn, warmup=50, rep=300, return_mode="median"))
 
 
-def one(name: str, precision: str, tmp: Path, solver: str) -> dict:
+def one(name: str, precision: str, tmp: Path, solver: str, cost: str, db: str | None) -> dict:
     path = build(name, tmp, seed=0)
     torch.manual_seed(0)
     module, args = ZOO[name]()
@@ -46,10 +46,11 @@ def one(name: str, precision: str, tmp: Path, solver: str) -> dict:
     if precision == "fp16":
         module = module.half()
         args = tuple(a.half() if a.is_floating_point() else a for a in args)
-    exe = tessera.compile(path, tessera.CompileOptions(precision=precision, solver=solver), device="cuda")
+    exe = tessera.compile(path, tessera.CompileOptions(precision=precision, solver=solver, cost=cost, db=db), device="cuda")
     feeds = dict(zip(exe.input_names, args))
     feeds = exe._feeds((), feeds)
-    row = {"model": name, "precision": precision, "kernels": len(exe.steps), "backends": exe.backends}
+    row = {"model": name, "precision": precision, "cost": cost, "kernels": len(exe.steps), "backends": exe.backends,
+           "tuning": exe.plan.get("tuning", {}), "compile_s": exe.plan.get("timings_s", {})}
     with torch.no_grad():
         ref = module(*args).float()
         ours = exe.run_static(feeds)[exe.output_names[0]].float()
@@ -70,6 +71,8 @@ def main() -> int:
     ap.add_argument("--models", default="resnet50,bert_base")
     ap.add_argument("--precisions", default="tf32,fp16")
     ap.add_argument("--solver", default="highs")
+    ap.add_argument("--cost", default="analytical", choices=["analytical", "measured"])
+    ap.add_argument("--db", help="tuning database (measured cost)")
     ap.add_argument("--out", type=Path, default=Path("."))
     a = ap.parse_args()
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -79,7 +82,7 @@ def main() -> int:
     for m in a.models.split(","):
         for p in a.precisions.split(","):
             try:
-                rows.append(one(m, p, tmp, a.solver))
+                rows.append(one(m, p, tmp, a.solver, a.cost, a.db))
             except Exception as e:  # noqa: BLE001 - record and go on
                 rows.append({"model": m, "precision": p, "error": f"{type(e).__name__}: {e}"[:500]})
             print(json.dumps(rows[-1]), flush=True)

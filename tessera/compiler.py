@@ -17,6 +17,9 @@ import torch
 from tessera.codegen.select import KernelImpl, TritonLegality, implement
 from tessera.codegen.triton_ops import Unsupported
 from tessera.cost import AnalyticalCost, device
+from tessera.cost.db import TuningDB, default_db_path, software_versions
+from tessera.cost.measured import MeasuredCost
+from tessera.cost.profiler import GpuProfiler
 from tessera.errors import TesseraError
 from tessera.fission import FissionResult, fission
 from tessera.frontend import LoadedModel, load
@@ -32,7 +35,9 @@ from tessera.version import __version__
 @dataclass
 class CompileOptions:
     strategy: str = "optimal"
-    cost: str = "analytical"
+    cost: str = "auto"  # "measured" where a GPU is visible, else "analytical"
+    db: str | None = None  # tuning database (default: $TESSERA_CACHE/tuning.db)
+    tune_workers: int | None = None  # parallel kernel builds while tuning
     gpu: str = "h100"
     precision: str = "fp32"
     solver: str = DEFAULT_SOLVER
@@ -51,17 +56,22 @@ class CompileResult:
     plan: Plan
     kernels: list[KernelImpl] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    tuning: dict[str, Any] = field(default_factory=dict)  # measured cost: what tuning did
 
 
 PASSES = ("load", "fission", "precision", "ograph", "cost", "orchestrate", "codegen")
 
 
 def compile_model(source: Any, options: CompileOptions | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> CompileResult:
+                  progress: Callable[[int, int], None] | None = None,
+                  tune_progress: Callable[[int, int], None] | None = None) -> CompileResult:
     """Load, split, orchestrate a model and generate its kernels."""
     opt = options or CompileOptions()
-    if opt.cost != "analytical":
-        raise TesseraError(f"--cost {opt.cost} needs GPU measurements, which are not available yet; use analytical")
+    cost_kind = opt.cost if opt.cost != "auto" else ("measured" if torch.cuda.is_available() else "analytical")
+    if cost_kind not in ("analytical", "measured"):
+        raise TesseraError(f"--cost must be analytical, measured or auto, not {opt.cost!r}")
+    if cost_kind == "measured" and not torch.cuda.is_available():
+        raise TesseraError("--cost measured times kernels on a GPU, and none is visible; use --cost analytical")
     try:
         dev = device(opt.gpu)
     except KeyError as e:
@@ -86,17 +96,34 @@ def compile_model(source: Any, options: CompileOptions | None = None,
     done("precision")
     og = build_ograph(graph)
     done("ograph")
-    cost = AnalyticalCost(og, dev, opt.precision)
+    if cost_kind == "measured":
+        cost: Any = measured_cost(og, opt, tune_progress)
+        device_name = torch.cuda.get_device_name()
+    else:
+        cost = AnalyticalCost(og, dev, opt.precision)
+        device_name = dev.name
     done("cost")
     plan = orchestrate(og, cost, strategy=opt.strategy, rules=CandidateRules(max_nodes=opt.max_kernel_nodes),
                        legality=TritonLegality(),
                        solver=opt.solver, time_limit=opt.time_limit, max_states=opt.max_states,
-                       model=loaded.label, device=dev.name, precision=opt.precision, cost_model=opt.cost,
+                       model=loaded.label, device=device_name, precision=opt.precision, cost_model=cost_kind,
                        progress=progress)
     done("orchestrate")
+    tuning: dict[str, Any] = {}
+    if isinstance(cost, MeasuredCost):
+        getattr(cost.profiler, "close", lambda: None)()
+        tuning = {**cost.stats, "db": str(cost.db.path)}
+        cost.db.close()
     kernels = generate_kernels(graph, plan)
     done("codegen")
-    return CompileResult(loaded, fis, graph, og, plan, kernels, timings)
+    return CompileResult(loaded, fis, graph, og, plan, kernels, timings, tuning)
+
+
+def measured_cost(og: OGraph, opt: CompileOptions, progress: Callable[[int, int], None] | None) -> MeasuredCost:
+    """Costs from the tuning database, measuring on this machine's GPUs what it lacks."""
+    db = TuningDB(opt.db or default_db_path())
+    return MeasuredCost(og, db, GpuProfiler(opt.tune_workers), torch.cuda.get_device_name(), software_versions(),
+                        progress)
 
 
 def generate_kernels(graph: Graph, plan: Plan) -> list[KernelImpl]:
@@ -116,6 +143,8 @@ def plan_document(result: CompileResult) -> dict[str, Any]:
     """plan.json's content: the plan, pass timings and opaque operators."""
     doc = result.plan.to_json()
     doc["timings_s"] = {k: round(v, 4) for k, v in result.timings.items()}
+    if result.tuning:
+        doc["tuning"] = result.tuning
     doc["opaque"] = [{"node": o.node, "op": o.op_type, "reason": o.reason} for o in result.fission.opaque]
     for k, impl in zip(doc["kernels"], result.kernels):
         k["backend"] = impl.backend

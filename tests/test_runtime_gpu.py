@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 @pytest.mark.parametrize("name", ["candy_small.onnx", "bert_tiny.onnx", "gpt2_tiny.onnx"])
 def test_graph_replay_matches_eager_launches_and_onnxruntime(name):
-    opts = tessera.CompileOptions(solver="highs")  # the GPU machine has highspy (a carried wheel), not PuLP
+    opts = tessera.CompileOptions(solver="highs", cost="analytical")  # the GPU machine has highspy (a carried wheel), not PuLP
     replay = tessera.compile(MODELS / name, opts, device="cuda")
     eager = tessera.compile(MODELS / name, opts, device="cuda")
     eager.cuda_graph = False

@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from tessera.compiler import CompileOptions, compile_model, write_artifacts
 from tessera.cost import DEVICES, PRECISIONS
+from tessera.cost.db import TuningDB, default_db_path
 from tessera.errors import TesseraError
 from tessera.frontend import load as frontend_load
 from tessera.orchestrate import DEFAULT_SOLVER, SOLVERS, STRATEGIES
@@ -63,7 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="split a model and choose its kernels; writes OUT/plan.json and OUT/report.html")
     _add_model_args(p)
     p.add_argument("-o", "--out", required=True, type=Path, help="output directory")
-    p.add_argument("--cost", choices=["analytical"], default="analytical", help="cost model")
+    p.add_argument("--cost", choices=["auto", "analytical", "measured"], default="auto",
+                   help="cost model: measured on a GPU (tuning), analytical otherwise (auto picks)")
+    p.add_argument("--db", help="tuning database (default: $TESSERA_CACHE/tuning.db, ~/.cache/tessera/tuning.db)")
+    p.add_argument("--tune-workers", type=int, help="parallel kernel builds while tuning (default: cores - 2)")
     p.add_argument("--gpu", default="h100", choices=sorted(DEVICES), help="device preset for the cost model")
     p.add_argument("--strategy", choices=STRATEGIES, default="optimal")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32")
@@ -71,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds per subgraph solve")
     p.add_argument("--max-states", type=int, default=2000, help="execution states per subgraph")
     p.add_argument("--max-kernel-nodes", type=int, default=12, help="primitives per candidate kernel")
+    p = sub.add_parser("db", help="move tuning results between machines")
+    p.add_argument("action", choices=["export", "import", "stats"])
+    p.add_argument("file", nargs="?", type=Path, help="JSON-lines file to write (export) or read (import)")
+    p.add_argument("--db", help="tuning database (default: $TESSERA_CACHE/tuning.db)")
     p = sub.add_parser("run", help="run a compiled artifact; --check compares with onnxruntime")
     p.add_argument("artifact", type=Path, help="directory written by tessera compile -o")
     p.add_argument("--check", action="store_true", help="compare every output with onnxruntime")
@@ -116,21 +124,32 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_compile(args: argparse.Namespace) -> int:
     opts = CompileOptions(strategy=args.strategy, cost=args.cost, gpu=args.gpu, precision=args.precision,
                           solver=args.solver, time_limit=args.time_limit, max_states=args.max_states,
-                          max_kernel_nodes=args.max_kernel_nodes, input_shapes=parse_input_shapes(args.input_shape))
-    with tqdm(total=1, desc="orchestrate", unit="subgraph", file=sys.stderr, leave=False,
-              disable=not sys.stderr.isatty()) as bar:
+                          max_kernel_nodes=args.max_kernel_nodes, input_shapes=parse_input_shapes(args.input_shape),
+                          db=args.db, tune_workers=args.tune_workers)
+    quiet = not sys.stderr.isatty()
+    with tqdm(total=1, desc="orchestrate", unit="subgraph", file=sys.stderr, leave=False, disable=quiet) as bar, \
+            tqdm(total=0, desc="tune", unit="kernel", file=sys.stderr, leave=False, disable=quiet) as tbar:
         def progress(done: int, total: int) -> None:
             bar.total = total
             bar.n = done
             bar.refresh()
 
-        result = compile_model(args.model, opts, progress)
+        def tune_progress(done: int, total: int) -> None:  # one batch of measurements (ETA per batch)
+            tbar.total = total
+            tbar.n = done
+            tbar.refresh()
+
+        result = compile_model(args.model, opts, progress, tune_progress)
     write_artifacts(result, args.out)
     plan = result.plan
     solved = [s.solver for s in plan.subgraphs]
     optimal = sum(1 for s in solved if s.get("optimal"))
     print(f"{plan.model}: {len(plan.kernels)} kernels from {plan.primitives} primitives "
-          f"({plan.strategy}, {args.cost} cost, {plan.device}, {plan.precision})")
+          f"({plan.strategy}, {plan.cost_model} cost, {plan.device}, {plan.precision})")
+    if result.tuning:
+        t = result.tuning
+        print(f"  tuning: {t['candidates']} candidates, {t['measured']} measured now ({t['failed']} failed), "
+              f"the rest from {t['db']}; {t['seconds']:.1f} s")
     print(f"  estimated {plan.estimated_total_s * 1e6:.1f} us; greedy baseline {plan.greedy_total_s * 1e6:.1f} us "
           f"({plan.greedy_total_s / max(plan.estimated_total_s, 1e-30):.2f}x)")
     print(f"  {len(plan.subgraphs)} subgraph(s), {optimal} solved to proven optimality, "
@@ -162,7 +181,23 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if r.passed else 1
 
 
-COMMANDS = {"inspect": cmd_inspect, "verify": cmd_verify, "compile": cmd_compile, "run": cmd_run}
+def cmd_db(args: argparse.Namespace) -> int:
+    path = Path(args.db) if args.db else default_db_path()
+    if args.action != "stats" and args.file is None:
+        raise TesseraError(f"tessera db {args.action} needs a FILE")
+    if args.action == "import" and not args.file.is_file():
+        raise TesseraError(f"{args.file}: no such file to import")
+    with TuningDB(path) as db:
+        if args.action == "export":
+            print(f"exported {db.export(args.file)} measurements from {path} to {args.file}")
+        elif args.action == "import":
+            print(f"imported {db.import_(args.file)} new measurements from {args.file} into {path}")
+        else:
+            print(f"{path}: {len(db)} measurements")
+    return 0
+
+
+COMMANDS = {"inspect": cmd_inspect, "verify": cmd_verify, "compile": cmd_compile, "run": cmd_run, "db": cmd_db}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -37,6 +37,9 @@ def _solve_subgraph(og: OGraph, sub: Subgraph, cost: CostFn, strategy: str, rule
         cands = enumerate_candidates(og, sub.members, rules, legality)
         known = _index(cands)
         cands += [g for g in greedy if (g.nodes, g.outputs) not in known]
+    prepare = getattr(cost, "prepare", None)
+    if prepare is not None:  # a measured cost: let it measure the whole batch at once
+        prepare(cands)
     costs = [cost(c) for c in cands]
     p = Problem(sub.members, cands, costs, required)
     where = _index(cands)
@@ -99,7 +102,11 @@ def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: C
 
 def _greedy_total(og: OGraph, rules: CandidateRules, legality: KernelLegality, cost: CostFn) -> float:
     """The greedy baseline over the whole graph (no partition cuts)."""
-    return sum(cost(c) for c in greedy_candidates(og, og.all, rules, legality))
+    cands = greedy_candidates(og, og.all, rules, legality)
+    prepare = getattr(cost, "prepare", None)
+    if prepare is not None:
+        prepare(cands)
+    return sum(cost(c) for c in cands)
 
 
 def _kernels(og: OGraph, chosen: list[tuple[int, Candidate, float]]) -> list[Kernel]:

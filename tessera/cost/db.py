@@ -1,0 +1,148 @@
+"""The tuning database: measured kernel costs that survive interruption.
+
+SQLite in WAL mode. Each measurement is committed the moment it is taken, so
+a tuning run killed at any point (SIGKILL included) loses at most the
+measurement in flight, and a rerun picks up where it stopped. Keys are the
+device name, the software versions that change generated code (torch,
+Triton, CUDA, tessera), the kernel's signature (its computation with tensor
+names erased, so identical layers share a row) and the schedule. A failed
+candidate (compile error, timeout, GPU fault) is stored with infinite cost
+and the reason, so it is not retried either.
+
+`export`/`import_` move results between machines as JSON lines.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+def default_db_path() -> Path:
+    """$TESSERA_CACHE/tuning.db (default ~/.cache/tessera/tuning.db)."""
+    root = Path(os.environ.get("TESSERA_CACHE", Path.home() / ".cache" / "tessera"))
+    return root / "tuning.db"
+
+
+def software_versions() -> str:
+    """The versions that change generated code or its speed: part of every key."""
+    import torch
+    import triton
+
+    from tessera.version import __version__
+
+    return f"tessera {__version__}; torch {torch.__version__}; triton {triton.__version__}; cuda {torch.version.cuda}"
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS measurements (
+    device TEXT NOT NULL,
+    versions TEXT NOT NULL,
+    signature TEXT NOT NULL,
+    schedule TEXT NOT NULL,
+    seconds REAL,            -- NULL: the candidate failed (infinite cost)
+    reason TEXT NOT NULL DEFAULT '',
+    measured_at TEXT NOT NULL,
+    PRIMARY KEY (device, versions, signature, schedule)
+)
+"""
+
+
+@dataclass(frozen=True)
+class Key:
+    device: str
+    versions: str
+    signature: str
+    schedule: str
+
+
+@dataclass(frozen=True)
+class Record:
+    key: Key
+    seconds: float  # math.inf when the candidate failed
+    reason: str = ""
+
+
+class TuningDB:
+    """One SQLite file; safe to open from several processes (WAL, a busy timeout)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Autocommit: every put is its own durable transaction.
+        self.conn = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL survives a killed process
+        self.conn.execute(_SCHEMA)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "TuningDB":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def get(self, key: Key) -> Record | None:
+        row = self.conn.execute(
+            "SELECT seconds, reason FROM measurements WHERE device=? AND versions=? AND signature=? AND schedule=?",
+            (key.device, key.versions, key.signature, key.schedule)).fetchone()
+        if row is None:
+            return None
+        return Record(key, math.inf if row[0] is None else float(row[0]), row[1])
+
+    def put(self, key: Key, seconds: float, reason: str = "") -> None:
+        """Record one measurement (committed on return). A key is measured once: a second put is an error."""
+        value = None if not math.isfinite(seconds) else float(seconds)
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        self.conn.execute("INSERT INTO measurements VALUES (?, ?, ?, ?, ?, ?, ?)",
+                          (key.device, key.versions, key.signature, key.schedule, value, reason, now))
+
+    def best(self, device: str, versions: str, signature: str) -> Record | None:
+        """The fastest measured schedule of a kernel (None if none was measured or all failed)."""
+        row = self.conn.execute(
+            "SELECT schedule, seconds, reason FROM measurements WHERE device=? AND versions=? AND signature=? "
+            "AND seconds IS NOT NULL ORDER BY seconds LIMIT 1", (device, versions, signature)).fetchone()
+        if row is None:
+            return None
+        return Record(Key(device, versions, signature, row[0]), float(row[1]), row[2])
+
+    def __len__(self) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0])
+
+    def rows(self) -> Iterator[dict[str, object]]:
+        cur = self.conn.execute("SELECT device, versions, signature, schedule, seconds, reason, measured_at "
+                                "FROM measurements ORDER BY device, versions, signature, schedule")
+        for r in cur:
+            yield dict(zip(("device", "versions", "signature", "schedule", "seconds", "reason", "measured_at"), r))
+
+    def export(self, out: str | Path) -> int:
+        """Write every row as JSON lines; returns the count."""
+        n = 0
+        with open(out, "w") as f:
+            for row in self.rows():
+                f.write(json.dumps(row) + "\n")
+                n += 1
+        return n
+
+    def import_(self, src: str | Path) -> int:
+        """Add the rows of an export; rows already present are kept. Returns how many were added."""
+        added = 0
+        self.conn.execute("BEGIN")  # one transaction: all rows or none
+        with open(src) as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                r = json.loads(line)
+                cur = self.conn.execute(
+                    "INSERT OR IGNORE INTO measurements VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (r["device"], r["versions"], r["signature"], r["schedule"], r["seconds"], r.get("reason", ""),
+                     r["measured_at"]))
+                added += cur.rowcount
+        self.conn.execute("COMMIT")
+        return added

@@ -1,0 +1,146 @@
+"""Measured candidate costs: kernel signatures, the tuning loop, and the cost function.
+
+A candidate's cost is looked up in the tuning database under its signature
+(the computation with tensor names erased, so the twelve identical layers of
+BERT share one measurement) and the schedule; what is missing is measured by
+a `Profiler` and committed at once (`cost/db.py`), so an interrupted run
+resumes where it stopped and a second compile of the same model measures
+nothing. The profiler is a protocol: the GPU one (`cost/profiler.py`) times
+real kernels; tests pass a fake one.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+from tessera.codegen.kernels import Schedule
+from tessera.codegen.select import prologue_of
+from tessera.cost.db import Key, TuningDB
+from tessera.ir.graph import Graph, Node
+from tessera.orchestrate.candidates import Candidate
+from tessera.orchestrate.graphview import OGraph, bits
+
+
+def kernel_signature(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], outputs: Sequence[str]) -> str:
+    """A stable name for what a kernel computes: ops, attributes, types and wiring, not tensor names."""
+    ids: dict[str, str] = {}
+
+    def tid(t: str) -> str:
+        if t not in ids:
+            ids[t] = f"t{len(ids)}:{graph.types[t]}" if t else ""
+        return ids[t].split(":")[0] if ids[t] else ""
+
+    parts = []
+    for n in list(prologue) + list(prims):
+        ins = [tid(t) for t in n.inputs]
+        outs = [tid(t) for t in n.outputs]
+        attrs = sorted((k, repr(v)) for k, v in n.attrs.items())
+        parts.append(f"{n.op}({','.join(ins)})->{','.join(outs)}{attrs}")
+    parts.append("types:" + ";".join(ids.values()))
+    parts.append("writes:" + ",".join(tid(t) for t in outputs))
+    return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:24]
+
+
+FAILED_S = 1.0
+
+
+@dataclass(frozen=True)
+class Job:
+    """One measurement to take: a kernel (as plan fields) under one schedule."""
+
+    key: Key
+    graph: Graph
+    prims: tuple[Node, ...]
+    prologue: tuple[Node, ...]
+    outputs: tuple[str, ...]
+    schedule: Schedule | None
+
+
+Record = Callable[[int, float, str], None]  # (job index, seconds or inf, reason)
+
+
+class Profiler(Protocol):
+    def measure(self, jobs: Sequence[Job], record: Record) -> None:
+        """Measure each job, calling `record` as each result arrives (seconds per launch, or inf and why)."""
+        ...
+
+
+def tune(jobs: Sequence[Job], profiler: Profiler, db: TuningDB,
+         progress: Callable[[int, int], None] | None = None) -> dict[Key, float]:
+    """Measure every job the database lacks, committing each result the moment it arrives."""
+    out: dict[Key, float] = {}
+    todo: list[Job] = []
+    for j in jobs:
+        rec = db.get(j.key)
+        if rec is not None:
+            out[j.key] = rec.seconds
+        elif j.key not in out:
+            out[j.key] = math.nan  # claimed: measured once even if several candidates share it
+            todo.append(j)
+    done = 0
+
+    def record(i: int, seconds: float, why: str) -> None:
+        nonlocal done
+        db.put(todo[i].key, seconds, why)
+        out[todo[i].key] = seconds
+        done += 1
+        if progress:
+            progress(done, len(todo))
+
+    if todo:
+        profiler.measure(todo, record)
+    missing = [j.key for j in todo if math.isnan(out[j.key])]
+    if missing:
+        raise RuntimeError(f"the profiler returned no result for {len(missing)} jobs")
+    return out
+
+
+class MeasuredCost:
+    """Candidate -> seconds from measurements (the orchestrator's cost function).
+
+    `prepare(candidates)` measures what the database lacks in batches (so the
+    profiler can compile in parallel); a call for a candidate not prepared
+    measures it alone. A candidate that failed (compile error, timeout, GPU
+    fault) costs `FAILED_S`: a second, more than any real plan, so it is
+    never chosen while the greedy warm start and the cover of every node stay
+    well defined (the database keeps the failure and its reason).
+    """
+
+    def __init__(self, og: OGraph, db: TuningDB, profiler: Profiler, device: str, versions: str,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        self.og, self.db, self.profiler = og, db, profiler
+        self.device, self.versions = device, versions
+        self.progress = progress
+        self._cache: dict[tuple[int, int], float] = {}
+        self.stats = {"candidates": 0, "measured": 0, "failed": 0, "seconds": 0.0}
+
+    def job(self, c: Candidate) -> Job:
+        prims = [self.og.nodes[i] for i in bits(c.nodes)]
+        pro = prologue_of(self.og, prims)
+        outs = [o for v in bits(c.outputs) for o in self.og.nodes[v].outputs if o]
+        sig = kernel_signature(self.og.graph, prims, pro, outs)
+        return Job(Key(self.device, self.versions, sig, "default"), self.og.graph, tuple(prims), tuple(pro),
+                   tuple(outs), None)
+
+    def prepare(self, candidates: Sequence[Candidate]) -> None:
+        t0 = time.perf_counter()
+        new = [c for c in candidates if (c.nodes, c.outputs) not in self._cache]
+        jobs = [self.job(c) for c in new]
+        before = len(self.db)
+        got = tune(jobs, self.profiler, self.db, progress=self.progress)
+        for c, j in zip(new, jobs):
+            self._cache[(c.nodes, c.outputs)] = got[j.key]
+        self.stats["candidates"] += len(new)
+        self.stats["measured"] += len(self.db) - before
+        self.stats["failed"] += sum(1 for j in jobs if not math.isfinite(got[j.key]))
+        self.stats["seconds"] += time.perf_counter() - t0
+
+    def __call__(self, c: Candidate) -> float:
+        k = (c.nodes, c.outputs)
+        if k not in self._cache:
+            self.prepare([c])
+        s = self._cache[k]
+        return s if math.isfinite(s) else FAILED_S

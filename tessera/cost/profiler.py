@@ -1,0 +1,221 @@
+"""The GPU profiler: real kernels timed on the device, failures contained.
+
+Each job is a candidate kernel. Measuring runs in two phases, both in worker
+processes so that a crash or GPU fault kills a worker, not the compile:
+
+1. *build* (all CPU cores in parallel): generate the kernel, compile it and
+   run it once on the GPU. Triton keeps compiled binaries in its on-disk
+   cache, so phase 2 does not compile again. A compile error or a fault here
+   is the candidate's recorded failure.
+2. *time* (one process per GPU, so kernels never share a GPU while timed):
+   the kernel is launched `LAUNCHES` times inside one CUDA graph, with inputs
+   rotated over enough copies to exceed the L2 cache, and the graph replay is
+   timed with CUDA events (median of `triton.testing.do_bench`); the cost is
+   the replay time over the launch count. Timing in a graph measures the GPU
+   work, not Python's launch latency (DESIGN.md, "Measuring performance").
+
+A worker that dies takes its batch with it; the batch is re-run one job per
+fresh worker, so only the job that kills a worker alone is marked failed.
+A job that outlives `timeout_s` is marked failed and its worker killed.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import math
+import multiprocessing as mp
+import os
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Sequence
+
+from tessera.cost.measured import Job
+from tessera.ir.graph import Graph, GraphKind
+
+LAUNCHES = 20
+L2_BYTES = 64 << 20  # rotate inputs over more than the H100/H200 L2 (50 MB)
+
+
+def kernel_graph(job: Job) -> tuple[Graph, dict[str, Any]]:
+    """The kernel alone as a small graph (its constants only) and a one-kernel plan."""
+    g = job.graph
+    nodes = list(job.prologue) + list(job.prims)
+    produced = {o for n in nodes for o in n.outputs if o}
+    reads = list(dict.fromkeys(t for n in nodes for t in n.inputs if t and t not in produced))
+    tensors = set(reads) | produced
+    mini = Graph(name="kernel", kind=GraphKind.PRIMITIVE, inputs=[t for t in reads if t not in g.constants],
+                 outputs=list(job.outputs), nodes=nodes, types={t: g.types[t] for t in tensors},
+                 constants={t: g.constants[t] for t in reads if t in g.constants}, opsets=dict(g.opsets))
+    plan = {"precision": "tf32", "kernels": [{
+        "name": "tune", "prims": [n.name for n in job.prims], "prologue": [n.name for n in job.prologue],
+        "outputs": list(job.outputs), **({"schedule": job.schedule.to_json()} if job.schedule else {})}]}
+    return mini, plan
+
+
+def _fail(phase: str, e: Exception) -> tuple[float, str]:
+    """The candidate's failure; after a GPU fault the process's CUDA context is unusable, so it exits
+    (the pool sees a dead worker and retries the other jobs it held elsewhere)."""
+    text = f"{type(e).__name__}: {e}"
+    if "CUDA error" in text or "illegal memory access" in text or "AcceleratorError" in text:
+        os._exit(3)
+    return math.inf, f"{phase}: {text}"[:500]
+
+
+def _inputs(graph: Graph, device: str, seed: int) -> dict[str, Any]:
+    import torch
+
+    from tessera.runtime.torch_prims import TORCH_DTYPES
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    out = {}
+    for t in graph.inputs:
+        ty = graph.types[t]
+        dt = TORCH_DTYPES[ty.dtype]
+        if ty.dtype.is_float:
+            x = torch.randn(ty.shape, generator=gen).to(dt)
+        else:  # indices: 0 is valid for every gather; masks: any bits
+            x = torch.zeros(ty.shape, dtype=dt)
+        out[t] = x.to(device)
+    return out
+
+
+Payload = tuple[Graph, dict[str, Any]]  # what a worker gets: the kernel's own small graph and plan
+
+
+def _build(payload: Payload) -> tuple[float, str]:
+    """Phase 1 in a worker: generate, compile, run once. (0.0, "") on success."""
+    try:
+        import torch
+
+        from tessera.runtime.executable import Executable
+
+        mini, plan = payload
+        exe = Executable(mini, plan, "cuda", cuda_graph=False)
+        exe._launch(_inputs(mini, "cuda", 0))
+        torch.cuda.synchronize()
+        return 0.0, ""
+    except Exception as e:  # noqa: BLE001 - any failure is the candidate's, recorded with its reason
+        return _fail("build", e)
+
+
+def _time(payload: Payload) -> tuple[float, str]:
+    """Phase 2 in the timing worker: seconds per launch inside a CUDA graph."""
+    try:
+        import torch
+        from triton.testing import do_bench
+
+        from tessera.runtime.executable import Executable
+
+        mini, plan = payload
+        exe = Executable(mini, plan, "cuda", cuda_graph=False)
+        size = sum(mini.types[t].nbytes for t in mini.inputs) + sum(mini.types[t].nbytes for t in mini.outputs)
+        copies = max(1, min(LAUNCHES, math.ceil(L2_BYTES / max(size, 1))))
+        feeds = [_inputs(mini, "cuda", s) for s in range(copies)]
+        exe._launch(feeds[0])  # loads the compiled kernel
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            exe._launch(feeds[0])
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            for i in range(LAUNCHES):
+                exe._launch(feeds[i % copies])
+        ms = do_bench(graph.replay, warmup=10, rep=40, return_mode="median")
+        return ms * 1e-3 / LAUNCHES, ""
+    except Exception as e:  # noqa: BLE001
+        return _fail("time", e)
+
+
+def _init_worker(gpu_queue: Any) -> None:
+    if gpu_queue is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_queue.get())
+
+
+class GpuProfiler:
+    """Measures jobs on the visible GPUs (see the module docstring). Worker pools live across calls."""
+
+    def __init__(self, workers: int | None = None, timeout_s: float = 120.0) -> None:
+        import torch
+
+        self.gpus = max(1, torch.cuda.device_count())
+        self.workers = workers or max(1, (os.cpu_count() or 2) - 2)
+        self.timeout_s = timeout_s
+        self.ctx = mp.get_context("spawn")
+        self._pools: dict[str, cf.ProcessPoolExecutor] = {}
+
+    def _pool(self, kind: str, n: int) -> cf.ProcessPoolExecutor:
+        if kind not in self._pools:
+            queue = None
+            if self.gpus > 1:
+                queue = self.ctx.Queue()
+                for i in range(n):
+                    queue.put(i % self.gpus)
+            self._pools[kind] = cf.ProcessPoolExecutor(n, mp_context=self.ctx, initializer=_init_worker,
+                                                       initargs=(queue,))
+        return self._pools[kind]
+
+    def _kill(self, kind: str) -> None:
+        pool = self._pools.pop(kind, None)
+        if pool is not None:
+            for p in list(getattr(pool, "_processes", {}).values()):
+                p.kill()
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        for kind in list(self._pools):
+            self._kill(kind)
+
+    def _run(self, kind: str, fn: Any, jobs: Sequence[Payload], workers: int,
+             on_result: Any) -> None:
+        """Run fn over jobs; on_result(i, (seconds, why)) per job in completion order."""
+        pending = list(range(len(jobs)))
+        while pending:
+            pool = self._pool(kind, workers)
+            futs = {pool.submit(fn, jobs[i]): i for i in pending}
+            pending = []
+            broken = False
+            try:
+                for f in cf.as_completed(futs, timeout=self.timeout_s * max(1, len(futs) / workers)):
+                    i = futs[f]
+                    try:
+                        on_result(i, f.result())
+                    except BrokenProcessPool:
+                        broken = True
+                        pending.append(i)
+            except cf.TimeoutError:
+                broken = True
+                pending += [i for f, i in futs.items() if not f.done()]
+            if broken:
+                self._kill(kind)
+                # What a dead or stuck worker took down is retried one job per fresh worker:
+                # only the job that kills a worker alone is marked failed.
+                for i in pending:
+                    on_result(i, self._alone(fn, jobs[i]))
+                pending = []
+
+    def _alone(self, fn: Any, job: Payload) -> tuple[float, str]:
+        pool = cf.ProcessPoolExecutor(1, mp_context=self.ctx, initializer=_init_worker, initargs=(None,))
+        try:
+            return pool.submit(fn, job).result(timeout=self.timeout_s)
+        except cf.TimeoutError:
+            return math.inf, f"timeout after {self.timeout_s:.0f}s"
+        except BrokenProcessPool:
+            return math.inf, "the worker died measuring it (a GPU fault or a crash)"
+        finally:
+            for p in list(getattr(pool, "_processes", {}).values()):
+                p.kill()
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def measure(self, jobs: Sequence[Job], record: Any) -> None:
+        payloads = [kernel_graph(j) for j in jobs]  # small: only the kernel's own constants travel
+        built: list[int] = []
+
+        def after_build(i: int, r: tuple[float, str]) -> None:
+            if math.isfinite(r[0]):
+                built.append(i)
+            else:
+                record(i, *r)
+
+        self._run("build", _build, payloads, self.workers, after_build)
+        built.sort()
+        self._run("time", _time, [payloads[i] for i in built], self.gpus,
+                  lambda k, r: record(built[k], *r))

@@ -1,0 +1,62 @@
+"""A profiler for tests: deterministic fake costs, a log of every measurement, optional slowness.
+
+Run as a script it tunes and plans one model (what a killed-and-resumed tuning run does):
+    python tests/fake_profiler.py MODEL DB LOG  -> prints the plan's kernels as JSON
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tessera.cost.measured import Job, MeasuredCost, Record  # noqa: E402
+
+
+class FakeProfiler:
+    """seconds = a hash of the signature; jobs whose signature is in `fail` fail."""
+
+    def __init__(self, log: str | None = None, delay: float = 0.0, fail: frozenset[str] = frozenset()) -> None:
+        self.log, self.delay, self.fail = log, delay, fail
+        self.calls = 0
+
+    def _write(self, line: str) -> None:
+        if self.log:
+            with open(self.log, "a") as f:
+                f.write(line + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+
+    def measure(self, jobs: Sequence[Job], record: Record) -> None:
+        for i, j in enumerate(jobs):
+            self._write(f"begin {j.key.signature}")
+            time.sleep(self.delay)
+            self.calls += 1
+            if j.key.signature in self.fail:
+                record(i, math.inf, "fake failure")
+            else:
+                record(i, 1e-6 + (int(j.key.signature[:6], 16) % 1000) * 1e-8 * len(j.prims), "")
+            self._write(f"end {j.key.signature}")
+
+
+def plan_with(model: str, db_path: str, log: str | None, delay: float) -> list[list[str]]:
+    from tessera.cost.db import TuningDB
+    from tessera.codegen.select import TritonLegality
+    from tessera.fission import fission
+    from tessera.frontend import load
+    from tessera.orchestrate import build_ograph, orchestrate
+
+    og = build_ograph(fission(load(model).graph).graph)
+    with TuningDB(db_path) as db:
+        cost = MeasuredCost(og, db, FakeProfiler(log, delay), "fake-gpu", "v1")
+        plan = orchestrate(og, cost, legality=TritonLegality())
+    return [k.prims for k in plan.kernels]
+
+
+if __name__ == "__main__":
+    print(json.dumps(plan_with(sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]) if len(sys.argv) > 4 else 0)))

@@ -1,0 +1,145 @@
+"""The tuning database, kernel signatures, the tuning loop and measured costs (fake profiler, CPU)."""
+from __future__ import annotations
+
+import math
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fake_profiler import FakeProfiler, plan_with
+from onnx import helper
+from opcheck import rand
+from test_codegen_kernels import graph_model
+
+from tessera.cli.main import main
+from tessera.codegen.select import TritonLegality
+from tessera.cost.db import Key, TuningDB
+from tessera.cost.measured import FAILED_S, MeasuredCost, kernel_signature, tune
+from tessera.fission import fission
+from tessera.frontend import load
+from tessera.orchestrate import build_ograph, orchestrate
+
+MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
+
+
+def test_db_round_trip_failures_and_export(tmp_path):
+    k1, k2 = Key("gpu", "v", "sig1", "default"), Key("gpu", "v", "sig2", "default")
+    with TuningDB(tmp_path / "a.db") as db:
+        db.put(k1, 2e-6)
+        db.put(k2, math.inf, "compile error: boom")
+        assert db.get(k1).seconds == 2e-6 and db.get(k2).seconds == math.inf and "boom" in db.get(k2).reason
+        assert db.get(Key("gpu", "v", "sig3", "default")) is None
+        assert db.best("gpu", "v", "sig1").seconds == 2e-6 and db.best("gpu", "v", "sig2") is None
+        with pytest.raises(sqlite3.IntegrityError):
+            db.put(k1, 3e-6)  # measured once
+        assert db.export(tmp_path / "x.jsonl") == 2
+    with TuningDB(tmp_path / "b.db") as other:
+        other.put(k1, 9e-6)  # kept: import never overwrites
+        assert other.import_(tmp_path / "x.jsonl") == 1
+        assert other.get(k1).seconds == 9e-6 and other.get(k2).seconds == math.inf
+
+
+def test_cli_db_export_import(tmp_path, capsys):
+    with TuningDB(tmp_path / "a.db") as db:
+        db.put(Key("gpu", "v", "s", "default"), 1e-6)
+    assert main(["db", "export", str(tmp_path / "x.jsonl"), "--db", str(tmp_path / "a.db")]) == 0
+    assert main(["db", "import", str(tmp_path / "x.jsonl"), "--db", str(tmp_path / "b.db")]) == 0
+    assert "imported 1 new" in capsys.readouterr().out
+    assert main(["db", "import", str(tmp_path / "missing.jsonl"), "--db", str(tmp_path / "b.db")]) == 2
+
+
+def test_identical_layers_share_a_signature():
+    x = rand(4, 8)
+    m = graph_model([helper.make_node("Softmax", ["x"], ["a"], axis=-1), helper.make_node("Softmax", ["a"], ["b"], axis=-1),
+                     helper.make_node("Softmax", ["b"], ["c"], axis=0)], {"x": x}, ["c"], opset=13)
+    g = fission(load(m).graph).graph
+    layers = [[n for n in g.nodes if s in n.source] for s in ("Softmax_0", "Softmax_1", "Softmax_2")]
+    sigs = [kernel_signature(g, layer, [], [layer[-1].outputs[0]]) for layer in layers]
+    assert sigs[0] == sigs[1] != sigs[2]  # same op and shape; another axis differs
+
+
+def _og(name: str):
+    return build_ograph(fission(load(MODELS / name).graph).graph)
+
+
+def test_second_compile_measures_nothing(tmp_path):
+    og = _og("attn_s7.onnx")
+    with TuningDB(tmp_path / "t.db") as db:
+        prof = FakeProfiler()
+        plan1 = orchestrate(og, MeasuredCost(og, db, prof, "fake", "v1"), legality=TritonLegality())
+        first = prof.calls
+        assert first > 0 and len(db) == first
+        cost = MeasuredCost(og, db, prof, "fake", "v1")
+        plan2 = orchestrate(og, cost, legality=TritonLegality())
+        assert prof.calls == first and cost.stats["measured"] == 0
+        assert [k.prims for k in plan1.kernels] == [k.prims for k in plan2.kernels]
+        # Another software version is another key: measured again.
+        orchestrate(og, MeasuredCost(og, db, prof, "fake", "v2"), legality=TritonLegality())
+        assert prof.calls == 2 * first
+
+
+def test_a_failed_candidate_is_never_chosen(tmp_path):
+    og = _og("attn_s7.onnx")
+    with TuningDB(tmp_path / "t.db") as db:
+        plan = orchestrate(og, MeasuredCost(og, db, FakeProfiler(), "fake", "v1"), legality=TritonLegality())
+        big = max(plan.kernels, key=lambda k: len(k.prims))
+        assert len(big.prims) > 1
+        cost = MeasuredCost(og, db, FakeProfiler(), "fake", "v1")
+        idx = [og.index[p] for p in big.prims]
+        mask = sum(1 << i for i in idx)
+        # Mark that kernel's signature failed in a fresh database: the plan must avoid it.
+        sig = cost.job(next(c for c in _candidates(og, mask))).key.signature
+    with TuningDB(tmp_path / "u.db") as db:
+        cost = MeasuredCost(og, db, FakeProfiler(fail=frozenset({sig})), "fake", "v1")
+        plan2 = orchestrate(og, cost, legality=TritonLegality())
+        assert cost.stats["failed"] >= 1
+        assert all(k.prims != big.prims for k in plan2.kernels)
+        assert plan2.estimated_total_s < FAILED_S
+
+
+def _candidates(og, mask):
+    from tessera.orchestrate.candidates import Candidate
+
+    yield Candidate(mask, og.consumers_outside(mask) | og.sinks(mask), og.inputs_of(mask))
+
+
+def test_tune_commits_each_result_and_skips_known_keys(tmp_path):
+    og = _og("attn_s7.onnx")
+    cost = None
+    with TuningDB(tmp_path / "t.db") as db:
+        cost = MeasuredCost(og, db, FakeProfiler(), "fake", "v1")
+        jobs = [cost.job(c) for c in _candidates(og, og.all)]
+        got = tune(jobs + jobs, FakeProfiler(), db)  # the same key twice is measured once
+        assert len(got) == 1 and len(db) == 1
+
+
+def test_killed_tuning_resumes_to_the_same_plan(tmp_path):
+    # Five SIGKILLs at random moments, then a run to the end: the plan equals an uninterrupted
+    # run's, and no measurement that completed was ever taken again.
+    model = str(MODELS / "candy_small.onnx")
+    ref = plan_with(model, str(tmp_path / "ref.db"), None, 0.0)
+    db, log = tmp_path / "k.db", tmp_path / "k.log"
+    cmd = [sys.executable, str(Path(__file__).with_name("fake_profiler.py")), model, str(db), str(log), "0.002"]
+    rng = random.Random(7)
+    kills = 0
+    for _ in range(5):
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(1.5, 4.0))
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+            kills += 1
+        p.wait()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    import json
+    assert json.loads(out) == ref
+    ends: dict[str, int] = {}
+    for line in log.read_text().splitlines():
+        kind, sig = line.split()
+        if kind == "end":
+            ends[sig] = ends.get(sig, 0) + 1
+    assert kills >= 3 and ends and max(ends.values()) == 1
