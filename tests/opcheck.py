@@ -107,3 +107,18 @@ def check_op(op_type: str, inputs: Mapping[str, Any], attrs: Mapping[str, Any] |
         err = rel_l2(exported[i], r)
         assert err < tol, f"output {i}: exported primitive graph rel L2 {err:.3g} >= {tol}"
     return pg
+
+
+def graph_model(nodes: list, inputs: dict, outputs: list[str], opset: int = 20) -> onnx.ModelProto:
+    """A model of several nodes; output types come from ONNX shape inference."""
+    gi, inits = [], []
+    for name, v in inputs.items():
+        if isinstance(v, Const):
+            inits.append(numpy_helper.from_array(v.value, name))
+        else:
+            gi.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape)))
+    g = helper.make_graph(nodes, "g", gi, [], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    inferred = {vi.name: vi for vi in onnx.shape_inference.infer_shapes(m).graph.value_info}
+    m.graph.output.extend(inferred[o] for o in outputs)
+    return m

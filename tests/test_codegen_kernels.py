@@ -12,8 +12,8 @@ import numpy as np
 import onnx
 import pytest
 from kernelcheck import check_kernel, one_kernel
-from onnx import helper, numpy_helper
-from opcheck import Const, build_model, rand
+from onnx import helper
+from opcheck import Const, build_model, graph_model, rand
 
 from tessera.codegen.kernels import Schedule, schedules
 from tessera.codegen.triton_ops import Unsupported
@@ -21,21 +21,6 @@ from tessera.fission import fission
 from tessera.frontend import load
 
 I64 = np.int64
-
-
-def graph_model(nodes: list, inputs: dict, outputs: list[str], opset: int = 20) -> onnx.ModelProto:
-    """A model of several nodes; output types come from ONNX shape inference."""
-    gi, inits = [], []
-    for name, v in inputs.items():
-        if isinstance(v, Const):
-            inits.append(numpy_helper.from_array(v.value, name))
-        else:
-            gi.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape)))
-    g = helper.make_graph(nodes, "g", gi, [], initializer=inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
-    inferred = {vi.name: vi for vi in onnx.shape_inference.infer_shapes(m).graph.value_info}
-    m.graph.output.extend(inferred[o] for o in outputs)
-    return m
 
 
 def feeds_of(inputs: dict) -> dict:

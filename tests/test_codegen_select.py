@@ -9,8 +9,7 @@ import onnx
 import pytest
 import torch
 from onnx import helper
-from opcheck import Const, build_model, rand
-from test_codegen_kernels import graph_model
+from opcheck import Const, build_model, graph_model, rand
 
 import tessera
 from tessera.cli.main import main

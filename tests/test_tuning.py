@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 from fake_profiler import FakeProfiler, plan_with
 from onnx import helper
-from opcheck import rand
-from test_codegen_kernels import graph_model
+from opcheck import graph_model, rand
 
 from tessera.cli.main import main
 from tessera.codegen.select import TritonLegality

@@ -50,12 +50,24 @@ def kernel_graph(job: Job) -> tuple[Graph, dict[str, Any]]:
     return mini, plan
 
 
+def _check_context() -> None:
+    """A GPU fault poisons the process's CUDA context, and later work fails in odd ways. Such a
+    worker exits, so the pool sees it die and re-runs the jobs it held one per fresh worker."""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        torch.ones(1, device="cuda").add_(1).item()
+    except Exception:  # noqa: BLE001 - any error here means the context is gone
+        os._exit(3)
+
+
 def _fail(phase: str, e: Exception) -> tuple[float, str]:
-    """The candidate's failure; after a GPU fault the process's CUDA context is unusable, so it exits
-    (the pool sees a dead worker and retries the other jobs it held elsewhere)."""
+    """The candidate's failure, with its reason; exits first if the GPU context did not survive."""
     text = f"{type(e).__name__}: {e}"
     if "CUDA error" in text or "illegal memory access" in text or "AcceleratorError" in text:
         os._exit(3)
+    _check_context()
     return math.inf, f"{phase}: {text}"[:500]
 
 
@@ -82,6 +94,7 @@ Payload = tuple[Graph, dict[str, Any]]  # what a worker gets: the kernel's own s
 
 def _build(payload: Payload) -> tuple[float, str]:
     """Phase 1 in a worker: generate, compile, run once. (0.0, "") on success."""
+    _check_context()
     try:
         import torch
 
@@ -98,6 +111,7 @@ def _build(payload: Payload) -> tuple[float, str]:
 
 def _time(payload: Payload) -> tuple[float, str]:
     """Phase 2 in the timing worker: seconds per launch inside a CUDA graph."""
+    _check_context()
     try:
         import torch
         from triton.testing import do_bench
@@ -126,6 +140,8 @@ def _time(payload: Payload) -> tuple[float, str]:
 
 
 def _init_worker(gpu_queue: Any) -> None:
+    # Measured kernels are compiled for the GPU, whatever the parent chose for itself.
+    os.environ.pop("TRITON_INTERPRET", None)
     if gpu_queue is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_queue.get())
 
