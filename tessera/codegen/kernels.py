@@ -34,6 +34,9 @@ from tessera.codegen.triton_ops import COMPUTE, STORAGE, Unsupported, Val
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import REDUCTIONS, Prim
 
+# Bump when generated code changes: it is part of every tuning-database key.
+CODEGEN_VERSION = 1
+
 # Elements one program holds in registers per value (fp32: 16 KiB).
 BLOCK_ELEMENTS = 4096
 POINTWISE_BLOCKS = (1024, 512, 256, 2048)

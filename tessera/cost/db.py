@@ -33,9 +33,11 @@ def software_versions() -> str:
     import torch
     import triton
 
+    from tessera.codegen.kernels import CODEGEN_VERSION
     from tessera.version import __version__
 
-    return f"tessera {__version__}; torch {torch.__version__}; triton {triton.__version__}; cuda {torch.version.cuda}"
+    return (f"tessera {__version__} codegen {CODEGEN_VERSION}; torch {torch.__version__}; "
+            f"triton {triton.__version__}; cuda {torch.version.cuda}")
 
 
 _SCHEMA = """
