@@ -24,7 +24,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from model_zoo import ZOO, build  # noqa: E402
+from tessera.zoo import build, make  # noqa: E402
 
 import tessera  # noqa: E402
 from tessera.tolerance import TOLERANCE, rel_l2  # noqa: E402
@@ -36,9 +36,8 @@ def bench(fn) -> float:
 
 def one(name: str, precision: str, tmp: Path, solver: str, cost: str, db: str | None) -> dict:
     path = build(name, tmp, seed=0)
-    torch.manual_seed(0)
-    module, args = ZOO[name]()
-    module = module.eval().cuda()
+    module, args = make(name, seed=0)
+    module = module.cuda()
     args = tuple(a.cuda() for a in args)
     tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32

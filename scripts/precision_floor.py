@@ -72,7 +72,7 @@ def main() -> int:
     args = ap.parse_args()
     paths = list(args.models)
     if args.zoo:
-        from model_zoo import build
+        from tessera.zoo import build
         tmp = Path(tempfile.mkdtemp())
         paths += [build(n, tmp) for n in args.zoo.split(",")]
     rows = []

@@ -113,7 +113,7 @@ def main() -> int:
 
     import torch
 
-    from model_zoo import build
+    from tessera.zoo import build
 
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.machine(),

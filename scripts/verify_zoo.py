@@ -29,7 +29,7 @@ import onnxruntime
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from model_zoo import build  # noqa: E402
+from tessera.zoo import build  # noqa: E402
 
 import tessera  # noqa: E402
 

@@ -75,6 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds per subgraph solve")
     p.add_argument("--max-states", type=int, default=2000, help="execution states per subgraph")
     p.add_argument("--max-kernel-nodes", type=int, default=12, help="primitives per candidate kernel")
+    p = sub.add_parser("bench", help="time tessera against PyTorch eager and torch.compile, same process and inputs")
+    p.add_argument("model", help="an ONNX file (tessera alone) or zoo:NAME (the PyTorch peers too)")
+    p.add_argument("--precision", choices=PRECISIONS, default="tf32")
+    p.add_argument("--vs", default="eager,inductor,inductor-cudagraphs",
+                   help="peers: eager, inductor, inductor-cudagraphs, inductor-max-autotune")
+    p.add_argument("--strategy", default="optimal,greedy", help="tessera strategies to time")
+    p.add_argument("--cost", choices=["auto", "analytical", "measured"], default="auto")
+    p.add_argument("--db", help="tuning database")
+    p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, help="also write the results to this JSON file")
     p = sub.add_parser("db", help="move tuning results between machines")
     p.add_argument("action", choices=["export", "import", "stats"])
     p.add_argument("file", nargs="?", type=Path, help="JSON-lines file to write (export) or read (import)")
@@ -181,6 +193,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if r.passed else 1
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from tessera.bench import bench, format_table
+
+    doc = bench(args.model, args.precision, [p for p in args.vs.split(",") if p],
+                [s for s in args.strategy.split(",") if s], args.cost, args.db, args.device, args.seed, args.solver)
+    if args.json:
+        args.json.write_text(json.dumps(doc, indent=1))
+    print(format_table(doc))
+    return 0 if all(e["passed"] for e in doc["entries"]) else 1
+
+
 def cmd_db(args: argparse.Namespace) -> int:
     path = Path(args.db) if args.db else default_db_path()
     if args.action != "stats" and args.file is None:
@@ -197,7 +220,7 @@ def cmd_db(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"inspect": cmd_inspect, "verify": cmd_verify, "compile": cmd_compile, "run": cmd_run, "db": cmd_db}
+COMMANDS = {"inspect": cmd_inspect, "verify": cmd_verify, "compile": cmd_compile, "run": cmd_run, "db": cmd_db, "bench": cmd_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

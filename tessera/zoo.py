@@ -1,11 +1,15 @@
-"""Build the large benchmark models and export them to ONNX.
+"""The model zoo: benchmark models built in PyTorch and exported to ONNX from one seed.
 
 ResNet-50 and Inception-V3 come from torchvision, BERT-base and GPT-2 from
 transformers, all with random weights from a fixed seed, batch 1, exported
 with `torch.onnx.export(..., dynamo=True)`. Needs the `models` extra (the GPU
 machine has it). Usage:
 
-    python scripts/model_zoo.py OUTDIR [--models resnet50,gpt2]
+    python -m tessera.zoo OUTDIR [--models resnet50,gpt2]
+
+`make(name, seed)` gives the PyTorch module and inputs; `build(name, out, seed)`
+exports the same weights, so `tessera bench` can time the PyTorch peers on the
+model that produced the ONNX file.
 """
 from __future__ import annotations
 
@@ -65,17 +69,39 @@ def gpt2(seq: int = 128) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     return _LastHidden(model), (torch.randint(0, cfg.vocab_size, (1, seq)),)
 
 
+class _TinyMLP(torch.nn.Module):
+    """A small transformer-style block (tests run it on a CPU: no extra packages)."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.up, self.down, self.norm = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d), torch.nn.LayerNorm(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + self.down(torch.nn.functional.gelu(self.up(x))))
+
+
+def mlp_tiny() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    return _TinyMLP(), (torch.randn(2, 16, 32),)
+
+
 ZOO: dict[str, Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]] = {
     "resnet50": resnet50, "inception_v3": inception_v3, "mobilenet_v2": mobilenet_v2,
-    "bert_base": bert_base, "gpt2": gpt2,
+    "bert_base": bert_base, "gpt2": gpt2, "mlp_tiny": mlp_tiny,
 }
+
+
+def make(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """Model `name` in eval mode with weights from `seed`, and example inputs."""
+    if name not in ZOO:
+        raise KeyError(f"no zoo model {name!r}; the zoo has {', '.join(ZOO)}")
+    torch.manual_seed(seed)
+    model, args = ZOO[name]()
+    return model.eval(), args
 
 
 def build(name: str, out: Path, seed: int = 0) -> Path:
     """Export model `name` to OUT/name.onnx (weights inside the file)."""
-    torch.manual_seed(seed)
-    model, args = ZOO[name]()
-    model.eval()
+    model, args = make(name, seed)
     path = out / f"{name}.onnx"
     with torch.no_grad():
         prog = torch.onnx.export(model, args, dynamo=True, optimize=True, verbose=False)

@@ -1,0 +1,165 @@
+"""`tessera bench`: tessera against the tools users would pick instead, in one process.
+
+Every contender runs on the same inputs, on the same device, in the same
+process: the tessera executable (per strategy, replayed as a CUDA graph),
+PyTorch eager, `torch.compile` (default), `torch.compile(mode="reduce-overhead")`
+(CUDA graphs) and, when asked, `mode="max-autotune"`. Times are medians of
+`triton.testing.do_bench` on the GPU (a perf_counter loop on a CPU). Every
+timed output is checked against onnxruntime (fp32) with the precision's
+tolerance. The PyTorch peers need the PyTorch model: a zoo model (`zoo:NAME`)
+is built from one seed both ways; for a plain ONNX file only tessera runs.
+"""
+from __future__ import annotations
+
+import datetime
+import platform
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from tessera.codegen.launch import use_interpreter
+from tessera.compiler import CompileOptions, compile_model, plan_document
+from tessera.errors import TesseraError
+from tessera.frontend import load as frontend_load
+from tessera.runtime.executable import Executable
+from tessera.tolerance import TOLERANCE, rel_l2
+from tessera.verify import random_inputs, run_onnxruntime
+
+PEERS = ("eager", "inductor", "inductor-cudagraphs", "inductor-max-autotune")
+_MODES = {"inductor": "default", "inductor-cudagraphs": "reduce-overhead", "inductor-max-autotune": "max-autotune"}
+
+
+@dataclass
+class Entry:
+    name: str
+    ms: float
+    rel_l2: float
+    passed: bool
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def median_ms(fn: Callable[[], Any], device: torch.device) -> float:
+    """Median time of one call: CUDA events through do_bench on a GPU, perf_counter on a CPU."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=50, rep=300, return_mode="median"))
+    fn()
+    times = []
+    for _ in range(10):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times) * 1e3)
+
+
+def _set_precision(precision: str) -> None:
+    tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
+def _check(out: Any, ref: dict[str, np.ndarray], names: Sequence[str], precision: str) -> tuple[float, bool]:
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    errs = [rel_l2(o.detach().float().cpu().numpy(), ref[n]) for o, n in zip(outs, names)]
+    worst = max(errs) if errs else float("nan")
+    return worst, bool(errs) and worst < TOLERANCE[precision]
+
+
+def bench(model: str, precision: str = "tf32", peers: Sequence[str] = PEERS[:3],
+          strategies: Sequence[str] = ("optimal", "greedy"), cost: str = "auto", db: str | None = None,
+          device: str = "cuda", seed: int = 0, solver: str = "cbc") -> dict[str, Any]:
+    """Time tessera and its peers on `model` (an ONNX path, or zoo:NAME); returns the JSON document."""
+    dev = torch.device(device)
+    # Before anything imports Triton through torch (the zoo's dynamo export does): on a CPU,
+    # Triton's interpreter must be chosen first or kernels it loads later cannot run.
+    use_interpreter(dev)
+    module = None
+    if model.startswith("zoo:"):
+        from tessera.zoo import build, make
+
+        name = model[4:]
+        try:
+            module, example = make(name, seed)
+        except KeyError as e:
+            raise TesseraError(str(e.args[0])) from None
+        path = build(name, Path(tempfile.mkdtemp()), seed)
+    else:
+        path = Path(model)
+        name = path.stem
+    loaded = frontend_load(path)
+    feeds_np = random_inputs(loaded.graph, seed)
+    ref = run_onnxruntime(loaded.model, feeds_np)
+    out_names = list(loaded.graph.outputs)
+    entries: list[Entry] = []
+    _set_precision(precision)
+    for strategy in strategies:
+        t0 = time.perf_counter()
+        result = compile_model(path, CompileOptions(strategy=strategy, precision=precision, cost=cost, db=db,
+                                                    solver=solver))
+        exe = Executable(result.graph, plan_document(result), dev)
+        compile_s = time.perf_counter() - t0
+        feeds = exe._feeds((), {k: torch.from_numpy(v) for k, v in feeds_np.items()})
+        got = exe.run_static(feeds)
+        err, ok = _check([got[n] for n in exe.output_names], ref, exe.output_names, precision)
+        ms = median_ms(lambda: exe.run_static(feeds), dev)
+        entries.append(Entry(f"tessera-{strategy}", ms, err, ok, extra={
+            "kernels": len(exe.steps), "backends": exe.backends, "compile_s": round(compile_s, 2),
+            "cost_model": result.plan.cost_model, "tuning": result.tuning}))
+    if module is not None:
+        module = module.to(dev)
+        args = [torch.from_numpy(feeds_np[n]).to(dev) for n in loaded.graph.inputs]
+        if precision in ("fp16", "bf16"):
+            dt = torch.float16 if precision == "fp16" else torch.bfloat16
+            module = module.to(dt)
+            args = [a.to(dt) if a.is_floating_point() else a for a in args]
+        for peer in peers:
+            if peer not in PEERS:
+                raise TesseraError(f"unknown peer {peer!r}; choose from {', '.join(PEERS)}")
+            fn = module if peer == "eager" else torch.compile(module, mode=_MODES[peer])
+            with torch.no_grad():
+                t0 = time.perf_counter()
+                out = fn(*args)
+                for _ in range(2):
+                    out = fn(*args)
+                warm = time.perf_counter() - t0
+                err, ok = _check(out, ref, out_names, precision)
+                ms = median_ms(lambda: fn(*args), dev)
+            entries.append(Entry(peer, ms, err, ok, extra={"warmup_s": round(warm, 2)}))
+    peers_ms = [e.ms for e in entries if not e.name.startswith("tessera")]
+    best = min(peers_ms) if peers_ms else None
+    return {
+        "model": name, "precision": precision, "device": torch.cuda.get_device_name() if dev.type == "cuda"
+        else platform.processor() or platform.machine(),
+        "versions": {"torch": torch.__version__, "python": platform.python_version(), **_versions()},
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "entries": [{**asdict(e), "vs_best_peer": (e.ms / best) if best else None} for e in entries],
+    }
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    try:
+        import triton
+        out["triton"] = triton.__version__
+    except ImportError:
+        pass
+    import onnxruntime
+    out["onnxruntime"] = onnxruntime.__version__
+    return out
+
+
+def format_table(doc: dict[str, Any]) -> str:
+    lines = [f"{doc['model']} ({doc['precision']}) on {doc['device']}, {doc['date'][:10]}",
+             f"{'contender':<26}{'ms':>10}{'vs best peer':>14}{'rel L2':>11}  check"]
+    for e in doc["entries"]:
+        ratio = f"{e['vs_best_peer']:.2f}x" if e["vs_best_peer"] else "-"
+        lines.append(f"{e['name']:<26}{e['ms']:>10.3f}{ratio:>14}{e['rel_l2']:>11.1e}  "
+                     f"{'PASS' if e['passed'] else 'FAIL'}")
+    return "\n".join(lines)

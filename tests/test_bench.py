@@ -1,0 +1,30 @@
+"""`tessera bench` on a CPU: the same inputs for every contender, every output checked (no timing claims)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tessera.bench import bench
+from tessera.cli.main import main
+
+
+@pytest.mark.slow
+def test_bench_zoo_model_against_eager(tmp_path, capsys):
+    doc = bench("zoo:mlp_tiny", precision="fp32", peers=["eager"], strategies=["optimal", "greedy"],
+                cost="analytical", device="cpu")
+    names = [e["name"] for e in doc["entries"]]
+    assert names == ["tessera-optimal", "tessera-greedy", "eager"]
+    assert all(e["passed"] and e["ms"] > 0 for e in doc["entries"])
+    assert doc["entries"][-1]["vs_best_peer"] == 1.0
+    assert {"torch", "onnxruntime"} <= set(doc["versions"]) and doc["date"]
+
+
+def test_bench_cli_writes_json_and_rejects_unknown_models(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["bench", "zoo:mlp_tiny", "--precision", "fp32", "--vs", "eager", "--strategy", "greedy",
+                 "--cost", "analytical", "--device", "cpu", "--json", str(out)]) == 0
+    assert "tessera-greedy" in capsys.readouterr().out
+    assert json.loads(out.read_text())["model"] == "mlp_tiny"
+    assert main(["bench", "zoo:nope", "--device", "cpu"]) == 2
+    assert "no zoo model 'nope'" in capsys.readouterr().err
