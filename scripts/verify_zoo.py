@@ -1,4 +1,4 @@
-"""Build the large models (scripts/model_zoo.py), then verify fission on each.
+"""Build the large models (tessera/zoo.py), then verify fission on each.
 With --dir, verify the .onnx files of a folder instead (e.g. ../shared/models).
 
 Run on the GPU machine (it has torchvision and transformers), e.g. through the
