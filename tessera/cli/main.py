@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cost model: measured on a GPU (tuning), analytical otherwise (auto picks)")
     p.add_argument("--db", help="tuning database (default: $TESSERA_CACHE/tuning.db, ~/.cache/tessera/tuning.db)")
     p.add_argument("--tune-workers", type=int, help="parallel kernel builds while tuning (default: cores - 2)")
+    p.add_argument("--tune", choices=["all", "lazy"], default="all",
+                   help="measure every candidate, or only those the solver picks (re-solving until exact)")
     p.add_argument("--gpu", default="h100", choices=sorted(DEVICES), help="device preset for the cost model")
     p.add_argument("--strategy", choices=STRATEGIES, default="optimal")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32")
@@ -137,7 +139,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     opts = CompileOptions(strategy=args.strategy, cost=args.cost, gpu=args.gpu, precision=args.precision,
                           solver=args.solver, time_limit=args.time_limit, max_states=args.max_states,
                           max_kernel_nodes=args.max_kernel_nodes, input_shapes=parse_input_shapes(args.input_shape),
-                          db=args.db, tune_workers=args.tune_workers)
+                          db=args.db, tune_workers=args.tune_workers, tune=args.tune)
     quiet = not sys.stderr.isatty()
     with tqdm(total=1, desc="orchestrate", unit="subgraph", file=sys.stderr, leave=False, disable=quiet) as bar, \
             tqdm(total=0, desc="tune", unit="kernel", file=sys.stderr, leave=False, disable=quiet) as tbar:

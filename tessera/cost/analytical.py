@@ -74,6 +74,16 @@ class AnalyticalCost:
         read += sum(self.ext_bytes[t] for t in ext)
         return read, sum(self.out_bytes[v] for v in bits(c.outputs))
 
+    def roofline(self, c: Candidate) -> float:
+        """The time the kernel's traffic and arithmetic need at the device's rates, with no launch cost."""
+        members = bits(c.nodes)
+        if all(self.view_only[i] for i in members):
+            return 0.0
+        read, written = self.traffic(c)
+        compute = sum(self.vec[i] for i in members) / self.device.fp32 + \
+            sum(self.mat[i] for i in members) / self.matrix_rate
+        return max((read + written) / self.device.bandwidth, compute)
+
     def __call__(self, c: Candidate) -> float:
         members = bits(c.nodes)
         if all(self.view_only[i] for i in members):

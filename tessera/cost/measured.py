@@ -110,8 +110,12 @@ class MeasuredCost:
     """
 
     def __init__(self, og: OGraph, db: TuningDB, profiler: Profiler, device: str, versions: str,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None,
+                 bound: Callable[[Candidate], float] | None = None) -> None:
         self.og, self.db, self.profiler = og, db, profiler
+        # With a lower bound the orchestrator measures lazily: only what its solver picks.
+        self.bound = bound
+        self.lazy = bound is not None
         self.device, self.versions = device, versions
         self.progress = progress
         self._cache: dict[tuple[int, int], float] = {}
@@ -127,7 +131,7 @@ class MeasuredCost:
 
     def prepare(self, candidates: Sequence[Candidate]) -> None:
         t0 = time.perf_counter()
-        new = [c for c in candidates if (c.nodes, c.outputs) not in self._cache]
+        new = list({(c.nodes, c.outputs): c for c in candidates if (c.nodes, c.outputs) not in self._cache}.values())
         jobs = [self.job(c) for c in new]
         before = len(self.db)
         got = tune(jobs, self.profiler, self.db, progress=self.progress)
@@ -137,6 +141,24 @@ class MeasuredCost:
         self.stats["measured"] += len(self.db) - before
         self.stats["failed"] += sum(1 for j in jobs if not math.isfinite(got[j.key]))
         self.stats["seconds"] += time.perf_counter() - t0
+
+    def known(self, c: Candidate) -> bool:
+        """Measured already (in this run or in the database)?"""
+        k = (c.nodes, c.outputs)
+        if k in self._cache:
+            return True
+        rec = self.db.get(self.job(c).key)
+        if rec is None:
+            return False
+        self._cache[k] = rec.seconds
+        return True
+
+    def estimate(self, c: Candidate) -> float:
+        """The measured cost if known, else the lower bound (lazy measurement)."""
+        if self.known(c):
+            return self(c)
+        assert self.bound is not None
+        return self.bound(c)
 
     def __call__(self, c: Candidate) -> float:
         k = (c.nodes, c.outputs)

@@ -37,10 +37,39 @@ def _solve_subgraph(og: OGraph, sub: Subgraph, cost: CostFn, strategy: str, rule
         cands = enumerate_candidates(og, sub.members, rules, legality)
         known = _index(cands)
         cands += [g for g in greedy if (g.nodes, g.outputs) not in known]
-    prepare = getattr(cost, "prepare", None)
-    if prepare is not None:  # a measured cost: let it measure the whole batch at once
-        prepare(cands)
-    costs = [cost(c) for c in cands]
+    if getattr(cost, "lazy", False):
+        # Lazy measurement: unmeasured candidates enter at a lower bound of their cost; the
+        # kernels the solver picks are measured and the subgraph re-solved until it picks only
+        # measured kernels. With true lower bounds that plan is optimal for the measured costs,
+        # and most candidates are never measured.
+        cost.prepare(greedy)  # the warm start is a measured plan
+        rounds = 0
+        while True:
+            costs = [cost.estimate(c) for c in cands]
+            order, stats, greedy_order, greedy_s = _pick(sub, cands, costs, greedy, strategy, solver, time_limit, required)
+            todo = [cands[c] for c in order if not cost.known(cands[c])]
+            rounds += 1
+            if not todo:
+                break
+            cost.prepare(todo)
+    else:
+        prepare = getattr(cost, "prepare", None)
+        if prepare is not None:  # a measured cost: let it measure the whole batch at once
+            prepare(cands)
+        costs = [cost(c) for c in cands]
+        order, stats, greedy_order, greedy_s = _pick(sub, cands, costs, greedy, strategy, solver, time_limit, required)
+    chosen = [cands[c] for c in order]
+    solver_stats = stats.as_dict()
+    if getattr(cost, "lazy", False):
+        solver_stats["measure_rounds"] = rounds
+    report = SubgraphReport(sub.index, sub.members.bit_count(), sub.states, len(cands), len(chosen),
+                            sum(costs[c] for c in order), greedy_s, solver_stats)
+    return chosen, [costs[c] for c in order], report
+
+
+def _pick(sub: Subgraph, cands: list[Candidate], costs: list[float], greedy: list[Candidate], strategy: str,
+          solver: str, time_limit: float, required: int) -> tuple[list[int], SolveStats, list[int], float]:
+    """Solve one subgraph's binary program (or take the greedy plan): (order, stats, greedy order, greedy cost)."""
     p = Problem(sub.members, cands, costs, required)
     where = _index(cands)
     warm = [where[(g.nodes, g.outputs)] for g in greedy]
@@ -48,14 +77,10 @@ def _solve_subgraph(og: OGraph, sub: Subgraph, cost: CostFn, strategy: str, rule
     assert not stuck, "the greedy plan must be executable"
     greedy_s = sum(costs[c] for c in greedy_order)
     if strategy == "greedy":
-        order = greedy_order
         stats = SolveStats("none", "greedy", False, float("nan"), 0.0, len(cands), 0, objective=greedy_s)
-    else:
-        _, order, stats = solve(p, solver=solver, warm=warm, time_limit=time_limit)
-    chosen = [cands[c] for c in order]
-    report = SubgraphReport(sub.index, sub.members.bit_count(), sub.states, len(cands), len(chosen),
-                            sum(costs[c] for c in order), greedy_s, stats.as_dict())
-    return chosen, [costs[c] for c in order], report
+        return greedy_order, stats, greedy_order, greedy_s
+    _, order, stats = solve(p, solver=solver, warm=warm, time_limit=time_limit)
+    return order, stats, greedy_order, greedy_s
 
 
 def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: CandidateRules | None = None,
