@@ -1,8 +1,9 @@
 """An executable plan: the chosen kernels, launched in plan order.
 
 Each plan kernel becomes one step (`codegen/select.py` picks the backend):
-a generated Triton kernel, a torch linear call plus a generated epilogue, or
-torch for an opaque primitive. Tensors that generated kernels write live in
+a generated Triton kernel, a torch linear call (with bias and ReLU inside the
+library call where it can take them) plus a generated epilogue, a view for
+reshapes, or torch for an opaque primitive. Tensors that generated kernels write live in
 buffers allocated once and reused by lifetime (`runtime/buffers.py`). On the
 GPU the whole sequence is captured once as a CUDA graph and replayed; on the
 CPU the same kernels run through Triton's interpreter.
