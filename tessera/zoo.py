@@ -7,7 +7,9 @@ machine has it). Usage:
 
     python -m tessera.zoo OUTDIR [--models resnet50,gpt2]
 
-`make(name, seed)` gives the PyTorch module and inputs; `build(name, out, seed)`
+ResNet-50, Inception-V3, MobileNet-V2 (torchvision), BERT-base, GPT-2 and
+SegFormer-B0 (transformers), EfficientViT-B0 (timm) need the `models` extra;
+candy and mlp_tiny are plain torch. `make(name, seed)` gives the PyTorch module and inputs; `build(name, out, seed)`
 exports the same weights, so `tessera bench` can time the PyTorch peers on the
 model that produced the ONNX file.
 """
@@ -69,6 +71,71 @@ def gpt2(seq: int = 128) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     return _LastHidden(model), (torch.randint(0, cfg.vocab_size, (1, seq)),)
 
 
+class _ConvLayer(torch.nn.Sequential):
+    """Reflection padding, then a convolution: the fast-neural-style building block."""
+
+    def __init__(self, cin: int, cout: int, k: int, stride: int = 1) -> None:
+        super().__init__(torch.nn.ReflectionPad2d(k // 2), torch.nn.Conv2d(cin, cout, k, stride))
+
+
+class _Residual(torch.nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(_ConvLayer(c, c, 3), torch.nn.InstanceNorm2d(c, affine=True), torch.nn.ReLU(),
+                                        _ConvLayer(c, c, 3), torch.nn.InstanceNorm2d(c, affine=True))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x)
+
+
+class _Upsample(torch.nn.Module):
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__()
+        self.conv = _ConvLayer(cin, cout, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(torch.nn.functional.interpolate(x, scale_factor=2, mode="nearest"))
+
+
+def _norm_relu(c: int) -> list[torch.nn.Module]:
+    return [torch.nn.InstanceNorm2d(c, affine=True), torch.nn.ReLU()]
+
+
+def candy(size: int = 224) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """The fast neural style transfer network (Johnson et al.), Korch's "Candy"."""
+    net = torch.nn.Sequential(
+        _ConvLayer(3, 32, 9), *_norm_relu(32), _ConvLayer(32, 64, 3, 2), *_norm_relu(64),
+        _ConvLayer(64, 128, 3, 2), *_norm_relu(128), *[_Residual(128) for _ in range(5)],
+        _Upsample(128, 64), *_norm_relu(64), _Upsample(64, 32), *_norm_relu(32), _ConvLayer(32, 3, 9))
+    return net, (torch.randn(1, 3, size, size),)
+
+
+class _Logits(torch.nn.Module):
+    """A transformers model returning only its logits."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=pixel_values).logits
+
+
+def segformer_b0(size: int = 512) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """SegFormer-B0 (transformers' default config), 150 labels, Korch's "Segformer"."""
+    import transformers
+
+    model = transformers.SegformerForSemanticSegmentation(transformers.SegformerConfig(num_labels=150))
+    return _Logits(model), (torch.randn(1, 3, size, size),)
+
+
+def efficientvit_b0(size: int = 2048) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """EfficientViT-B0 (timm), Korch's "EfficientViT"."""
+    import timm
+
+    return timm.create_model("efficientvit_b0", pretrained=False), (torch.randn(1, 3, size, size),)
+
+
 class _TinyMLP(torch.nn.Module):
     """A small transformer-style block (tests run it on a CPU: no extra packages)."""
 
@@ -87,6 +154,7 @@ def mlp_tiny() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
 ZOO: dict[str, Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]] = {
     "resnet50": resnet50, "inception_v3": inception_v3, "mobilenet_v2": mobilenet_v2,
     "bert_base": bert_base, "gpt2": gpt2, "mlp_tiny": mlp_tiny,
+    "candy": candy, "segformer_b0": segformer_b0, "efficientvit_b0": efficientvit_b0,
 }
 
 

@@ -28,3 +28,18 @@ def test_bench_cli_writes_json_and_rejects_unknown_models(tmp_path, capsys):
     assert json.loads(out.read_text())["model"] == "mlp_tiny"
     assert main(["bench", "zoo:nope", "--device", "cpu"]) == 2
     assert "no zoo model 'nope'" in capsys.readouterr().err
+
+
+def test_zoo_candy_is_the_shared_candy_network(tmp_path):
+    # Same operators, same counts, same input: the PyTorch source of ../shared/models/candy.onnx's network.
+    from collections import Counter
+    from pathlib import Path
+
+    from tessera.frontend import load
+    from tessera.zoo import build
+
+    ours = load(build("candy", tmp_path, seed=3)).graph
+    shared = load(Path(__file__).resolve().parents[2] / "shared" / "models" / "candy.onnx").graph
+    assert Counter(n.op for n in ours.nodes) == Counter(n.op for n in shared.nodes)
+    assert [ours.types[t] for t in ours.inputs] == [shared.types[t] for t in shared.inputs]
+    assert [ours.types[t] for t in ours.outputs] == [shared.types[t] for t in shared.outputs]

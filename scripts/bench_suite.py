@@ -1,0 +1,86 @@
+"""The benchmark suite (issue 5): every zoo model x precision through `tessera bench`, resumable.
+
+    PYTHONPATH=. python scripts/bench_suite.py --models candy,resnet50 --precisions tf32,fp16 \
+        --db carry/tuning.db --out $OUT [--vs eager,inductor,inductor-cudagraphs]
+    python scripts/bench_suite.py --table scripts/results/bench/*.json   # the docs/benchmarks.md table
+
+Each (model, precision) writes `bench_MODEL_PRECISION.json` under --out as soon
+as it finishes, and a rerun skips those already in --skip-dir, so the suite
+can be split across device calls (30 minutes of device time per session).
+The tuning database (--db) carries measurements from one call to the next.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+KORCH = ["candy", "segformer_b0", "efficientvit_b0"]
+HIDET = ["resnet50", "inception_v3", "mobilenet_v2", "bert_base", "gpt2"]
+
+
+def table(files: list[Path]) -> str:
+    """Markdown: model x precision, tessera optimal/greedy and the peers, ratio to the best peer."""
+    docs = [json.loads(f.read_text()) for f in files]
+    names = ["tessera-optimal", "tessera-greedy", "eager", "inductor", "inductor-cudagraphs", "inductor-max-autotune"]
+    present = [n for n in names if any(e["name"] == n for d in docs for e in d["entries"])]
+    out = ["| model | precision | " + " | ".join(f"{n} ms" for n in present) + " | tessera / best peer | tuning s | device |",
+           "| --- | --- |" + " ---: |" * len(present) + " ---: | ---: | --- |"]
+    for d in sorted(docs, key=lambda d: (d["model"], d["precision"])):
+        by = {e["name"]: e for e in d["entries"]}
+        cells = []
+        for n in present:
+            e = by.get(n)
+            cells.append("-" if e is None else f"{e['ms']:.3f}" + ("" if e["passed"] else " (FAIL)"))
+        opt = by.get("tessera-optimal")
+        ratio = f"{opt['vs_best_peer']:.2f}" if opt and opt.get("vs_best_peer") else "-"
+        tuning = opt["extra"].get("tuning", {}).get("seconds") if opt else None
+        out.append(f"| {d['model']} | {d['precision']} | " + " | ".join(cells)
+                   + f" | {ratio} | {'-' if tuning is None else f'{tuning:.0f}'} | {d['device']}, {d['date'][:10]} |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--table"]:
+        print(table([Path(a) for a in sys.argv[2:]]))
+        return 0
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default=",".join(KORCH + HIDET))
+    ap.add_argument("--precisions", default="tf32,fp16")
+    ap.add_argument("--vs", default="eager,inductor,inductor-cudagraphs")
+    ap.add_argument("--strategies", default="optimal,greedy")
+    ap.add_argument("--cost", default="measured")
+    ap.add_argument("--db", help="tuning database carried between calls")
+    ap.add_argument("--solver", default="highs")
+    ap.add_argument("--skip-dir", type=Path, help="skip (model, precision) pairs with a result file here")
+    ap.add_argument("--out", type=Path, default=Path("."))
+    a = ap.parse_args()
+
+    from tessera.bench import bench, format_table
+
+    done = {p.name for p in a.skip_dir.glob("bench_*.json")} if a.skip_dir else set()
+    for model in a.models.split(","):
+        for prec in a.precisions.split(","):
+            name = f"bench_{model}_{prec}.json"
+            if name in done:
+                print(f"skip {model} {prec}: already measured", flush=True)
+                continue
+            t = time.perf_counter()
+            try:
+                doc = bench(f"zoo:{model}", prec, a.vs.split(","), a.strategies.split(","), a.cost, a.db,
+                            "cuda", 0, a.solver)
+            except Exception as e:  # noqa: BLE001 - record and go on to the next model
+                print(f"{model} {prec}: FAILED {type(e).__name__}: {e}", flush=True)
+                continue
+            doc["wall_s"] = round(time.perf_counter() - t, 1)
+            (a.out / name).write_text(json.dumps(doc, indent=1))
+            print(format_table(doc), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
