@@ -18,7 +18,8 @@ from tessera.codegen.select import KernelImpl, TritonLegality, implement
 from tessera.codegen.triton_ops import Unsupported
 from tessera.cost import AnalyticalCost, device
 from tessera.cost.db import TuningDB, default_db_path, software_versions
-from tessera.cost.measured import MeasuredCost
+from tessera.codegen.kernels import Schedule
+from tessera.cost.measured import MeasuredCost, tune_schedules
 from tessera.cost.profiler import GpuProfiler
 from tessera.errors import TesseraError
 from tessera.fission import FissionResult, fission
@@ -39,6 +40,7 @@ class CompileOptions:
     db: str | None = None  # tuning database (default: $TESSERA_CACHE/tuning.db)
     tune_workers: int | None = None  # parallel kernel builds while tuning
     tune: str = "all"  # "all": measure every candidate; "lazy": only what the solver picks (exact under lower bounds)
+    schedule_tuning: bool = True  # measured cost: time a few schedules of each chosen kernel
     gpu: str = "h100"
     precision: str = "fp32"
     solver: str = DEFAULT_SOLVER
@@ -60,7 +62,7 @@ class CompileResult:
     tuning: dict[str, Any] = field(default_factory=dict)  # measured cost: what tuning did
 
 
-PASSES = ("load", "fission", "precision", "ograph", "cost", "orchestrate", "codegen")
+PASSES = ("load", "fission", "precision", "ograph", "cost", "orchestrate", "schedules", "codegen")
 
 
 def compile_model(source: Any, options: CompileOptions | None = None,
@@ -111,11 +113,21 @@ def compile_model(source: Any, options: CompileOptions | None = None,
                        progress=progress)
     done("orchestrate")
     tuning: dict[str, Any] = {}
+    tuned: dict[str, Schedule] = {}
     if isinstance(cost, MeasuredCost):
+        t0 = time.perf_counter()
+        by_name = {n.name: n for n in graph.nodes}
+        specs = [(k.name, [by_name[n] for n in k.prims], [by_name[n] for n in k.prologue], k.outputs)
+                 for k in plan.kernels]
+        best = tune_schedules(graph, specs, cost.db, cost.profiler, cost.device, cost.versions,
+                              progress=tune_progress) if opt.schedule_tuning else {}
+        tuned = {name: sch for name, (sch, _) in best.items()}
         getattr(cost.profiler, "close", lambda: None)()
-        tuning = {**cost.stats, "db": str(cost.db.path)}
+        tuning = {**cost.stats, "db": str(cost.db.path), "schedules_tuned": len(tuned),
+                  "schedule_s": round(time.perf_counter() - t0, 2)}
         cost.db.close()
-    kernels = generate_kernels(graph, plan)
+        done("schedules")
+    kernels = generate_kernels(graph, plan, tuned)
     done("codegen")
     return CompileResult(loaded, fis, graph, og, plan, kernels, timings, tuning)
 
@@ -142,14 +154,15 @@ def measured_cost(og: OGraph, opt: CompileOptions, progress: Callable[[int, int]
                         progress, bound)
 
 
-def generate_kernels(graph: Graph, plan: Plan) -> list[KernelImpl]:
-    """Every plan kernel as code; a kernel the generator refuses names itself and its primitives."""
+def generate_kernels(graph: Graph, plan: Plan, tuned: Mapping[str, Schedule] | None = None) -> list[KernelImpl]:
+    """Every plan kernel as code (with its tuned schedule, if any); a kernel the generator refuses
+    names itself and its primitives."""
     by_name = {n.name: n for n in graph.nodes}
     out = []
     for k in plan.kernels:
         try:
             out.append(implement(graph, [by_name[n] for n in k.prims], [by_name[n] for n in k.prologue],
-                                 k.outputs, k.name, k.source_nodes))
+                                 k.outputs, k.name, k.source_nodes, (tuned or {}).get(k.name)))
         except Unsupported as e:
             raise TesseraError(f"kernel {k.name} ({', '.join(k.prims)}) has no code: {e}") from None
     return out

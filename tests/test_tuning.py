@@ -179,3 +179,41 @@ def test_lazy_measurement_finds_the_same_optimum_measuring_less(tmp_path, name):
     assert lazy.estimated_total_s == pytest.approx(exhaustive.estimated_total_s, rel=1e-9)
     assert lazy_prof.calls < full.calls
     assert all("measure_rounds" in s.solver for s in lazy.subgraphs)
+
+
+class _ScheduleProfiler:
+    """Costs that depend on the schedule: a larger block is faster here."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def measure(self, jobs, record) -> None:
+        for i, j in enumerate(jobs):
+            self.keys.append(j.key.schedule)
+            xb = j.schedule.xblock if j.schedule else 1
+            record(i, 1e-5 / xb + 1e-6 * (j.schedule.num_warps if j.schedule else 4), "")
+
+
+def test_schedules_of_the_chosen_kernels_are_tuned(tmp_path):
+    from tessera.compiler import generate_kernels
+    from tessera.cost.measured import tune_schedules
+
+    og = _og("candy_small.onnx")
+    g = og.graph
+    with TuningDB(tmp_path / "t.db") as db:
+        plan = orchestrate(og, MeasuredCost(og, db, FakeProfiler(), "fake", "v1"), legality=TritonLegality())
+        by = {n.name: n for n in g.nodes}
+        specs = [(k.name, [by[n] for n in k.prims], [by[n] for n in k.prologue], k.outputs) for k in plan.kernels]
+        prof = _ScheduleProfiler()
+        best = tune_schedules(g, specs, db, prof, "fake", "v1", per_kernel=4)
+        assert best and len(prof.keys) <= 4 * len(best)
+        impls = generate_kernels(g, plan, {n: sch for n, (sch, _) in best.items()})
+        from tessera.codegen.kernels import schedules
+        for i in impls:  # the fastest of the schedules tried
+            if i.triton and i.name in best:
+                tried = schedules(i.triton.xnumel, i.triton.rnumel)[:4]
+                assert best[i.name][1] == min(1e-5 / x.xblock + 1e-6 * x.num_warps for x in tried)
+        tuned = {i.name: i.triton.schedule for i in impls if i.triton and i.name in best}
+        assert tuned == {n: sch for n, (sch, _) in best.items()}
+        again = _ScheduleProfiler()
+        assert tune_schedules(g, specs, db, again, "fake", "v1", per_kernel=4) == best and not again.keys

@@ -166,3 +166,45 @@ class MeasuredCost:
             self.prepare([c])
         s = self._cache[k]
         return s if math.isfinite(s) else FAILED_S
+
+
+def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[Node], list[str]]],
+                   db: TuningDB, profiler: Profiler, device: str, versions: str, per_kernel: int = 4,
+                   progress: Callable[[int, int], None] | None = None) -> dict[str, tuple[Schedule, float]]:
+    """After the plan is chosen: time the first `per_kernel` schedules of each generated kernel's space.
+
+    Post-scheduling tuning (Hidet): the plan's kernels are few, so each can try several block
+    sizes and warp counts without multiplying the candidate count. Kernels are given as
+    (name, prims, prologue, outputs); returns name -> (fastest schedule, seconds).
+    """
+    from tessera.codegen.kernels import schedules
+    from tessera.codegen.select import implement
+    from tessera.codegen.triton_ops import Unsupported
+
+    jobs: list[Job] = []
+    owner: list[str] = []
+    for name, prims, prologue, outputs in kernels:
+        try:
+            impl = implement(graph, prims, prologue, outputs, name)
+        except Unsupported:
+            continue
+        if impl.triton is None:
+            continue
+        sig = kernel_signature(graph, prims, prologue, outputs)
+        space = schedules(impl.triton.xnumel, impl.triton.rnumel)[:per_kernel]
+        for sch in space:
+            jobs.append(Job(Key(device, versions, sig, _schedule_key(sch)), graph, tuple(prims), tuple(prologue),
+                            tuple(outputs), sch))
+            owner.append(name)
+    got = tune(jobs, profiler, db, progress=progress)
+    best: dict[str, tuple[Schedule, float]] = {}
+    for name, j in zip(owner, jobs):
+        s = got[j.key]
+        if math.isfinite(s) and (name not in best or s < best[name][1]):
+            assert j.schedule is not None
+            best[name] = (j.schedule, s)
+    return best
+
+
+def _schedule_key(s: Schedule) -> str:
+    return f"x{s.xblock}-r{s.rblock}-w{s.num_warps}-{'p' if s.persistent else 'l'}"
