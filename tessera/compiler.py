@@ -119,11 +119,13 @@ def compile_model(source: Any, options: CompileOptions | None = None,
         by_name = {n.name: n for n in graph.nodes}
         specs = [(k.name, [by_name[n] for n in k.prims], [by_name[n] for n in k.prologue], k.outputs)
                  for k in plan.kernels]
+        rows = len(cost.db)
         best = tune_schedules(graph, specs, cost.db, cost.profiler, cost.device, cost.versions,
                               progress=tune_progress) if opt.schedule_tuning else {}
         tuned = {name: sch for name, (sch, _) in best.items()}
         getattr(cost.profiler, "close", lambda: None)()
         tuning = {**cost.stats, "db": str(cost.db.path), "schedules_tuned": len(tuned),
+                  "schedule_measured": len(cost.db) - rows,
                   "schedule_s": round(time.perf_counter() - t0, 2)}
         cost.db.close()
         done("schedules")
