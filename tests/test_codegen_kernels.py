@@ -222,3 +222,17 @@ def test_unsupported_says_why():
     graph = fission(load(build_model("Div", {"a": np.arange(1, 7, dtype=I64), "b": np.full(6, 4, I64)})).graph).graph
     with pytest.raises(Unsupported, match="integer division"):
         one_kernel(graph)
+
+
+# A reduction kernel may also write a per-row plane of another size (candy's norm -> relu -> pad).
+@pytest.mark.parametrize("schedule", [None, Schedule(2, 512, 4, False), Schedule(1, 64, 4, False)])
+def test_norm_relu_pad_in_one_reduction_kernel(schedule):
+    x = rand(1, 3, 9, 7, seed=36)
+    m = graph_model([
+        helper.make_node("InstanceNormalization", ["x", "s", "b"], ["n"], epsilon=1e-5),
+        helper.make_node("Relu", ["n"], ["r"]),
+        helper.make_node("Pad", ["r", "pads"], ["out"], mode="reflect"),
+    ], {"x": x, "s": Const(rand(3, seed=37)), "b": Const(rand(3, seed=38)),
+        "pads": Const(np.array([0, 0, 2, 1, 0, 0, 2, 1], I64))}, ["out", "r"], opset=13)
+    ks = check_kernel(m, {"x": x}, schedule)
+    assert ks.rnumel == 63 and "for r" in ks.source

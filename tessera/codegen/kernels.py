@@ -167,10 +167,18 @@ def _reduction(k: _Kernel, sched: Schedule) -> tuple[list[str], int, int]:
     rnumel = prod(shape[d] for d in axes)
     if sched.persistent and sched.rblock < rnumel:
         raise Unsupported("persistent schedule with a block shorter than the row")
+    # An output of another size is still per row if it keeps the row dims (InstanceNorm -> ReLU
+    # -> Pad writes a padded plane per row): each program then walks that output's own plane.
+    planes = {}
     for o in k.outputs:
-        if g.types[o].numel not in (xnumel, xnumel * rnumel):
-            raise Unsupported(f"output {o} has {g.types[o].numel} elements, neither a row ({xnumel}) "
-                              f"nor the reduced tensor ({xnumel * rnumel})")
+        t = g.types[o]
+        if t.numel in (xnumel, xnumel * rnumel):
+            continue
+        if t.rank == len(shape) and all(t.shape[d] == shape[d] for d in outer):
+            planes[o] = prod(t.shape[d] for d in axes)
+            continue
+        raise Unsupported(f"output {o} has {t.numel} elements, neither a row ({xnumel}) "
+                          f"nor the reduced tensor ({xnumel * rnumel}), and it does not keep the row dims")
     xdep = frozenset({"x"})
     em.stack[0].avail = xdep
     em.shape_of = lambda deps: "[XBLOCK, RBLOCK]" if any(d.startswith("r") for d in deps) else "[XBLOCK, 1]"
@@ -240,7 +248,7 @@ def _reduction(k: _Kernel, sched: Schedule) -> tuple[list[str], int, int]:
             for n in group:
                 res = em.emit(f"{_REDUCE_FN[n.op]}({accs[n.name]}, 1)[:, None]", xdep, "row")
                 em.rows[(n.outputs[0], natural)] = Val(res, g.types[n.outputs[0]].dtype, xdep)
-    per_element = [o for o in k.outputs if g.types[o].numel != xnumel]
+    per_element = [o for o in k.outputs if g.types[o].numel != xnumel and o not in planes]
     if per_element:
         coords, rmask = persistent_coords if persistent_coords else walk()
         mask = frozenset({"xmask", rmask})
@@ -250,8 +258,23 @@ def _reduction(k: _Kernel, sched: Schedule) -> tuple[list[str], int, int]:
             k.store(o, flat, v, mask, "[XBLOCK, RBLOCK]", v.deps | flat.deps)
         if not sched.persistent:
             em.pop()
+    for o, plane in planes.items():
+        t = g.types[o]
+        tag = em.fresh("r")
+        em.push(f"for {tag} in range(0, {plane}, RBLOCK):", tag)
+        dep = frozenset({tag})
+        pindex = Ix(em.emit(f"{tag} + tl.arange(0, RBLOCK)[None, :]", dep, "rindex"), None, plane, dep)
+        pmask = em.cond(f"{pindex.expr} < {plane}", dep)
+        coords = list(row_index)
+        for d, c in zip(axes, ix.unravel(pindex, [t.shape[d] for d in axes])):
+            coords[d] = c
+        mask = frozenset({"xmask", pmask})
+        flat = em.index_var(ix.ravel(coords, t.shape))
+        v = em.value(o, coords, mask)
+        k.store(o, flat, v, mask, "[XBLOCK, RBLOCK]", v.deps | flat.deps)
+        em.pop()
     for o in k.outputs:
-        if o in per_element:
+        if o in per_element or o in planes:
             continue
         t = g.types[o]
         v = em.value(o, ix.unravel(Ix("xindex", None, xnumel, xdep), t.shape), frozenset({"xmask"}))
