@@ -2,10 +2,12 @@
 
 The fallback chain is explicit:
 
-1. a memory-intensive kernel is one generated Triton kernel;
+1. a kernel of reshapes only is a view of its input (no launch);
 2. a kernel with a linear primitive runs it through torch (cuBLAS/cuDNN on
-   the GPU) and its epilogue as one generated Triton kernel reading the result;
-3. an opaque primitive, or a single primitive the generator cannot handle,
+   the GPU), with a bias add and ReLU inside the library call where it takes
+   them, and the rest of its epilogue as one generated Triton kernel;
+3. any other memory-intensive kernel is one generated Triton kernel;
+4. an opaque primitive, or a single primitive the generator cannot handle,
    runs through torch (`runtime/torch_prims.py`).
 
 So every single primitive is a legal kernel, and a group of several is legal
@@ -100,7 +102,7 @@ def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], out
     root = _linear_root(prims)
     if root is not None:
         impl = KernelImpl(name, "linear", prims, prologue, list(outputs), linear=root)
-        impl.bias, impl.fused, impl.relu = _library_epilogue(graph, nodes, root, outputs)
+        impl.bias, impl.fused, impl.relu = _library_epilogue(graph, nodes, prologue, root, outputs)
         done = {root.name} | {n.name for n in impl.fused}
         epi = [n for n in _epilogue(graph, nodes, root) if n.name not in done]
         # Kept only by the fused add: the bias's own producers, folded once at load.
@@ -132,7 +134,7 @@ def _live(nodes: list[Node], outputs: Sequence[str]) -> list[Node]:
     return [n for n in nodes if n.name in keep]
 
 
-def _library_epilogue(graph: Graph, nodes: Sequence[Node], root: Node,
+def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[Node], root: Node,
                       outputs: Sequence[str]) -> tuple[str | None, list[Node], bool]:
     """A bias add (and a ReLU after it) that the library call can absorb: (bias tensor, fused nodes, relu).
 
@@ -163,12 +165,13 @@ def _library_epilogue(graph: Graph, nodes: Sequence[Node], root: Node,
     if bcast is None or bcast.op != Prim.BROADCAST.value:
         return None, [], False
     src = bcast.inputs[0]
-    out_shape = graph.types[r].shape
-    axis = len(out_shape) - 1 if root.op == Prim.MATMUL.value else 1
+    # Free prologue nodes read only constants, so their outputs are constants too (folded at load).
+    constant = src in graph.constants or any(src in n.outputs for n in prologue)
+    added_shape = graph.types[r].shape
+    axis = len(added_shape) - 1 if root.op == Prim.MATMUL.value else 1
     src_shape = graph.types[src].shape
-    if len(src_shape) != len(out_shape) or any(n != 1 for d, n in enumerate(src_shape) if d != axis) \
-            or src_shape[axis] != out_shape[axis] or src in graph.inputs or src not in graph.constants \
-            and not _constant_derived(src, producer, graph):
+    if not constant or len(src_shape) != len(added_shape) or src_shape[axis] != added_shape[axis] \
+            or any(n != 1 for d, n in enumerate(src_shape) if d != axis):
         return None, [], False
     fused = views + [add]
     a = add.outputs[0]
@@ -181,13 +184,6 @@ def _library_epilogue(graph: Graph, nodes: Sequence[Node], root: Node,
             fused.append(mx)
             relu = True
     return src, fused, relu
-
-
-def _constant_derived(t: str, producer: dict[str, Node], graph: Graph) -> bool:
-    if t in graph.constants:
-        return True
-    n = producer.get(t)
-    return n is not None and all(_constant_derived(i, producer, graph) for i in n.inputs if i)
 
 
 def prologue_of(og: OGraph, prims: Sequence[Node]) -> list[Node]:

@@ -119,9 +119,16 @@ class MeasuredCost:
         self.device, self.versions = device, versions
         self.progress = progress
         self._cache: dict[tuple[int, int], float] = {}
+        self._jobs: dict[tuple[int, int], Job] = {}  # signatures are computed once per candidate
         self.stats = {"candidates": 0, "measured": 0, "failed": 0, "seconds": 0.0}
 
     def job(self, c: Candidate) -> Job:
+        k = (c.nodes, c.outputs)
+        if k not in self._jobs:
+            self._jobs[k] = self._make_job(c)
+        return self._jobs[k]
+
+    def _make_job(self, c: Candidate) -> Job:
         prims = [self.og.nodes[i] for i in bits(c.nodes)]
         pro = prologue_of(self.og, prims)
         outs = [o for v in bits(c.outputs) for o in self.og.nodes[v].outputs if o]

@@ -16,16 +16,14 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from tessera.errors import ShapeError, TesseraError
-from tessera.ir.graph import Graph, Node
-from tessera.runtime.buffers import BufferPool, Lifetime
-from tessera.runtime.torch_prims import TORCH_DTYPES, run_linear_fused, run_node
-
-
 from tessera.codegen.kernels import Schedule
 from tessera.codegen.launch import KernelCompileError, TritonKernel, use_interpreter
 from tessera.codegen.select import KernelImpl, implement
 from tessera.codegen.triton_ops import Unsupported
+from tessera.errors import ShapeError, TesseraError
+from tessera.ir.graph import Graph, Node
+from tessera.runtime.buffers import BufferPool, Lifetime
+from tessera.runtime.torch_prims import TORCH_DTYPES, run_linear_fused, run_node
 
 
 class KernelBuildError(TesseraError):
