@@ -7,13 +7,18 @@
 Each (model, precision) writes `bench_MODEL_PRECISION.json` under --out as soon
 as it finishes, and a rerun skips those already in --skip-dir, so the suite
 can be split across device calls (30 minutes of device time per session).
-The tuning database (--db) carries measurements from one call to the next.
+The tuning database (--db) carries measurements from one call to the next;
+with --fresh-db each pair tunes into an empty database instead (so its tuning
+time is a cold start) and the rows are appended to OUT/tuning.jsonl, the
+pre-tuned data to commit. --budget-s stops starting new pairs so that a call
+ends inside the device's 10-minute limit.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,7 +43,8 @@ def table(files: list[Path]) -> str:
             cells.append("-" if e is None else f"{e['ms']:.3f}" + ("" if e["passed"] else " (FAIL)"))
         opt = by.get("tessera-optimal")
         ratio = f"{opt['vs_best_peer']:.2f}" if opt and opt.get("vs_best_peer") else "-"
-        tuning = opt["extra"].get("tuning", {}).get("seconds") if opt else None
+        tun = opt["extra"].get("tuning", {}) if opt else {}
+        tuning = tun["seconds"] + tun.get("schedule_s", 0.0) if "seconds" in tun else None
         out.append(f"| {d['model']} | {d['precision']} | " + " | ".join(cells)
                    + f" | {ratio} | {'-' if tuning is None else f'{tuning:.0f}'} | {d['device']}, {d['date'][:10]} |")
     return "\n".join(out)
@@ -58,7 +64,10 @@ def main() -> int:
     ap.add_argument("--solver", default="highs")
     ap.add_argument("--skip-dir", type=Path, help="skip (model, precision) pairs with a result file here")
     ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--fresh-db", action="store_true", help="tune each pair from an empty database")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="start no new pair after this many seconds")
     a = ap.parse_args()
+    start = time.perf_counter()
 
     from tessera.bench import bench, format_table
 
@@ -69,14 +78,24 @@ def main() -> int:
             if name in done:
                 print(f"skip {model} {prec}: already measured", flush=True)
                 continue
+            if time.perf_counter() - start > a.budget_s:
+                print(f"stop before {model} {prec}: the {a.budget_s:.0f} s budget is spent", flush=True)
+                return 0
             t = time.perf_counter()
+            db = str(Path(tempfile.mkdtemp()) / "fresh.db") if a.fresh_db else a.db
             try:
-                doc = bench(f"zoo:{model}", prec, a.vs.split(","), a.strategies.split(","), a.cost, a.db,
+                doc = bench(f"zoo:{model}", prec, a.vs.split(","), a.strategies.split(","), a.cost, db,
                             "cuda", 0, a.solver)
             except Exception as e:  # noqa: BLE001 - record and go on to the next model
                 print(f"{model} {prec}: FAILED {type(e).__name__}: {e}", flush=True)
                 continue
             doc["wall_s"] = round(time.perf_counter() - t, 1)
+            doc["fresh_db"] = a.fresh_db
+            if a.fresh_db:
+                from tessera.cost.db import TuningDB
+
+                with TuningDB(db) as d, (a.out / "tuning.jsonl").open("a") as f:
+                    f.write("".join(json.dumps(row) + "\n" for row in d.rows()))
             (a.out / name).write_text(json.dumps(doc, indent=1))
             print(format_table(doc), flush=True)
     return 0

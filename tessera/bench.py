@@ -23,9 +23,12 @@ import numpy as np
 import torch
 
 from tessera.codegen.launch import use_interpreter
-from tessera.compiler import CompileOptions, compile_model, plan_document
+from tessera.compiler import CompileOptions, CompileResult, compile_model, plan_document
+from tessera.cost import AnalyticalCost
+from tessera.cost import device as device_spec
 from tessera.errors import TesseraError
 from tessera.frontend import load as frontend_load
+from tessera.orchestrate.candidates import Candidate
 from tessera.runtime.executable import Executable
 from tessera.tolerance import TOLERANCE, rel_l2
 from tessera.verify import random_inputs, run_onnxruntime
@@ -57,6 +60,37 @@ def median_ms(fn: Callable[[], Any], device: torch.device) -> float:
         fn()
         times.append(time.perf_counter() - t)
     return float(np.median(times) * 1e3)
+
+
+def kernel_profile(result: CompileResult, gpu: str = "h100", top: int = 12) -> dict[str, Any]:
+    """Where a plan's time goes: each kernel's cost (measured, under a measured cost model) beside
+    its roofline (the time its DRAM traffic and arithmetic need at the device's peak rates).
+
+    Returns totals by backend and the `top` most expensive kernels, each with its gap to the
+    roofline: what the benchmark docs quote where tessera loses.
+    """
+    og, plan = result.ograph, result.plan
+    model = AnalyticalCost(og, device_spec(gpu), plan.precision)
+    rows = []
+    for k, impl in zip(plan.kernels, result.kernels):
+        mask = sum(1 << og.index[n] for n in k.prims if n in og.index)
+        outs = sum(1 << og.index[n] for n in k.prims if n in og.index and
+                   any(o in k.outputs for o in og.nodes[og.index[n]].outputs))
+        c = Candidate(mask, outs, og.inputs_of(mask))
+        read, written = model.traffic(c)
+        roof = model.roofline(c)
+        rows.append({"name": k.name, "backend": impl.backend, "prims": len(k.prims), "cost_us": k.cost_s * 1e6,
+                     "roofline_us": roof * 1e6, "mb": (read + written) / 1e6,
+                     "x_roofline": k.cost_s / roof if roof > 0 else None})
+    by_backend: dict[str, dict[str, float]] = {}
+    for r in rows:
+        b = by_backend.setdefault(r["backend"], {"kernels": 0, "cost_us": 0.0, "roofline_us": 0.0})
+        b["kernels"] += 1
+        b["cost_us"] += r["cost_us"]
+        b["roofline_us"] += r["roofline_us"]
+    rows.sort(key=lambda r: -r["cost_us"])
+    return {"total_cost_us": sum(r["cost_us"] for r in rows), "total_roofline_us": sum(r["roofline_us"] for r in rows),
+            "by_backend": by_backend, "top": rows[:top]}
 
 
 def _set_precision(precision: str) -> None:
@@ -111,7 +145,7 @@ def bench(model: str, precision: str = "tf32", peers: Sequence[str] = PEERS[:3],
         ms = median_ms(lambda: exe.run_static(feeds), dev)
         entries.append(Entry(f"tessera-{strategy}", ms, err, ok, extra={
             "kernels": len(exe.steps), "backends": exe.backends, "compile_s": round(compile_s, 2),
-            "cost_model": result.plan.cost_model, "tuning": result.tuning}))
+            "cost_model": result.plan.cost_model, "tuning": result.tuning, "profile": kernel_profile(result)}))
     if module is not None:
         module = module.to(dev)
         args = [torch.from_numpy(feeds_np[n]).to(dev) for n in loaded.graph.inputs]

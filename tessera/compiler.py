@@ -126,7 +126,8 @@ def compile_model(source: Any, options: CompileOptions | None = None,
         getattr(cost.profiler, "close", lambda: None)()
         tuning = {**cost.stats, "db": str(cost.db.path), "schedules_tuned": len(tuned),
                   "schedule_measured": len(cost.db) - rows,
-                  "schedule_s": round(time.perf_counter() - t0, 2)}
+                  "schedule_s": round(time.perf_counter() - t0, 2),
+                  "profiler_stages_s": {k: round(v, 2) for k, v in getattr(cost.profiler, "stats", {}).items()}}
         cost.db.close()
         done("schedules")
     kernels = generate_kernels(graph, plan, tuned)

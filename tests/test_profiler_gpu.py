@@ -19,8 +19,9 @@ from tessera.frontend import load
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
-if not MODELS.is_dir():
-    MODELS = Path(__file__).resolve().parents[1] / "carry" / "a"
+if not MODELS.is_dir():  # on the device machine the models travel in carry/a or carry/gpu
+    MODELS = next((d for d in (Path(__file__).resolve().parents[1] / "carry" / s for s in ("a", "gpu"))
+                   if d.is_dir()), MODELS)
 
 
 def _job(model, schedule=None) -> Job:

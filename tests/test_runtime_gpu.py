@@ -12,8 +12,9 @@ from tessera.tolerance import rel_l2
 from tessera.verify import random_inputs, run_onnxruntime
 
 MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
-if not MODELS.is_dir():  # on the device machine the models travel in carry/
-    MODELS = Path(__file__).resolve().parents[1] / "carry" / "a"
+if not MODELS.is_dir():  # on the device machine the models travel in carry/a or carry/gpu
+    MODELS = next((d for d in (Path(__file__).resolve().parents[1] / "carry" / s for s in ("a", "gpu"))
+                   if d.is_dir()), MODELS)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

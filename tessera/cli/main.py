@@ -164,6 +164,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
         t = result.tuning
         print(f"  tuning: {t['candidates']} candidates, {t['measured']} measured now ({t['failed']} failed), "
               f"the rest from {t['db']}; {t['seconds']:.1f} s")
+        stages = t.get("profiler_stages_s") or {}
+        if stages:
+            print("  profiler seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()))
     print(f"  estimated {plan.estimated_total_s * 1e6:.1f} us; greedy baseline {plan.greedy_total_s * 1e6:.1f} us "
           f"({plan.greedy_total_s / max(plan.estimated_total_s, 1e-30):.2f}x)")
     print(f"  {len(plan.subgraphs)} subgraph(s), {optimal} solved to proven optimality, "

@@ -7,12 +7,16 @@ processes so that a crash or GPU fault kills a worker, not the compile:
    run it once on the GPU. Triton keeps compiled binaries in its on-disk
    cache, so phase 2 does not compile again. A compile error or a fault here
    is the candidate's recorded failure.
-2. *time* (one process per GPU, so kernels never share a GPU while timed):
-   the kernel is launched `LAUNCHES` times inside one CUDA graph, with inputs
-   rotated over enough copies to exceed the L2 cache, and the graph replay is
-   timed with CUDA events (median of `triton.testing.do_bench`); the cost is
-   the replay time over the launch count. Timing in a graph measures the GPU
-   work, not Python's launch latency (DESIGN.md, "Measuring performance").
+2. *time* (`TIMERS_PER_GPU` processes per GPU): each generates and loads its
+   kernel on its own, then takes the GPU's lock (an `flock`, which the OS
+   drops if the holder dies) for everything that runs on the GPU, so kernels
+   never share a GPU while timed but the Python work of the next job overlaps
+   the timing of this one. The kernel is launched `LAUNCHES` times inside one
+   CUDA graph, with inputs rotated over enough copies to exceed the L2 cache;
+   replays are timed with CUDA events until about `TARGET_S` of GPU time is
+   spent, and the cost is the median replay over the launch count. Timing in a
+   graph measures the GPU work, not Python's launch latency (DESIGN.md,
+   "Measuring performance").
 
 A worker that dies takes its batch with it; the batch is re-run one job per
 fresh worker, so only the job that kills a worker alone is marked failed.
@@ -21,17 +25,24 @@ A job that outlives `timeout_s` is marked failed and its worker killed.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import fcntl
 import math
 import multiprocessing as mp
 import os
+import tempfile
+import time
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from tessera.cost.measured import Job
 from tessera.ir.graph import Graph, GraphKind
 
 LAUNCHES = 20
 L2_BYTES = 64 << 20  # rotate inputs over more than the H100/H200 L2 (50 MB)
+TIMERS_PER_GPU = 3  # processes sharing one GPU's lock: one times while the others prepare
+TARGET_S = 4e-3  # GPU time spent timing one job (at least MIN_REPLAYS replays)
+MIN_REPLAYS, MAX_REPLAYS = 5, 200
 
 
 def kernel_graph(job: Job) -> tuple[Graph, dict[str, Any]]:
@@ -76,25 +87,58 @@ def _inputs(graph: Graph, device: str, seed: int) -> dict[str, Any]:
 
     from tessera.runtime.torch_prims import TORCH_DTYPES
 
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     out = {}
     for t in graph.inputs:
         ty = graph.types[t]
         dt = TORCH_DTYPES[ty.dtype]
-        if ty.dtype.is_float:
-            x = torch.randn(ty.shape, generator=gen).to(dt)
+        if ty.dtype.is_float:  # drawn on the GPU: a host draw of a large input costs more than its timing
+            out[t] = torch.randn(ty.shape, generator=gen, device=device).to(dt)
         else:  # indices: 0 is valid for every gather; masks: any bits
-            x = torch.zeros(ty.shape, dtype=dt)
-        out[t] = x.to(device)
+            out[t] = torch.zeros(ty.shape, dtype=dt, device=device)
     return out
+
+
+Result = tuple[float, str, dict[str, float]]  # seconds (or inf), why it failed, seconds per stage
+
+_LOCK_PATH: str | None = None  # this worker's GPU lock (set by the pool initializer)
+
+
+@contextlib.contextmanager
+def _gpu_section() -> Iterator[None]:
+    """Exclusive use of this worker's GPU among the timing workers. flock, not a multiprocessing
+    lock: the OS releases it when a worker dies holding it (a GPU fault exits the process)."""
+    if _LOCK_PATH is None:
+        yield
+        return
+    fd = os.open(_LOCK_PATH, os.O_CREAT | os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor drops the lock
+
+
+class _Stages:
+    """Wall seconds per named stage of one job (where tuning time goes; `GpuProfiler.stats`)."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+        self.t = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.times[name] = self.times.get(name, 0.0) + now - self.t
+        self.t = now
 
 
 Payload = tuple[Graph, dict[str, Any]]  # what a worker gets: the kernel's own small graph and plan
 
 
-def _build(payload: Payload) -> tuple[float, str]:
-    """Phase 1 in a worker: generate, compile, run once. (0.0, "") on success."""
+def _build(payload: Payload) -> Result:
+    """Phase 1 in a worker: generate, compile, run once. (0.0, "", stages) on success."""
     _check_context()
+    st = _Stages()
     try:
         import torch
 
@@ -102,52 +146,93 @@ def _build(payload: Payload) -> tuple[float, str]:
 
         mini, plan = payload
         exe = Executable(mini, plan, "cuda", cuda_graph=False)
+        st("generate")
         exe._launch(_inputs(mini, "cuda", 0))
         torch.cuda.synchronize()
-        return 0.0, ""
+        st("compile")
+        return 0.0, "", st.times
     except Exception as e:  # noqa: BLE001 - any failure is the candidate's, recorded with its reason
-        return _fail("build", e)
+        return (*_fail("build", e), st.times)
 
 
-def _time(payload: Payload) -> tuple[float, str]:
-    """Phase 2 in the timing worker: seconds per launch inside a CUDA graph."""
+def _replay_seconds(graph: Any) -> float:
+    """Median seconds of one replay, timed with CUDA events, about TARGET_S of GPU time in all."""
+    import torch
+
+    graph.replay()  # warm: the graph's first replay uploads it
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    once = max(start.elapsed_time(end) * 1e-3, 1e-7)
+    n = max(MIN_REPLAYS, min(MAX_REPLAYS, int(TARGET_S / once)))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for a, b in events:
+        a.record()
+        graph.replay()
+        b.record()
+    events[-1][1].synchronize()
+    times = sorted(a.elapsed_time(b) for a, b in events)
+    return times[len(times) // 2] * 1e-3
+
+
+def _time(payload: Payload) -> Result:
+    """Phase 2 in a timing worker: seconds per launch inside a CUDA graph."""
     _check_context()
+    st = _Stages()
     try:
         import torch
-        from triton.testing import do_bench
 
         from tessera.runtime.executable import Executable
 
         mini, plan = payload
-        exe = Executable(mini, plan, "cuda", cuda_graph=False)
+        exe = Executable(mini, plan, "cuda", cuda_graph=False)  # Python work: outside the GPU lock
         size = sum(mini.types[t].nbytes for t in mini.inputs) + sum(mini.types[t].nbytes for t in mini.outputs)
         copies = max(1, min(LAUNCHES, math.ceil(L2_BYTES / max(size, 1))))
-        feeds = [_inputs(mini, "cuda", s) for s in range(copies)]
-        exe._launch(feeds[0])  # loads the compiled kernel
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            exe._launch(feeds[0])
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph):
-            for i in range(LAUNCHES):
-                exe._launch(feeds[i % copies])
-        ms = do_bench(graph.replay, warmup=10, rep=40, return_mode="median")
-        return ms * 1e-3 / LAUNCHES, ""
+        st("generate")
+        with _gpu_section():
+            st("wait")
+            feeds = [_inputs(mini, "cuda", s) for s in range(copies)]
+            exe._launch(feeds[0])  # loads the compiled kernel
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                exe._launch(feeds[0])
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+            st("load")
+            graph = torch.cuda.CUDAGraph()
+            with torch.no_grad(), torch.cuda.graph(graph):
+                for i in range(LAUNCHES):
+                    exe._launch(feeds[i % copies])
+            st("capture")
+            seconds = _replay_seconds(graph) / LAUNCHES
+            st("timing")
+            del graph, feeds
+        return seconds, "", st.times
     except Exception as e:  # noqa: BLE001
-        return _fail("time", e)
+        return (*_fail("time", e), st.times)
 
 
-def _init_worker(gpu_queue: Any) -> None:
+def _init_worker(gpu_queue: Any, lock_dir: str | None) -> None:
+    global _LOCK_PATH
     # Measured kernels are compiled for the GPU, whatever the parent chose for itself.
     os.environ.pop("TRITON_INTERPRET", None)
+    gpu = 0
     if gpu_queue is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_queue.get())
+        gpu = gpu_queue.get()
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    if lock_dir is not None:
+        _LOCK_PATH = os.path.join(lock_dir, f"gpu{gpu}.lock")
 
 
 class GpuProfiler:
-    """Measures jobs on the visible GPUs (see the module docstring). Worker pools live across calls."""
+    """Measures jobs on the visible GPUs (see the module docstring). Worker pools live across calls.
+
+    `stats` sums wall seconds per stage over the jobs (generate, compile, wait, load, capture,
+    timing) and per phase, so a tuning run reports where its time went.
+    """
 
     def __init__(self, workers: int | None = None, timeout_s: float = 120.0) -> None:
         import torch
@@ -157,6 +242,8 @@ class GpuProfiler:
         self.timeout_s = timeout_s
         self.ctx = mp.get_context("spawn")
         self._pools: dict[str, cf.ProcessPoolExecutor] = {}
+        self._lock_dir = tempfile.mkdtemp(prefix="tessera-gpu-locks-")
+        self.stats: dict[str, float] = {}
 
     def _pool(self, kind: str, n: int) -> cf.ProcessPoolExecutor:
         if kind not in self._pools:
@@ -165,8 +252,9 @@ class GpuProfiler:
                 queue = self.ctx.Queue()
                 for i in range(n):
                     queue.put(i % self.gpus)
+            lock_dir = self._lock_dir if kind == "time" else None
             self._pools[kind] = cf.ProcessPoolExecutor(n, mp_context=self.ctx, initializer=_init_worker,
-                                                       initargs=(queue,))
+                                                       initargs=(queue, lock_dir))
         return self._pools[kind]
 
     def _kill(self, kind: str) -> None:
@@ -180,9 +268,14 @@ class GpuProfiler:
         for kind in list(self._pools):
             self._kill(kind)
 
+    def _add(self, stages: dict[str, float]) -> None:
+        for k, v in stages.items():
+            self.stats[k] = self.stats.get(k, 0.0) + v
+
     def _run(self, kind: str, fn: Any, jobs: Sequence[Payload], workers: int,
              on_result: Any) -> None:
         """Run fn over jobs; on_result(i, (seconds, why)) per job in completion order."""
+        t0 = time.perf_counter()
         pending = list(range(len(jobs)))
         while pending:
             pool = self._pool(kind, workers)
@@ -193,10 +286,13 @@ class GpuProfiler:
                 for f in cf.as_completed(futs, timeout=self.timeout_s * max(1, len(futs) / workers)):
                     i = futs[f]
                     try:
-                        on_result(i, f.result())
+                        seconds, why, stages = f.result()
                     except BrokenProcessPool:
                         broken = True
                         pending.append(i)
+                        continue
+                    self._add(stages)
+                    on_result(i, (seconds, why))
             except cf.TimeoutError:
                 broken = True
                 pending += [i for f, i in futs.items() if not f.done()]
@@ -207,11 +303,14 @@ class GpuProfiler:
                 for i in pending:
                     on_result(i, self._alone(fn, jobs[i]))
                 pending = []
+        self._add({f"{kind}_phase": time.perf_counter() - t0})
 
     def _alone(self, fn: Any, job: Payload) -> tuple[float, str]:
-        pool = cf.ProcessPoolExecutor(1, mp_context=self.ctx, initializer=_init_worker, initargs=(None,))
+        pool = cf.ProcessPoolExecutor(1, mp_context=self.ctx, initializer=_init_worker, initargs=(None, None))
         try:
-            return pool.submit(fn, job).result(timeout=self.timeout_s)
+            seconds, why, stages = pool.submit(fn, job).result(timeout=self.timeout_s)
+            self._add(stages)
+            return seconds, why
         except cf.TimeoutError:
             return math.inf, f"timeout after {self.timeout_s:.0f}s"
         except BrokenProcessPool:
@@ -233,5 +332,5 @@ class GpuProfiler:
 
         self._run("build", _build, payloads, self.workers, after_build)
         built.sort()
-        self._run("time", _time, [payloads[i] for i in built], self.gpus,
+        self._run("time", _time, [payloads[i] for i in built], self.gpus * TIMERS_PER_GPU,
                   lambda k, r: record(built[k], *r))
