@@ -242,7 +242,9 @@ class GpuProfiler:
         self.timeout_s = timeout_s
         self.ctx = mp.get_context("spawn")
         self._pools: dict[str, cf.ProcessPoolExecutor] = {}
-        self._lock_dir = tempfile.mkdtemp(prefix="tessera-gpu-locks-")
+        # One lock per GPU for the whole machine: two compiles tuning at once also take turns.
+        self._lock_dir = os.path.join(tempfile.gettempdir(), "tessera-gpu-locks")
+        os.makedirs(self._lock_dir, exist_ok=True)
         self.stats: dict[str, float] = {}
 
     def _pool(self, kind: str, n: int) -> cf.ProcessPoolExecutor:
