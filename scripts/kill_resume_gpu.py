@@ -3,7 +3,9 @@
     PYTHONPATH=. python scripts/kill_resume_gpu.py MODEL.onnx --out $OUT [--solver highs]
 
 Each attempt runs `tessera compile --cost measured` on one database and is
-killed at a random moment; the sixth runs to the end. The database refuses a
+killed once the database holds a random number of rows (increasing targets,
+so every kill lands mid-tuning with measurements committed and more to come);
+the sixth runs to the end. The database refuses a
 second row for a key (`TuningDB.put`), so a completed measurement taken again
 would stop the run with an error: a clean finish means none was. The script
 then compiles once more on the same database (it must measure nothing) and once
@@ -49,24 +51,25 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--solver", default="highs")
     ap.add_argument("--seed", type=int, default=5)
-    ap.add_argument("--kill-between", default="4,20", help="seconds after start: a kill lands uniformly in this range")
+    ap.add_argument("--rows", type=int, default=700, help="kill targets are drawn from 1..ROWS (the model's total)")
     a = ap.parse_args()
-    lo, hi = (float(x) for x in a.kill_between.split(","))
     work = Path(tempfile.mkdtemp())
     db = work / "killed.db"
     rng = random.Random(a.seed)
     log = []
-    for attempt in range(5):
+    for attempt, target in enumerate(sorted(rng.sample(range(1, a.rows), 5))):
+        t = time.perf_counter()
         p = subprocess.Popen(compile_cmd(a.model, db, work / "art", a.solver), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
-        wait = rng.uniform(lo, hi)
-        time.sleep(wait)
+        while p.poll() is None and (not db.exists() or rows(db) < target):
+            time.sleep(0.1)
         killed = p.poll() is None
         if killed:
             p.send_signal(signal.SIGKILL)
         p.wait()
         # Workers of the killed compile are orphans now; they exit when their pipe closes.
-        log.append({"attempt": attempt, "after_s": round(wait, 1), "killed": killed, "rows": rows(db)})
+        log.append({"attempt": attempt, "target_rows": target, "after_s": round(time.perf_counter() - t, 1),
+                    "killed": killed, "rows": rows(db)})
         print(log[-1], flush=True)
     t = time.perf_counter()
     done = subprocess.run(compile_cmd(a.model, db, work / "resumed", a.solver), capture_output=True, text=True)
