@@ -121,7 +121,7 @@ def compile_model(source: Any, options: CompileOptions | None = None,
                  for k in plan.kernels]
         rows = len(cost.db)
         best = tune_schedules(graph, specs, cost.db, cost.profiler, cost.device, cost.versions,
-                              progress=tune_progress) if opt.schedule_tuning else {}
+                              progress=tune_progress, precision=opt.precision) if opt.schedule_tuning else {}
         tuned = {name: sch for name, (sch, _) in best.items()}
         getattr(cost.profiler, "close", lambda: None)()
         tuning = {**cost.stats, "db": str(cost.db.path), "schedules_tuned": len(tuned),
@@ -154,7 +154,7 @@ def measured_cost(og: OGraph, opt: CompileOptions, progress: Callable[[int, int]
     db = TuningDB(opt.db or default_db_path())
     bound = (lambda c: BOUND_FACTOR * analytical(c)) if opt.tune == "lazy" else None
     return MeasuredCost(og, db, GpuProfiler(opt.tune_workers), torch.cuda.get_device_name(), software_versions(),
-                        progress, bound)
+                        progress, bound, opt.precision)
 
 
 def generate_kernels(graph: Graph, plan: Plan, tuned: Mapping[str, Schedule] | None = None) -> list[KernelImpl]:

@@ -62,6 +62,24 @@ def test_identical_layers_share_a_signature():
     assert sigs[0] == sigs[1] != sigs[2]  # same op and shape; another axis differs
 
 
+def test_library_math_mode_is_part_of_the_key():
+    # fp32 tensors multiply in full fp32 or in tf32: a matmul kernel of an fp32 plan and of a
+    # tf32 plan are different measurements; a kernel without library math is the same in both.
+    m = graph_model([helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Relu", ["y"], ["z"])],
+                    {"x": rand(8, 16), "w": rand(16, 4)}, ["z"], opset=13)
+    og = build_ograph(fission(load(m).graph).graph)
+    mm = next(c for c in _candidates(og, og.all))
+    relu = next(n for n in og.nodes if n.op == "max")
+    relu_c = next(_candidates(og, 1 << og.index[relu.name]))
+    jobs = {p: MeasuredCost(og, None, None, "fake", "v1", precision=p) for p in ("fp32", "tf32", "fp16")}
+    keys = {p: c.job(mm).key.signature for p, c in jobs.items()}
+    assert keys["fp32"] != keys["tf32"] and jobs["tf32"].job(mm).precision == "tf32"
+    assert len({c.job(relu_c).key.signature for c in jobs.values()}) == 1
+    from tessera.cost.profiler import kernel_graph
+
+    assert kernel_graph(jobs["fp32"].job(mm))[1]["precision"] == "fp32"  # the profiler sets the flags from it
+
+
 def _og(name: str):
     return build_ograph(fission(load(MODELS / name).graph).graph)
 
@@ -217,3 +235,13 @@ def test_schedules_of_the_chosen_kernels_are_tuned(tmp_path):
         assert tuned == {n: sch for n, (sch, _) in best.items()}
         again = _ScheduleProfiler()
         assert tune_schedules(g, specs, db, again, "fake", "v1", per_kernel=4) == best and not again.keys
+
+
+def test_build_workers_are_capped_by_host_memory(monkeypatch):
+    from tessera.cost import profiler
+
+    monkeypatch.setattr(profiler, "available_memory", lambda: 5 * profiler.WORKER_MEMORY + 1)
+    assert profiler.build_workers(64) == 5  # an explicit request is capped too
+    assert profiler.build_workers(3) == 3
+    monkeypatch.setattr(profiler, "available_memory", lambda: 0)
+    assert profiler.build_workers(8) == 1  # never fewer than one

@@ -24,8 +24,21 @@ from tessera.orchestrate.candidates import Candidate
 from tessera.orchestrate.graphview import OGraph, bits
 
 
-def kernel_signature(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], outputs: Sequence[str]) -> str:
-    """A stable name for what a kernel computes: ops, attributes, types and wiring, not tensor names."""
+_LIBRARY_MATH = {"matmul", "conv", "conv_transpose"}
+
+
+def math_mode(prims: Sequence[Node], precision: str) -> str:
+    """What besides the types changes a kernel's time: fp32 tensors multiply in full fp32 or in
+    tf32 (a library flag), so an fp32 or tf32 plan's matmuls and convs are keyed by it."""
+    if precision in ("fp32", "tf32") and any(n.op in _LIBRARY_MATH for n in prims):
+        return precision
+    return ""
+
+
+def kernel_signature(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], outputs: Sequence[str],
+                     math: str = "") -> str:
+    """A stable name for what a kernel computes: ops, attributes, types and wiring, not tensor names
+    (and the math mode, where it matters: `math_mode`)."""
     ids: dict[str, str] = {}
 
     def tid(t: str) -> str:
@@ -41,6 +54,8 @@ def kernel_signature(graph: Graph, prims: Sequence[Node], prologue: Sequence[Nod
         parts.append(f"{n.op}({','.join(ins)})->{','.join(outs)}{attrs}")
     parts.append("types:" + ";".join(ids.values()))
     parts.append("writes:" + ",".join(tid(t) for t in outputs))
+    if math:
+        parts.append("math:" + math)
     return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:24]
 
 
@@ -57,6 +72,7 @@ class Job:
     prologue: tuple[Node, ...]
     outputs: tuple[str, ...]
     schedule: Schedule | None
+    precision: str = "fp32"  # the plan's: sets the library math flags while measuring
 
 
 Record = Callable[[int, float, str], None]  # (job index, seconds or inf, reason)
@@ -111,8 +127,9 @@ class MeasuredCost:
 
     def __init__(self, og: OGraph, db: TuningDB, profiler: Profiler, device: str, versions: str,
                  progress: Callable[[int, int], None] | None = None,
-                 bound: Callable[[Candidate], float] | None = None) -> None:
+                 bound: Callable[[Candidate], float] | None = None, precision: str = "fp32") -> None:
         self.og, self.db, self.profiler = og, db, profiler
+        self.precision = precision
         # With a lower bound the orchestrator measures lazily: only what its solver picks.
         self.bound = bound
         self.lazy = bound is not None
@@ -132,9 +149,9 @@ class MeasuredCost:
         prims = [self.og.nodes[i] for i in bits(c.nodes)]
         pro = prologue_of(self.og, prims)
         outs = [o for v in bits(c.outputs) for o in self.og.nodes[v].outputs if o]
-        sig = kernel_signature(self.og.graph, prims, pro, outs)
+        sig = kernel_signature(self.og.graph, prims, pro, outs, math_mode(prims, self.precision))
         return Job(Key(self.device, self.versions, sig, "default"), self.og.graph, tuple(prims), tuple(pro),
-                   tuple(outs), None)
+                   tuple(outs), None, self.precision)
 
     def prepare(self, candidates: Sequence[Candidate]) -> None:
         t0 = time.perf_counter()
@@ -177,7 +194,8 @@ class MeasuredCost:
 
 def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[Node], list[str]]],
                    db: TuningDB, profiler: Profiler, device: str, versions: str, per_kernel: int = 4,
-                   progress: Callable[[int, int], None] | None = None) -> dict[str, tuple[Schedule, float]]:
+                   progress: Callable[[int, int], None] | None = None,
+                   precision: str = "fp32") -> dict[str, tuple[Schedule, float]]:
     """After the plan is chosen: time the first `per_kernel` schedules of each generated kernel's space.
 
     Post-scheduling tuning (Hidet): the plan's kernels are few, so each can try several block
@@ -197,11 +215,11 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
             continue
         if impl.triton is None:
             continue
-        sig = kernel_signature(graph, prims, prologue, outputs)
+        sig = kernel_signature(graph, prims, prologue, outputs, math_mode(prims, precision))
         space = schedules(impl.triton.xnumel, impl.triton.rnumel)[:per_kernel]
         for sch in space:
             jobs.append(Job(Key(device, versions, sig, _schedule_key(sch)), graph, tuple(prims), tuple(prologue),
-                            tuple(outputs), sch))
+                            tuple(outputs), sch, precision))
             owner.append(name)
     got = tune(jobs, profiler, db, progress=progress)
     best: dict[str, tuple[Schedule, float]] = {}

@@ -43,6 +43,28 @@ L2_BYTES = 64 << 20  # rotate inputs over more than the H100/H200 L2 (50 MB)
 TIMERS_PER_GPU = 3  # processes sharing one GPU's lock: one times while the others prepare
 TARGET_S = 4e-3  # GPU time spent timing one job (at least MIN_REPLAYS replays)
 MIN_REPLAYS, MAX_REPLAYS = 5, 200
+WORKER_MEMORY = 2 << 30  # host memory a build worker may take (torch, a CUDA context, Triton's compiler)
+
+
+def available_memory() -> int | None:
+    """Host memory available now (MemAvailable), or None where /proc/meminfo is missing."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def build_workers(requested: int | None = None) -> int:
+    """Parallel build workers: all cores but two, capped so that each has WORKER_MEMORY of host memory."""
+    n = requested or max(1, (os.cpu_count() or 2) - 2)
+    mem = available_memory()
+    if mem is not None:
+        n = min(n, max(1, mem // WORKER_MEMORY))
+    return n
 
 
 def kernel_graph(job: Job) -> tuple[Graph, dict[str, Any]]:
@@ -55,7 +77,7 @@ def kernel_graph(job: Job) -> tuple[Graph, dict[str, Any]]:
     mini = Graph(name="kernel", kind=GraphKind.PRIMITIVE, inputs=[t for t in reads if t not in g.constants],
                  outputs=list(job.outputs), nodes=nodes, types={t: g.types[t] for t in tensors},
                  constants={t: g.constants[t] for t in reads if t in g.constants}, opsets=dict(g.opsets))
-    plan = {"precision": "tf32", "kernels": [{
+    plan = {"precision": job.precision, "kernels": [{
         "name": "tune", "prims": [n.name for n in job.prims], "prologue": [n.name for n in job.prologue],
         "outputs": list(job.outputs), **({"schedule": job.schedule.to_json()} if job.schedule else {})}]}
     return mini, plan
@@ -147,7 +169,8 @@ def _build(payload: Payload) -> Result:
         mini, plan = payload
         exe = Executable(mini, plan, "cuda", cuda_graph=False)
         st("generate")
-        exe._launch(_inputs(mini, "cuda", 0))
+        with exe._precision():  # the plan's math flags (tf32 or full fp32 in the libraries)
+            exe._launch(_inputs(mini, "cuda", 0))
         torch.cuda.synchronize()
         st("compile")
         return 0.0, "", st.times
@@ -191,7 +214,7 @@ def _time(payload: Payload) -> Result:
         size = sum(mini.types[t].nbytes for t in mini.inputs) + sum(mini.types[t].nbytes for t in mini.outputs)
         copies = max(1, min(LAUNCHES, math.ceil(L2_BYTES / max(size, 1))))
         st("generate")
-        with _gpu_section():
+        with _gpu_section(), exe._precision():
             st("wait")
             feeds = [_inputs(mini, "cuda", s) for s in range(copies)]
             exe._launch(feeds[0])  # loads the compiled kernel
@@ -203,7 +226,7 @@ def _time(payload: Payload) -> Result:
             torch.cuda.synchronize()
             st("load")
             graph = torch.cuda.CUDAGraph()
-            with torch.no_grad(), torch.cuda.graph(graph):
+            with torch.cuda.graph(graph):
                 for i in range(LAUNCHES):
                     exe._launch(feeds[i % copies])
             st("capture")
@@ -238,7 +261,7 @@ class GpuProfiler:
         import torch
 
         self.gpus = max(1, torch.cuda.device_count())
-        self.workers = workers or max(1, (os.cpu_count() or 2) - 2)
+        self.workers = build_workers(workers)
         self.timeout_s = timeout_s
         self.ctx = mp.get_context("spawn")
         self._pools: dict[str, cf.ProcessPoolExecutor] = {}
