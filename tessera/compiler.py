@@ -121,7 +121,7 @@ def compile_model(source: Any, options: CompileOptions | None = None,
                  for k in plan.kernels]
         rows = len(cost.db)
         best = tune_schedules(graph, specs, cost.db, cost.profiler, cost.device, cost.versions,
-                              progress=tune_progress, precision=opt.precision) if opt.schedule_tuning else {}
+                              progress=tune_progress, precision=opt.precision, gpu=dev) if opt.schedule_tuning else {}
         tuned = {name: sch for name, (sch, _) in best.items()}
         getattr(cost.profiler, "close", lambda: None)()
         tuning = {**cost.stats, "db": str(cost.db.path), "schedules_tuned": len(tuned),

@@ -19,6 +19,7 @@ from typing import Callable, Protocol, Sequence
 from tessera.codegen.kernels import Schedule
 from tessera.codegen.select import prologue_of
 from tessera.cost.db import Key, TuningDB
+from tessera.cost.devices import Device
 from tessera.ir.graph import Graph, Node
 from tessera.orchestrate.candidates import Candidate
 from tessera.orchestrate.graphview import OGraph, bits
@@ -193,41 +194,72 @@ class MeasuredCost:
 
 
 def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[Node], list[str]]],
-                   db: TuningDB, profiler: Profiler, device: str, versions: str, per_kernel: int = 4,
-                   progress: Callable[[int, int], None] | None = None,
-                   precision: str = "fp32") -> dict[str, tuple[Schedule, float]]:
-    """After the plan is chosen: time the first `per_kernel` schedules of each generated kernel's space.
+                   db: TuningDB, profiler: Profiler, device: str, versions: str, first: int = 2,
+                   most: int = 5, progress: Callable[[int, int], None] | None = None,
+                   precision: str = "fp32", gpu: Device | None = None,
+                   converge: float = 0.03) -> dict[str, tuple[Schedule, float]]:
+    """After the plan is chosen: find each generated kernel's fastest schedule, measuring few.
 
     Post-scheduling tuning (Hidet): the plan's kernels are few, so each can try several block
-    sizes and warp counts without multiplying the candidate count. Kernels are given as
-    (name, prims, prologue, outputs); returns name -> (fastest schedule, seconds).
+    sizes and warp counts without multiplying the candidate count. Which to try comes from the
+    analytical schedule model (MCFuser): the `first` best-ranked schedules are measured, then the
+    next in rank while the last one measured beat the best before it by `converge` or more, up to
+    `most`. Kernels are measured together, round by round, so the profiler builds in parallel.
+    Kernels are given as (name, prims, prologue, outputs); returns name -> (fastest schedule, seconds).
     """
     from tessera.codegen.kernels import schedules
     from tessera.codegen.select import implement
     from tessera.codegen.triton_ops import Unsupported
+    from tessera.cost.devices import device as device_preset
+    from tessera.cost.schedule_model import rank
 
-    jobs: list[Job] = []
-    owner: list[str] = []
+    dev = gpu or device_preset("h100")
+    queues: dict[str, list[Job]] = {}
+    measured: dict[str, list[tuple[Schedule, float]]] = {}
     for name, prims, prologue, outputs in kernels:
         try:
             impl = implement(graph, prims, prologue, outputs, name)
         except Unsupported:
             continue
-        if impl.triton is None:
+        ks = impl.triton
+        if ks is None:
             continue
         sig = kernel_signature(graph, prims, prologue, outputs, math_mode(prims, precision))
-        space = schedules(impl.triton.xnumel, impl.triton.rnumel)[:per_kernel]
-        for sch in space:
-            jobs.append(Job(Key(device, versions, sig, _schedule_key(sch)), graph, tuple(prims), tuple(prologue),
-                            tuple(outputs), sch, precision))
-            owner.append(name)
-    got = tune(jobs, profiler, db, progress=progress)
+        space = schedules(ks.xnumel, ks.rnumel)
+        nbytes = sum(graph.types[t].nbytes for t in ks.inputs + ks.outputs)
+        ranked = rank(space, ks.xnumel, ks.rnumel, nbytes, dev)[:most]
+        queues[name] = [Job(Key(device, versions, sig, _schedule_key(sch)), graph, tuple(prims), tuple(prologue),
+                            tuple(outputs), sch, precision) for sch in ranked]
+        measured[name] = []
+        default = db.get(Key(device, versions, sig, "default"))
+        if default is not None and math.isfinite(default.seconds):
+            # The candidate was measured at the space's first schedule already: no second timing.
+            measured[name].append((space[0], default.seconds))
+            queues[name] = [j for j in queues[name] if j.schedule != space[0]]
+
+    def take(name: str, n: int) -> list[Job]:
+        out, queues[name] = queues[name][:n], queues[name][n:]
+        return out
+
+    batch = {name: take(name, max(0, first - len(measured[name]))) for name in queues}
+    while any(batch.values()):
+        jobs = [j for js in batch.values() for j in js]
+        got = tune(jobs, profiler, db, progress=progress)
+        nxt: dict[str, list[Job]] = {}
+        for name, js in batch.items():
+            before = min((t for _, t in measured[name]), default=math.inf)
+            for j in js:
+                assert j.schedule is not None
+                measured[name].append((j.schedule, got[j.key]))
+            last = got[js[-1].key] if js else math.inf
+            improving = math.isfinite(last) and last < before * (1 - converge)
+            nxt[name] = take(name, 1) if js and improving else []
+        batch = nxt
     best: dict[str, tuple[Schedule, float]] = {}
-    for name, j in zip(owner, jobs):
-        s = got[j.key]
-        if math.isfinite(s) and (name not in best or s < best[name][1]):
-            assert j.schedule is not None
-            best[name] = (j.schedule, s)
+    for name, runs in measured.items():
+        ok = [(s, t) for s, t in runs if math.isfinite(t)]
+        if ok:
+            best[name] = min(ok, key=lambda r: r[1])
     return best
 
 

@@ -1,0 +1,67 @@
+"""An analytical model that ranks a generated kernel's schedules before any is measured (MCFuser's idea).
+
+A memory-bound kernel's time is its traffic over the bandwidth it reaches,
+and a schedule changes three things about that:
+
+- **parallelism**: DRAM bandwidth saturates only with enough busy warps in
+  flight per SM (`warps_to_saturate`); few programs, or programs of few
+  warps, leave it idle;
+- **padding**: lanes past the end of a row or of the grid load nothing (their
+  loads are masked) but occupy warps, so they count against parallelism;
+- **register pressure**: a block holds `xblock * rblock` values over
+  `32 * num_warps` threads; beyond `values_per_thread` they spill
+  (`spill_cost` per doubling);
+
+plus a cost per loop iteration for looped reductions. The constants are fitted to
+H100 measurements of the same kernels under several schedules
+(`scripts/schedule_fit.py`), which also reports how well the ranking picks.
+Post-scheduling measures the top of the ranking and stops when it converges
+(`cost/measured.py`, `tune_schedules`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from tessera.codegen.kernels import Schedule
+from tessera.cost.devices import Device
+
+
+@dataclass(frozen=True)
+class ScheduleParams:
+    warps_to_saturate: float = 24.0  # warps per SM at which a streaming kernel reaches full bandwidth
+    values_per_thread: float = 64.0  # register-resident values per thread before spilling
+    spill_cost: float = 0.5  # extra time per doubling past values_per_thread
+    loop_iteration_s: float = 1.0e-7  # per sequential chunk of a looped reduction (per program wave)
+    max_warps_per_sm: int = 64
+
+
+DEFAULT_PARAMS = ScheduleParams()
+
+
+def predict(s: Schedule, xnumel: int, rnumel: int, nbytes: float, dev: Device,
+            p: ScheduleParams = DEFAULT_PARAMS) -> float:
+    """Predicted seconds of one launch under schedule s (only the ranking is meant to be right)."""
+    rnumel = max(1, rnumel)
+    programs = math.ceil(xnumel / s.xblock)
+    pad_x = programs * s.xblock / xnumel
+    if rnumel > 1 and not s.persistent:
+        chunks = math.ceil(rnumel / s.rblock)
+        pad_r = chunks * s.rblock / rnumel
+    else:
+        chunks = 1
+        pad_r = max(s.rblock, 1) / rnumel if rnumel > 1 else 1.0
+    warps = min(programs * s.num_warps, dev.sms * p.max_warps_per_sm)
+    saturation = min(1.0, warps / (pad_x * pad_r) / (dev.sms * p.warps_to_saturate))
+    per_thread = s.xblock * max(s.rblock, 1) / (32 * s.num_warps)
+    spill = 1.0 + p.spill_cost * max(0.0, math.log2(per_thread / p.values_per_thread))
+    waves = math.ceil(programs * s.num_warps / (dev.sms * p.max_warps_per_sm))
+    stream = nbytes / (dev.bandwidth * saturation)
+    return stream * spill + chunks * waves * p.loop_iteration_s
+
+
+def rank(space: Sequence[Schedule], xnumel: int, rnumel: int, nbytes: float, dev: Device,
+         p: ScheduleParams = DEFAULT_PARAMS) -> list[Schedule]:
+    """The space from most to least promising (ties keep the space's order)."""
+    return sorted(space, key=lambda s: predict(s, xnumel, rnumel, nbytes, dev, p))
