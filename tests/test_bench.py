@@ -18,6 +18,10 @@ def test_bench_zoo_model_against_eager(tmp_path, capsys):
     assert all(e["passed"] and e["ms"] > 0 for e in doc["entries"])
     assert doc["entries"][-1]["vs_best_peer"] == 1.0
     assert {"torch", "onnxruntime"} <= set(doc["versions"]) and doc["date"]
+    prof = doc["entries"][0]["extra"]["profile"]  # where the plan's time goes, kernel by kernel
+    assert prof["top"] and prof["total_cost_us"] >= prof["total_roofline_us"] > 0
+    assert sum(b["kernels"] for b in prof["by_backend"].values()) == doc["entries"][0]["extra"]["kernels"]
+    assert all(r["cost_us"] >= r["roofline_us"] for r in prof["top"])  # analytical: roofline plus launch
 
 
 def test_bench_cli_writes_json_and_rejects_unknown_models(tmp_path, capsys):
@@ -40,6 +44,22 @@ def test_zoo_candy_is_the_shared_candy_network(tmp_path):
 
     ours = load(build("candy", tmp_path, seed=3)).graph
     shared = load(Path(__file__).resolve().parents[2] / "shared" / "models" / "candy.onnx").graph
+    assert Counter(n.op for n in ours.nodes) == Counter(n.op for n in shared.nodes)
+    assert [ours.types[t] for t in ours.inputs] == [shared.types[t] for t in shared.inputs]
+    assert [ours.types[t] for t in ours.outputs] == [shared.types[t] for t in shared.outputs]
+
+
+def test_zoo_segformer_is_the_shared_segformer_network(tmp_path):
+    # The PyTorch source of ../shared/models/segformer_b0.onnx (needs transformers; the GPU machine has it).
+    pytest.importorskip("transformers")
+    from collections import Counter
+    from pathlib import Path
+
+    from tessera.frontend import load
+    from tessera.zoo import build
+
+    ours = load(build("segformer_b0", tmp_path)).graph
+    shared = load(Path(__file__).resolve().parents[2] / "shared" / "models" / "segformer_b0.onnx").graph
     assert Counter(n.op for n in ours.nodes) == Counter(n.op for n in shared.nodes)
     assert [ours.types[t] for t in ours.inputs] == [shared.types[t] for t in shared.inputs]
     assert [ours.types[t] for t in ours.outputs] == [shared.types[t] for t in shared.outputs]

@@ -267,3 +267,38 @@ def test_build_workers_are_capped_by_host_memory(monkeypatch):
     assert profiler.build_workers(3) == 3
     monkeypatch.setattr(profiler, "available_memory", lambda: 0)
     assert profiler.build_workers(8) == 1  # never fewer than one
+
+
+def test_the_gpu_lock_is_released_when_its_holder_dies(tmp_path):
+    # Timing workers share a GPU through an flock: a worker killed while timing (a GPU fault
+    # exits it) must not leave the GPU locked for the others.
+    from tessera.cost import profiler
+
+    lock = tmp_path / "gpu0.lock"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, %r)\n"
+        "from tessera.cost import profiler\n"
+        "profiler._LOCK_PATH = %r\n"
+        "with profiler._gpu_section():\n"
+        "    print('held', flush=True); time.sleep(60)\n") % (str(Path(__file__).resolve().parents[1]), str(lock))],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        import fcntl
+        import os
+
+        fd = os.open(lock, os.O_RDWR)
+        with pytest.raises(BlockingIOError):  # held by the other process
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        profiler._LOCK_PATH = str(lock)
+        t = time.perf_counter()
+        with profiler._gpu_section():  # the dead holder's lock is gone
+            pass
+        assert time.perf_counter() - t < 5
+        os.close(fd)
+    finally:
+        profiler._LOCK_PATH = None
+        if holder.poll() is None:
+            holder.kill()
