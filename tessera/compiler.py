@@ -17,6 +17,7 @@ import torch
 from tessera.codegen.select import KernelImpl, TritonLegality, implement
 from tessera.codegen.triton_ops import Unsupported
 from tessera.cost import AnalyticalCost, device
+from tessera.cost.devices import Device
 from tessera.cost.db import TuningDB, default_db_path, software_versions
 from tessera.codegen.kernels import Schedule
 from tessera.cost.measured import MeasuredCost, tune_schedules
@@ -100,7 +101,7 @@ def compile_model(source: Any, options: CompileOptions | None = None,
     og = build_ograph(graph)
     done("ograph")
     if cost_kind == "measured":
-        cost: Any = measured_cost(og, opt, tune_progress, AnalyticalCost(og, dev, opt.precision))
+        cost: Any = measured_cost(og, opt, tune_progress, AnalyticalCost(og, dev, opt.precision), dev)
         device_name = torch.cuda.get_device_name()
     else:
         cost = AnalyticalCost(og, dev, opt.precision)
@@ -142,7 +143,7 @@ BOUND_FACTOR = 0.6
 
 
 def measured_cost(og: OGraph, opt: CompileOptions, progress: Callable[[int, int], None] | None,
-                  analytical: AnalyticalCost) -> MeasuredCost:
+                  analytical: AnalyticalCost, gpu: Device) -> MeasuredCost:
     """Costs from the tuning database, measuring on this machine's GPUs what it lacks.
 
     `opt.tune == "all"` (the default) measures every candidate; "lazy" measures only what the
@@ -154,7 +155,7 @@ def measured_cost(og: OGraph, opt: CompileOptions, progress: Callable[[int, int]
     db = TuningDB(opt.db or default_db_path())
     bound = (lambda c: BOUND_FACTOR * analytical(c)) if opt.tune == "lazy" else None
     return MeasuredCost(og, db, GpuProfiler(opt.tune_workers), torch.cuda.get_device_name(), software_versions(),
-                        progress, bound, opt.precision)
+                        progress, bound, opt.precision, gpu)
 
 
 def generate_kernels(graph: Graph, plan: Plan, tuned: Mapping[str, Schedule] | None = None) -> list[KernelImpl]:

@@ -118,6 +118,10 @@ def tune(jobs: Sequence[Job], profiler: Profiler, db: TuningDB,
 class MeasuredCost:
     """Candidate -> seconds from measurements (the orchestrator's cost function).
 
+    Each candidate is measured once, at the schedule the analytical schedule model ranks
+    first (`cost/schedule_model.py`); the chosen kernels search further after the solve
+    (`tune_schedules`).
+
     `prepare(candidates)` measures what the database lacks in batches (so the
     profiler can compile in parallel); a call for a candidate not prepared
     measures it alone. A candidate that failed (compile error, timeout, GPU
@@ -128,9 +132,13 @@ class MeasuredCost:
 
     def __init__(self, og: OGraph, db: TuningDB, profiler: Profiler, device: str, versions: str,
                  progress: Callable[[int, int], None] | None = None,
-                 bound: Callable[[Candidate], float] | None = None, precision: str = "fp32") -> None:
+                 bound: Callable[[Candidate], float] | None = None, precision: str = "fp32",
+                 gpu: Device | None = None) -> None:
+        from tessera.cost.devices import device as device_preset
+
         self.og, self.db, self.profiler = og, db, profiler
         self.precision = precision
+        self.gpu = gpu or device_preset("h100")  # the schedule model's rates
         # With a lower bound the orchestrator measures lazily: only what its solver picks.
         self.bound = bound
         self.lazy = bound is not None
@@ -151,8 +159,29 @@ class MeasuredCost:
         pro = prologue_of(self.og, prims)
         outs = [o for v in bits(c.outputs) for o in self.og.nodes[v].outputs if o]
         sig = kernel_signature(self.og.graph, prims, pro, outs, math_mode(prims, self.precision))
-        return Job(Key(self.device, self.versions, sig, "default"), self.og.graph, tuple(prims), tuple(pro),
-                   tuple(outs), None, self.precision)
+        sched = self._best_ranked(prims, pro, outs)
+        # The space's first schedule keeps the key "default" (rows measured before ranking stay valid).
+        key = "default" if sched is None else _schedule_key(sched)
+        return Job(Key(self.device, self.versions, sig, key), self.og.graph, tuple(prims), tuple(pro),
+                   tuple(outs), sched, self.precision)
+
+    def _best_ranked(self, prims: list[Node], pro: list[Node], outs: list[str]) -> Schedule | None:
+        """The schedule model's first choice for a generated kernel, or None for the default."""
+        from tessera.codegen.kernels import schedules
+        from tessera.codegen.select import implement
+        from tessera.codegen.triton_ops import Unsupported
+        from tessera.cost.schedule_model import rank
+
+        try:
+            ks = implement(self.og.graph, prims, pro, outs, "k").triton
+        except Unsupported:
+            return None
+        if ks is None:
+            return None
+        space = schedules(ks.xnumel, ks.rnumel)
+        g = self.og.graph
+        top = rank(space, ks.xnumel, ks.rnumel, sum(g.types[t].nbytes for t in ks.inputs + ks.outputs), self.gpu)[0]
+        return None if top == space[0] else top
 
     def prepare(self, candidates: Sequence[Candidate]) -> None:
         t0 = time.perf_counter()
@@ -202,9 +231,10 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
 
     Post-scheduling tuning (Hidet): the plan's kernels are few, so each can try several block
     sizes and warp counts without multiplying the candidate count. Which to try comes from the
-    analytical schedule model (MCFuser): the `first` best-ranked schedules are measured, then the
-    next in rank while the last one measured beat the best before it by `converge` or more, up to
-    `most`. Kernels are measured together, round by round, so the profiler builds in parallel.
+    analytical schedule model (MCFuser): the `first` best-ranked schedules and the space's default
+    are measured, then the next in rank while the last one measured beat the best before it by
+    `converge` or more, up to `most`. The candidate's own measurement (at the model's first
+    choice, or the default) is reused, not taken again. Kernels are measured together, round by round, so the profiler builds in parallel.
     Kernels are given as (name, prims, prologue, outputs); returns name -> (fastest schedule, seconds).
     """
     from tessera.codegen.kernels import schedules
@@ -216,6 +246,7 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
     dev = gpu or device_preset("h100")
     queues: dict[str, list[Job]] = {}
     measured: dict[str, list[tuple[Schedule, float]]] = {}
+    firsts: dict[str, int] = {}
     for name, prims, prologue, outputs in kernels:
         try:
             impl = implement(graph, prims, prologue, outputs, name)
@@ -228,8 +259,12 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
         space = schedules(ks.xnumel, ks.rnumel)
         nbytes = sum(graph.types[t].nbytes for t in ks.inputs + ks.outputs)
         ranked = rank(space, ks.xnumel, ks.rnumel, nbytes, dev)[:most]
+        # The space's first schedule is always among the first measured: a safety net where the
+        # model ranks schedules it has no measurements for.
+        order = list(dict.fromkeys(ranked[:first] + [space[0]] + ranked[first:]))
+        firsts[name] = first + (space[0] not in ranked[:first])
         queues[name] = [Job(Key(device, versions, sig, _schedule_key(sch)), graph, tuple(prims), tuple(prologue),
-                            tuple(outputs), sch, precision) for sch in ranked]
+                            tuple(outputs), sch, precision) for sch in order]
         measured[name] = []
         default = db.get(Key(device, versions, sig, "default"))
         if default is not None and math.isfinite(default.seconds):
@@ -241,7 +276,7 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
         out, queues[name] = queues[name][:n], queues[name][n:]
         return out
 
-    batch = {name: take(name, max(0, first - len(measured[name]))) for name in queues}
+    batch = {name: take(name, max(0, firsts[name] - len(measured[name]))) for name in queues}
     while any(batch.values()):
         jobs = [j for js in batch.values() for j in js]
         got = tune(jobs, profiler, db, progress=progress)
