@@ -261,3 +261,34 @@ def test_conv_transpose_larger_output_shape_is_opaque():
                         {"strides": [2, 2], "output_shape": [10, 10]})
     reasons = _opaque_reasons(model)
     assert len(reasons) == 1 and "exceeds" in reasons[0]
+
+
+@pytest.mark.parametrize("xs,ws,bias", [
+    ((1, 3, 8, 12), (5, 3, 4, 4), True),  # ViT-style patch embedding
+    ((2, 4, 6, 9), (3, 4, 2, 3), False),  # unequal kernel, batch 2
+    ((1, 32, 16, 16), (32, 32, 8, 8), True),  # SegFormer-B0's spatial reduction, scaled down
+], ids=["patch4", "patch2x3_batch2", "sr8"])
+def test_conv_with_tiling_windows_becomes_a_gemm(xs, ws, bias):
+    # kernel = stride, no padding: one MATMUL over the patches (cuBLAS), not a CONV (cuDNN).
+    inputs = {"x": rand(*xs, seed=1), "w": Const(rand(*ws, seed=2))}
+    if bias:
+        inputs["b"] = Const(rand(ws[0], seed=3))
+    pg = check_op("Conv", inputs, {"strides": list(ws[2:])}, expect_prims=["matmul", "transpose"])
+    assert "conv" not in _ops(pg)
+
+
+def test_conv_with_tiling_windows_runs_through_generated_kernels():
+    # The patch transposes are 6-D layout kernels: compiled and run (Triton's interpreter on a CPU).
+    import torch
+    from opcheck import run_ort
+
+    import tessera
+
+    m = build_model("Conv", {"x": rand(1, 8, 16, 16, seed=1), "w": Const(rand(16, 8, 4, 4, seed=2)),
+                             "b": Const(rand(16, seed=3))}, {"strides": [4, 4]})
+    exe = tessera.compile(m, tessera.CompileOptions(cost="analytical"))
+    assert any(s.impl.backend == "triton" for s in exe.steps) and any(s.impl.backend == "linear" for s in exe.steps)
+    x = rand(1, 8, 16, 16, seed=11)
+    (got,) = exe(torch.from_numpy(x))
+    (ref,) = run_ort(m, {"x": x})
+    assert rel_l2(got.numpy(), ref) < 1e-5

@@ -164,9 +164,42 @@ def conv(ctx: OpCtx) -> list[str]:
     for i in range(n):
         if xs[2 + i] + pads[i] + pads[i + n] < dils[i] * (k[i] - 1) + 1:
             raise ctx.fail(f"kernel {k} (dilations {dils}) is larger than the padded input {list(xs)}")
+    if _is_patchify(xs, k, strides, pads, dils, group):
+        return [_patchify(ctx, x, w, k)]
     y = b.emit(Prim.CONV, [x, w], {"strides": tuple(strides), "pads": tuple(pads),
                                    "dilations": tuple(dils), "group": group})
     return [_bias(ctx, y, 2)]
+
+
+def _is_patchify(xs: Sequence[int], k: Sequence[int], strides: Sequence[int], pads: Sequence[int],
+                 dils: Sequence[int], group: int) -> bool:
+    """A 2-D conv whose windows tile the input exactly (kernel = stride > 1, no padding or dilation):
+    ViT's patch embedding, SegFormer's spatial reduction."""
+    return (len(xs) == 4 and group == 1 and list(k) == list(strides) and max(k) > 1 and not any(pads)
+            and all(d == 1 for d in dils) and xs[2] % k[0] == 0 and xs[3] % k[1] == 0)
+
+
+def _patchify(ctx: OpCtx, x: str, w: str, k: Sequence[int]) -> str:
+    """The non-overlapping conv as one GEMM: patches [N*Ho*Wo, C*kh*kw] @ W^T [C*kh*kw, O].
+
+    cuDNN ran SegFormer-B0's 8x8 stride-8 convs at about 75x their roofline on the H100
+    (docs/benchmarks.md); as a GEMM they go to cuBLAS, the bias rides in the library call, and
+    the two transposes are memory-bound primitives that can fuse with their neighbours.
+    """
+    b = ctx.b
+    n, c, h, wd = b.shape(x)
+    o = b.shape(w)[0]
+    kh, kw = k
+    ho, wo = h // kh, wd // kw
+    patches = b.transpose(b.reshape(x, (n, c, ho, kh, wo, kw)), (0, 2, 4, 1, 3, 5))
+    rows = b.reshape(patches, (n * ho * wo, c * kh * kw))
+    y = b.matmul(rows, b.transpose(b.reshape(w, (o, c * kh * kw)), (1, 0)))
+    bias = ctx.optional(2)
+    if bias is not None:
+        if b.shape(bias) != (o,):
+            raise ctx.fail(f"bias shape {list(b.shape(bias))} is not [{o}]")
+        y = b.add(y, b.reshape(bias, (1, o)))
+    return b.transpose(b.reshape(y, (n, ho, wo, o)), (0, 3, 1, 2))
 
 
 # ---- ConvTranspose -------------------------------------------------------------------
