@@ -292,3 +292,42 @@ def test_conv_with_tiling_windows_runs_through_generated_kernels():
     (got,) = exe(torch.from_numpy(x))
     (ref,) = run_ort(m, {"x": x})
     assert rel_l2(got.numpy(), ref) < 1e-5
+
+
+@pytest.mark.parametrize("xs,ws", [
+    ((1, 8, 16, 8192), (1, 8, 8192, 17)),  # EfficientViT's linear attention, K halved
+    ((16, 4096), (4096, 8)),  # plain 2-D
+], ids=["attention", "2d"])
+def test_matmul_with_a_long_reduction_and_a_tiny_output_is_split(xs, ws):
+    from tessera.ops.linear import _split_k
+
+    pg = check_op("MatMul", {"x": rand(*xs, seed=1), "w": rand(*ws, seed=2)}, expect_prims=["matmul", "reduce_sum"])
+    mm = [n for n in pg.nodes if n.op == "matmul"]
+    chunks = _split_k(int(np.prod(xs[:-2])), xs[-2], ws[-1], xs[-1])
+    assert len(mm) == 1 and chunks > 1 and pg.types[mm[0].inputs[0]].shape[-1] == xs[-1] // chunks
+
+
+def test_matmul_split_rule_leaves_ordinary_gemms_alone():
+    from tessera.ops.linear import _split_k
+
+    assert _split_k(1, 128, 3072, 768) == 1  # BERT's FFN: K is short
+    assert _split_k(12, 128, 128, 8192) == 1  # many output tiles already
+    assert _split_k(8, 16, 17, 16384) == 32  # 512 per chunk
+    assert _split_k(1, 16, 16, 4160) == 8  # chunks of 520: halving stops before 512
+    assert _split_k(1, 16, 16, 4097) == 1  # odd K: no even split
+
+
+def test_split_matmul_runs_through_generated_kernels():
+    # The chunk transpose and the sum over chunks (a middle-axis reduction) as generated kernels.
+    import torch
+    from opcheck import run_ort
+
+    import tessera
+
+    m = build_model("MatMul", {"x": rand(1, 2, 16, 4096, seed=1), "w": rand(1, 2, 4096, 17, seed=2)})
+    exe = tessera.compile(m, tessera.CompileOptions(cost="analytical"))
+    assert any(s.impl.backend == "triton" for s in exe.steps)
+    x, w = rand(1, 2, 16, 4096, seed=11), rand(1, 2, 4096, 17, seed=12)
+    (got,) = exe(torch.from_numpy(x), torch.from_numpy(w))
+    (ref,) = run_ort(m, {"x": x, "w": w})
+    assert rel_l2(got.numpy(), ref) < 1e-5

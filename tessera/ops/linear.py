@@ -55,7 +55,8 @@ def matmul(ctx: OpCtx) -> list[str]:
     out_shape = batch + ((m,) if len(sa) > 1 else ()) + ((n,) if len(sb) > 1 else ())
     if len(sa) > 1 and len(sb) > 1 and a2[:-2] == b2[:-2]:
         # Equal batch dims (attention, GEMM chains): the primitive as it is.
-        y = b.matmul(x, w)
+        chunks = _split_k(math.prod(batch), m, n, k) if b.dtype(x).is_float else 1
+        y = _split_k_matmul(ctx, x, w, chunks) if chunks > 1 else b.matmul(x, w)
     elif math.prod(b2[:-2]) == 1:
         # One right matrix for every batch: fold the left batch into M, no copies.
         y = b.matmul(b.reshape(x, (math.prod(a2[:-2]) * m, k)), b.reshape(w, (k, n)))
@@ -66,6 +67,40 @@ def matmul(ctx: OpCtx) -> list[str]:
         wb = b.reshape(w, (ones + b2)[-len(batch) - 2:])
         y = b.matmul(b.broadcast_to(xa, batch + (m, k)), b.broadcast_to(wb, batch + (k, n)))
     return [b.reshape(y, out_shape)]
+
+
+SPLIT_K_MIN = 4096  # reductions at least this long may be split
+SPLIT_K_CHUNK = 512  # elements of K per chunk
+SPLIT_K_MAX_TILES = 16  # 64x64 output tiles below which a GEMM leaves most SMs idle
+
+
+def _split_k(batch: int, m: int, n: int, k: int) -> int:
+    """How many chunks to split a long reduction into (1: none).
+
+    A GEMM with a tiny output and a huge K (EfficientViT's linear attention: 16x17 outputs
+    over 16384 tokens) gives cuBLAS a handful of output tiles for the whole GPU: on the H100 it
+    ran 44x off its roofline (docs/benchmarks.md). Split into chunks, the partial products are
+    a batched GEMM with many tiles and the sum over chunks is a small reduction kernel.
+    """
+    tiles = batch * -(-m // 64) * -(-n // 64)
+    if k < SPLIT_K_MIN or tiles > SPLIT_K_MAX_TILES:
+        return 1
+    chunks = 1
+    while k % (2 * chunks) == 0 and k // (2 * chunks) >= SPLIT_K_CHUNK:
+        chunks *= 2
+    return chunks
+
+
+def _split_k_matmul(ctx: OpCtx, x: str, w: str, chunks: int) -> str:
+    """x [..., m, k] @ w [..., k, n] as sum over chunks of x[..., m, k/c] @ w[..., k/c, n]."""
+    b = ctx.b
+    *batch, m, k = b.shape(x)
+    n = b.shape(w)[-1]
+    r = len(batch)
+    xs = b.transpose(b.reshape(x, (*batch, m, chunks, k // chunks)),
+                     tuple(range(r)) + (r + 1, r, r + 2))  # [..., chunks, m, k/c]
+    ws = b.reshape(w, (*batch, chunks, k // chunks, n))  # [..., chunks, k/c, n]: a view
+    return b.reduce(Prim.REDUCE_SUM, b.matmul(xs, ws), [r], keepdims=False)
 
 
 # ---- Gemm -------------------------------------------------------------------------
