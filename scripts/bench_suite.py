@@ -94,8 +94,8 @@ def main() -> int:
             if a.fresh_db:
                 from tessera.cost.db import TuningDB
 
-                with TuningDB(db) as d, (a.out / "tuning.jsonl").open("a") as f:
-                    f.write("".join(json.dumps(row) + "\n" for row in d.rows()))
+                with TuningDB(db) as d:
+                    d.export(a.out / "tuning.jsonl", append=True)
             (a.out / name).write_text(json.dumps(doc, indent=1))
             print(format_table(doc), flush=True)
     return 0

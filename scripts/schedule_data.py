@@ -29,10 +29,10 @@ holds most of its signatures, and a row's `model` and `precision` are those of
 the first run that measured its signature (`runs` lists them all, `found_in`
 every model and precision whose candidates have the signature).
 
-Plan kernels list their prologue in the order the plan assembles it (free nodes
-of each primitive in turn), while `MeasuredCost` sorts it topologically
-(`prologue_of`); the signature depends on that order, so both are tried and
-`sig_order` records which one matched.
+A kernel's prologue is listed topologically (`prologue_of`) by the plan and by
+`MeasuredCost` alike, so one signature per candidate serves (`sig_order`:
+"topological"; earlier plans listed it per primitive, and every measured row
+matched the topological order).
 
 One output line per (signature, schedule). Several runs measured some keys
 (bert_base and gpt2 share kernels; candy and segformer_b0 tf32 were run twice):
@@ -154,14 +154,6 @@ def candidates(og):
         k += 1
 
 
-def plan_prologue(og, prims):
-    """The prologue as `orchestrate._kernels` lists it (what `tune_schedules` was given)."""
-    out: dict[str, object] = {}
-    for n in prims:
-        out.update((f.name, f) for f in og.free[n.name])
-    return list(out.values())
-
-
 def kernels_of(path: Path, precision: str, wanted: set[str]) -> tuple[dict[str, tuple], dict]:
     """signature -> (graph, prims, prologue, outputs, order) for the candidates whose signature is wanted."""
     graph = convert_precision(fission(load(path).graph).graph, precision)
@@ -172,15 +164,11 @@ def kernels_of(path: Path, precision: str, wanted: set[str]) -> tuple[dict[str, 
         n += 1
         prims = [og.nodes[i] for i in bits(c.nodes)]
         outs = [o for v in bits(c.outputs) for o in og.nodes[v].outputs if o]
-        topo = prologue_of(og, prims)
-        orders = [("topological", topo)]
-        plan = plan_prologue(og, prims)
-        if [p.name for p in plan] != [p.name for p in topo]:
-            orders.append(("plan", plan))
-        for order, pro in orders:
-            sig = kernel_signature(graph, prims, pro, outs)  # math="": the rows predate the math tag
-            if sig in wanted and sig not in found:
-                found[sig] = (graph, prims, pro, outs, order)
+        # The plan lists a kernel's prologue as prologue_of does (topological), so one order serves.
+        pro = prologue_of(og, prims)
+        sig = kernel_signature(graph, prims, pro, outs)  # math="": the rows predate the math tag
+        if sig in wanted and sig not in found:
+            found[sig] = (graph, prims, pro, outs, "topological")
     return found, {"candidates": n, "primitives": len(graph.nodes)}
 
 

@@ -81,9 +81,7 @@ def main() -> int:
             run["date"] = time.strftime("%Y-%m-%d")
             results["runs"].append(run)
             with TuningDB(db) as d:
-                rows = [json.dumps(row) for row in d.rows()]
-            with merged.open("a") as f:
-                f.write("".join(line + "\n" for line in rows))
+                d.export(merged, append=True)
             (a.out / a.results.name).write_text(json.dumps(results, indent=1))
             print(f"{spec} {prec}: {run['candidates']} candidates, {run['measured']} measured, "
                   f"tuning {run['tuning_s']} s, compile {run['compile_s']} s; stages {run['profiler_stages_s']}",

@@ -6,6 +6,7 @@ onnxruntime, so each rule tests the interpreter and the exporter too.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -20,6 +21,13 @@ from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph
 from tessera.ir.onnx_export import to_onnx
 from tessera.tolerance import rel_l2
+
+
+def models_dir() -> Path:
+    """../shared/models; on the device machine, where ../shared does not travel, carry/a or carry/gpu."""
+    shared = Path(__file__).resolve().parents[2] / "shared" / "models"
+    carried = [Path(__file__).resolve().parents[1] / "carry" / s for s in ("a", "gpu")]
+    return next((d for d in [shared, *carried] if d.is_dir()), shared)
 
 
 class Const:

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from onnx import helper
-from opcheck import Const, graph_model, rand
+from opcheck import Const, graph_model, models_dir, rand
 
 import tessera
 from tessera.codegen.kernels import Schedule
@@ -18,10 +17,7 @@ from tessera.fission import fission
 from tessera.frontend import load
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
-if not MODELS.is_dir():  # on the device machine the models travel in carry/a or carry/gpu
-    MODELS = next((d for d in (Path(__file__).resolve().parents[1] / "carry" / s for s in ("a", "gpu"))
-                   if d.is_dir()), MODELS)
+MODELS = models_dir()
 
 
 def _job(model, schedule=None) -> Job:

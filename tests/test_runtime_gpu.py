@@ -1,20 +1,16 @@
 """CUDA-graph replay and generated kernels on the GPU (skipped without CUDA; run on the device machine)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
+from opcheck import models_dir
 
 import tessera
 from tessera.frontend import load
 from tessera.tolerance import rel_l2
 from tessera.verify import random_inputs, run_onnxruntime
 
-MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
-if not MODELS.is_dir():  # on the device machine the models travel in carry/a or carry/gpu
-    MODELS = next((d for d in (Path(__file__).resolve().parents[1] / "carry" / s for s in ("a", "gpu"))
-                   if d.is_dir()), MODELS)
+MODELS = models_dir()
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -23,7 +23,7 @@ from tessera.codegen.triton_ops import Unsupported
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import Category, Prim
 from tessera.orchestrate.candidates import StructuralLegality
-from tessera.orchestrate.graphview import OGraph, bits
+from tessera.orchestrate.graphview import OGraph, bits, prologue_of  # noqa: F401 - prologue_of is used from here too
 
 
 @dataclass
@@ -184,15 +184,6 @@ def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[No
             fused.append(mx)
             relu = True
     return src, fused, relu
-
-
-def prologue_of(og: OGraph, prims: Sequence[Node]) -> list[Node]:
-    """The free nodes `prims` recompute, in topological order, each once."""
-    out: dict[str, Node] = {}
-    for n in prims:
-        out.update((f.name, f) for f in og.free[n.name])
-    order = {n.name: i for i, n in enumerate(og.graph.nodes)}
-    return sorted(out.values(), key=lambda n: order[n.name])
 
 
 class TritonLegality:

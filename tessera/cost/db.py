@@ -123,10 +123,10 @@ class TuningDB:
         for r in cur:
             yield dict(zip(("device", "versions", "signature", "schedule", "seconds", "reason", "measured_at"), r))
 
-    def export(self, out: str | Path) -> int:
-        """Write every row as JSON lines; returns the count."""
+    def export(self, out: str | Path, append: bool = False) -> int:
+        """Write every row as JSON lines (after what `out` holds, with append); returns the count."""
         n = 0
-        with open(out, "w") as f:
+        with open(out, "a" if append else "w") as f:
             for row in self.rows():
                 f.write(json.dumps(row) + "\n")
                 n += 1

@@ -134,11 +134,9 @@ class MeasuredCost:
                  progress: Callable[[int, int], None] | None = None,
                  bound: Callable[[Candidate], float] | None = None, precision: str = "fp32",
                  gpu: Device | None = None) -> None:
-        from tessera.cost.devices import device as device_preset
-
         self.og, self.db, self.profiler = og, db, profiler
         self.precision = precision
-        self.gpu = gpu or device_preset("h100")  # the schedule model's rates
+        self.gpu = gpu  # the schedule model's rates (None: the H100 preset)
         # With a lower bound the orchestrator measures lazily: only what its solver picks.
         self.bound = bound
         self.lazy = bound is not None
@@ -167,10 +165,9 @@ class MeasuredCost:
 
     def _best_ranked(self, prims: list[Node], pro: list[Node], outs: list[str]) -> Schedule | None:
         """The schedule model's first choice for a generated kernel, or None for the default."""
-        from tessera.codegen.kernels import schedules
         from tessera.codegen.select import implement
         from tessera.codegen.triton_ops import Unsupported
-        from tessera.cost.schedule_model import rank
+        from tessera.cost.schedule_model import rank_kernel
 
         try:
             ks = implement(self.og.graph, prims, pro, outs, "k").triton
@@ -178,10 +175,8 @@ class MeasuredCost:
             return None
         if ks is None:
             return None
-        space = schedules(ks.xnumel, ks.rnumel)
-        g = self.og.graph
-        top = rank(space, ks.xnumel, ks.rnumel, sum(g.types[t].nbytes for t in ks.inputs + ks.outputs), self.gpu)[0]
-        return None if top == space[0] else top
+        space, ranked = rank_kernel(self.og.graph, ks, self.gpu)
+        return None if ranked[0] == space[0] else ranked[0]
 
     def prepare(self, candidates: Sequence[Candidate]) -> None:
         t0 = time.perf_counter()
@@ -234,16 +229,14 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
     analytical schedule model (MCFuser): the `first` best-ranked schedules and the space's default
     are measured, then the next in rank while the last one measured beat the best before it by
     `converge` or more, up to `most`. The candidate's own measurement (at the model's first
-    choice, or the default) is reused, not taken again. Kernels are measured together, round by round, so the profiler builds in parallel.
-    Kernels are given as (name, prims, prologue, outputs); returns name -> (fastest schedule, seconds).
+    choice, or the default) is reused, not taken again. Kernels are measured together, round by
+    round, so the profiler builds in parallel. Kernels are given as (name, prims, prologue,
+    outputs); returns name -> (fastest schedule, seconds).
     """
-    from tessera.codegen.kernels import schedules
     from tessera.codegen.select import implement
     from tessera.codegen.triton_ops import Unsupported
-    from tessera.cost.devices import device as device_preset
-    from tessera.cost.schedule_model import rank
+    from tessera.cost.schedule_model import rank_kernel
 
-    dev = gpu or device_preset("h100")
     queues: dict[str, list[Job]] = {}
     measured: dict[str, list[tuple[Schedule, float]]] = {}
     firsts: dict[str, int] = {}
@@ -256,9 +249,8 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
         if ks is None:
             continue
         sig = kernel_signature(graph, prims, prologue, outputs, math_mode(prims, precision))
-        space = schedules(ks.xnumel, ks.rnumel)
-        nbytes = sum(graph.types[t].nbytes for t in ks.inputs + ks.outputs)
-        ranked = rank(space, ks.xnumel, ks.rnumel, nbytes, dev)[:most]
+        space, ranked = rank_kernel(graph, ks, gpu)
+        ranked = ranked[:most]
         # The space's first schedule is always among the first measured: a safety net where the
         # model ranks schedules it has no measurements for.
         order = list(dict.fromkeys(ranked[:first] + [space[0]] + ranked[first:]))

@@ -24,8 +24,9 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from tessera.codegen.kernels import Schedule
-from tessera.cost.devices import Device
+from tessera.codegen.kernels import KernelSource, Schedule, schedules
+from tessera.cost.devices import Device, device
+from tessera.ir.graph import Graph
 
 
 @dataclass(frozen=True)
@@ -65,3 +66,11 @@ def rank(space: Sequence[Schedule], xnumel: int, rnumel: int, nbytes: float, dev
          p: ScheduleParams = DEFAULT_PARAMS) -> list[Schedule]:
     """The space from most to least promising (ties keep the space's order)."""
     return sorted(space, key=lambda s: predict(s, xnumel, rnumel, nbytes, dev, p))
+
+
+def rank_kernel(graph: Graph, ks: KernelSource, dev: Device | None = None) -> tuple[list[Schedule], list[Schedule]]:
+    """A generated kernel's schedule space (the default first) and the same space ranked,
+    with the kernel's own traffic; `dev` defaults to the H100 preset."""
+    space = schedules(ks.xnumel, ks.rnumel)
+    nbytes = sum(graph.types[t].nbytes for t in ks.inputs + ks.outputs)
+    return space, rank(space, ks.xnumel, ks.rnumel, nbytes, dev or device("h100"))

@@ -228,12 +228,8 @@ def _patchify(ctx: OpCtx, x: str, w: str, k: Sequence[int]) -> str:
     ho, wo = h // kh, wd // kw
     patches = b.transpose(b.reshape(x, (n, c, ho, kh, wo, kw)), (0, 2, 4, 1, 3, 5))
     rows = b.reshape(patches, (n * ho * wo, c * kh * kw))
-    y = b.matmul(rows, b.transpose(b.reshape(w, (o, c * kh * kw)), (1, 0)))
-    bias = ctx.optional(2)
-    if bias is not None:
-        if b.shape(bias) != (o,):
-            raise ctx.fail(f"bias shape {list(b.shape(bias))} is not [{o}]")
-        y = b.add(y, b.reshape(bias, (1, o)))
+    # On the GEMM's [rows, O] output the bias is a row vector: the library call takes it.
+    y = _bias(ctx, b.matmul(rows, b.transpose(b.reshape(w, (o, c * kh * kw)), (1, 0))), 2)
     return b.transpose(b.reshape(y, (n, ho, wo, o)), (0, 3, 1, 2))
 
 

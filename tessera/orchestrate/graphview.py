@@ -13,6 +13,7 @@ the convexity checks and state enumeration fast.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import Category, Prim
@@ -41,6 +42,7 @@ class OGraph:
     desc: list[int] = field(default_factory=list)
     siblings: list[int] = field(default_factory=list)  # nodes sharing a non-constant input tensor
     free: dict[str, list[Node]] = field(default_factory=dict)  # node name -> free prologue, in order
+    position: dict[str, int] = field(default_factory=dict)  # any node's name -> its place in graph.nodes
     external: list[frozenset[str]] = field(default_factory=list)  # graph inputs and constants read
     out_bytes: list[int] = field(default_factory=list)
     graph_outputs: int = 0  # nodes whose output is a graph output
@@ -100,7 +102,7 @@ def build_ograph(g: Graph) -> OGraph:
             og.index[node.name] = len(og.nodes)
             og.nodes.append(node)
     producer = {o: og.index[n.name] for n in og.nodes for o in n.outputs}
-    order = {n.name: k for k, n in enumerate(g.nodes)}
+    order = og.position = {n.name: k for k, n in enumerate(g.nodes)}
     readers: dict[str, int] = {}
     for i, node in enumerate(og.nodes):
         pred, ext, prologue = 0, set(), []
@@ -148,3 +150,12 @@ def build_ograph(g: Graph) -> OGraph:
             d |= og.desc[j]
         og.desc[i] = d
     return og
+
+
+def prologue_of(og: OGraph, prims: Sequence[Node]) -> list[Node]:
+    """The free nodes `prims` recompute, in topological order, each once (a kernel's prologue:
+    the plan, signatures and code generation all list it this way)."""
+    out: dict[str, Node] = {}
+    for n in prims:
+        out.update((f.name, f) for f in og.free[n.name])
+    return sorted(out.values(), key=lambda n: og.position[n.name])

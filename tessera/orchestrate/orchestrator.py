@@ -13,7 +13,7 @@ from tessera.ir.prims import Prim
 from tessera.orchestrate.blp import DEFAULT_SOLVER, Problem, SolveStats, execution_order, solve
 from tessera.orchestrate.candidates import (Candidate, CandidateRules, KernelLegality, StructuralLegality,
                                             TooManyCandidates, enumerate_candidates)
-from tessera.orchestrate.graphview import OGraph, bits
+from tessera.orchestrate.graphview import OGraph, bits, prologue_of
 from tessera.orchestrate.greedy import greedy_candidates
 from tessera.orchestrate.partition import Subgraph, partition, split_subgraph
 from tessera.orchestrate.plan import Buffer, Kernel, Plan, SubgraphReport
@@ -141,9 +141,6 @@ def _kernels(og: OGraph, chosen: list[tuple[int, Candidate, float]]) -> list[Ker
     out = []
     for kid, (sub, c, cost_s) in enumerate(chosen):
         nodes = [og.nodes[i] for i in bits(c.nodes)]
-        prologue: dict[str, None] = {}
-        for n in nodes:
-            prologue.update((f.name, None) for f in og.free[n.name])
         inputs: dict[str, None] = {}
         for u in bits(c.inputs):
             inputs.update((o, None) for o in og.nodes[u].outputs if o)
@@ -153,8 +150,10 @@ def _kernels(og: OGraph, chosen: list[tuple[int, Candidate, float]]) -> list[Ker
         sources = sorted({s for n in nodes for s in n.source})
         cats = Counter(Prim(n.op).category.value for n in nodes)
         ops = "_".join(dict.fromkeys(n.op for n in nodes))[:40]
+        # The prologue in the order signatures and code generation use (`prologue_of`).
+        prologue = [f.name for f in prologue_of(og, nodes)]
         out.append(Kernel(id=kid, name=f"k{kid}_{ops}", subgraph=sub, prims=[n.name for n in nodes],
-                          prologue=list(prologue), outputs=outputs, inputs=list(inputs), cost_s=cost_s,
+                          prologue=prologue, outputs=outputs, inputs=list(inputs), cost_s=cost_s,
                           source_nodes=sources, categories=dict(cats),
                           recomputed=[og.nodes[i].name for i in bits(c.nodes) if times[i] > 1]))
     return out
