@@ -14,12 +14,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from tessera.codegen.kernels import Schedule
 from tessera.codegen.select import KernelImpl, TritonLegality, implement
 from tessera.codegen.triton_ops import Unsupported
 from tessera.cost import AnalyticalCost, device
-from tessera.cost.devices import Device
 from tessera.cost.db import TuningDB, default_db_path, software_versions
-from tessera.codegen.kernels import Schedule
+from tessera.cost.devices import Device
 from tessera.cost.measured import MeasuredCost, tune_schedules
 from tessera.cost.profiler import GpuProfiler
 from tessera.errors import TesseraError
@@ -107,30 +107,34 @@ def compile_model(source: Any, options: CompileOptions | None = None,
         cost = AnalyticalCost(og, dev, opt.precision)
         device_name = dev.name
     done("cost")
-    plan = orchestrate(og, cost, strategy=opt.strategy, rules=CandidateRules(max_nodes=opt.max_kernel_nodes),
-                       legality=TritonLegality(),
-                       solver=opt.solver, time_limit=opt.time_limit, max_states=opt.max_states,
-                       model=loaded.label, device=device_name, precision=opt.precision, cost_model=cost_kind,
-                       progress=progress)
-    done("orchestrate")
     tuning: dict[str, Any] = {}
     tuned: dict[str, Schedule] = {}
-    if isinstance(cost, MeasuredCost):
-        t0 = time.perf_counter()
-        by_name = {n.name: n for n in graph.nodes}
-        specs = [(k.name, [by_name[n] for n in k.prims], [by_name[n] for n in k.prologue], k.outputs)
-                 for k in plan.kernels]
-        rows = len(cost.db)
-        best = tune_schedules(graph, specs, cost.db, cost.profiler, cost.device, cost.versions,
-                              progress=tune_progress, precision=opt.precision, gpu=dev) if opt.schedule_tuning else {}
-        tuned = {name: sch for name, (sch, _) in best.items()}
-        getattr(cost.profiler, "close", lambda: None)()
-        tuning = {**cost.stats, "db": str(cost.db.path), "schedules_tuned": len(tuned),
-                  "schedule_measured": len(cost.db) - rows,
-                  "schedule_s": round(time.perf_counter() - t0, 2),
-                  "profiler_stages_s": {k: round(v, 2) for k, v in getattr(cost.profiler, "stats", {}).items()}}
-        cost.db.close()
-        done("schedules")
+    try:
+        plan = orchestrate(og, cost, strategy=opt.strategy, rules=CandidateRules(max_nodes=opt.max_kernel_nodes),
+                           legality=TritonLegality(),
+                           solver=opt.solver, time_limit=opt.time_limit, max_states=opt.max_states,
+                           model=loaded.label, device=device_name, precision=opt.precision, cost_model=cost_kind,
+                           progress=progress)
+        done("orchestrate")
+        if isinstance(cost, MeasuredCost):
+            t0 = time.perf_counter()
+            by_name = {n.name: n for n in graph.nodes}
+            specs = [(k.name, [by_name[n] for n in k.prims], [by_name[n] for n in k.prologue], k.outputs)
+                     for k in plan.kernels]
+            rows = len(cost.db)
+            best = tune_schedules(graph, specs, cost.db, cost.profiler, cost.device, cost.versions,
+                                  progress=tune_progress, precision=opt.precision,
+                                  gpu=dev) if opt.schedule_tuning else {}
+            tuned = {name: sch for name, (sch, _) in best.items()}
+            tuning = {**cost.stats, "db": str(cost.db.path), "schedules_tuned": len(tuned),
+                      "schedule_measured": len(cost.db) - rows,
+                      "schedule_s": round(time.perf_counter() - t0, 2),
+                      "profiler_stages_s": {k: round(v, 2) for k, v in getattr(cost.profiler, "stats", {}).items()}}
+            done("schedules")
+    finally:
+        if isinstance(cost, MeasuredCost):  # worker processes and the database, also when solving fails
+            getattr(cost.profiler, "close", lambda: None)()
+            cost.db.close()
     kernels = generate_kernels(graph, plan, tuned)
     done("codegen")
     return CompileResult(loaded, fis, graph, og, plan, kernels, timings, tuning)
