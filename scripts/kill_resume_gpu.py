@@ -40,6 +40,20 @@ def rows(db: Path) -> int:
         return len(d)
 
 
+def workers() -> list[int]:
+    """Pids of live multiprocessing workers on this machine (spawned pool processes)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            cmd = (d / "cmdline").read_bytes()
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if b"multiprocessing.spawn" in cmd and state != "Z":
+            pids.append(int(d.name))
+    return pids
+
+
 def kernels(out: Path) -> tuple[list[list[str]], float]:
     plan = json.loads((out / "plan.json").read_text())
     return sorted(sorted(k["prims"]) for k in plan["kernels"]), plan["estimated_total_s"]
@@ -67,9 +81,10 @@ def main() -> int:
         if killed:
             p.send_signal(signal.SIGKILL)
         p.wait()
-        # Workers of the killed compile are orphans now; they exit when their pipe closes.
+        # The killed compile's workers watch for their parent's death and exit (profiler._exit_with_parent).
+        time.sleep(2)
         log.append({"attempt": attempt, "target_rows": target, "after_s": round(time.perf_counter() - t, 1),
-                    "killed": killed, "rows": rows(db)})
+                    "killed": killed, "rows": rows(db), "workers_left_after_2s": len(workers())})
         print(log[-1], flush=True)
     t = time.perf_counter()
     done = subprocess.run(compile_cmd(a.model, db, work / "resumed", a.solver), capture_output=True, text=True)

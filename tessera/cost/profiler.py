@@ -31,6 +31,7 @@ import math
 import multiprocessing as mp
 import os
 import tempfile
+import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Iterator, Sequence
@@ -124,6 +125,7 @@ def _inputs(graph: Graph, device: str, seed: int) -> dict[str, Any]:
 Result = tuple[float, str, dict[str, float]]  # seconds (or inf), why it failed, seconds per stage
 
 _LOCK_PATH: str | None = None  # this worker's GPU lock (set by the pool initializer)
+_GPU: str = "0"  # this worker's GPU, as the machine numbers it (set by the pool initializer)
 
 
 @contextlib.contextmanager
@@ -233,21 +235,46 @@ def _time(payload: Payload) -> Result:
             seconds = _replay_seconds(graph) / LAUNCHES
             st("timing")
             del graph, feeds
+        # Seconds this GPU was held, per GPU: shows how the work spread over several.
+        st.times[f"gpu{_GPU}_held"] = sum(st.times.get(k, 0.0) for k in ("load", "capture", "timing"))
         return seconds, "", st.times
     except Exception as e:  # noqa: BLE001
         return (*_fail("time", e), st.times)
 
 
+def visible_gpus(count: int) -> list[str]:
+    """The machine's numbers of the `count` GPUs this process sees (CUDA_VISIBLE_DEVICES maps them)."""
+    listed = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return listed[:count] if len(listed) >= count else [str(i) for i in range(count)]
+
+
+def _exit_with_parent() -> None:
+    """Exit when the compile that started this worker is gone. A compile killed with SIGKILL
+    cannot stop its pool, and the workers' queues never report the loss (each worker holds
+    both ends), so orphans would keep their CUDA contexts and host memory indefinitely."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="tessera-parent-watch", daemon=True).start()
+
+
 def _init_worker(gpu_queue: Any, lock_dir: str | None) -> None:
-    global _LOCK_PATH
+    global _LOCK_PATH, _GPU
+    _exit_with_parent()
     # Measured kernels are compiled for the GPU, whatever the parent chose for itself.
     os.environ.pop("TRITON_INTERPRET", None)
-    gpu = 0
     if gpu_queue is not None:
-        gpu = gpu_queue.get()
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        _GPU = gpu_queue.get()
+        os.environ["CUDA_VISIBLE_DEVICES"] = _GPU
+    else:
+        _GPU = visible_gpus(1)[0]
     if lock_dir is not None:
-        _LOCK_PATH = os.path.join(lock_dir, f"gpu{gpu}.lock")
+        # Named by the machine's number: compiles that see the GPUs differently still share its lock.
+        _LOCK_PATH = os.path.join(lock_dir, f"gpu{_GPU}.lock")
 
 
 class GpuProfiler:
@@ -275,8 +302,9 @@ class GpuProfiler:
             queue = None
             if self.gpus > 1:
                 queue = self.ctx.Queue()
+                gpus = visible_gpus(self.gpus)
                 for i in range(n):
-                    queue.put(i % self.gpus)
+                    queue.put(gpus[i % self.gpus])
             lock_dir = self._lock_dir if kind == "time" else None
             self._pools[kind] = cf.ProcessPoolExecutor(n, mp_context=self.ctx, initializer=_init_worker,
                                                        initargs=(queue, lock_dir))
