@@ -46,7 +46,8 @@ def table(files: list[Path]) -> str:
         tun = opt["extra"].get("tuning", {}) if opt else {}
         tuning = tun["seconds"] + tun.get("schedule_s", 0.0) if "seconds" in tun else None
         out.append(f"| {d['model']} | {d['precision']} | " + " | ".join(cells)
-                   + f" | {ratio} | {'-' if tuning is None else f'{tuning:.0f}'} | {d['device']}, {d['date'][:10]} |")
+                   + f" | {ratio} | {'-' if tuning is None else f'{tuning:.0f}'} | {d['device']}, {d['date'][:10]}"
+                   + (f", {d['code']}" if d.get("code") else "") + " |")
     return "\n".join(out)
 
 
@@ -66,6 +67,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--fresh-db", action="store_true", help="tune each pair from an empty database")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new pair after this many seconds")
+    ap.add_argument("--code", default="", help="the tessera commit measured (the device's copy has no git history)")
     a = ap.parse_args()
     start = time.perf_counter()
 
@@ -91,6 +93,7 @@ def main() -> int:
                 continue
             doc["wall_s"] = round(time.perf_counter() - t, 1)
             doc["fresh_db"] = a.fresh_db
+            doc["code"] = a.code
             if a.fresh_db:
                 from tessera.cost.db import TuningDB
 
