@@ -20,7 +20,7 @@ from tessera.codegen.triton_ops import Unsupported
 from tessera.cost import AnalyticalCost, device
 from tessera.cost.db import TuningDB, default_db_path, software_versions
 from tessera.cost.devices import Device
-from tessera.cost.measured import MeasuredCost, tune_schedules
+from tessera.cost.measured import MeasuredCost, tune_layouts, tune_schedules
 from tessera.cost.profiler import GpuProfiler
 from tessera.errors import TesseraError
 from tessera.fission import FissionResult, fission
@@ -109,6 +109,7 @@ def compile_model(source: Any, options: CompileOptions | None = None,
     done("cost")
     tuning: dict[str, Any] = {}
     tuned: dict[str, Schedule] = {}
+    layouts: dict[str, str] = {}
     try:
         plan = orchestrate(og, cost, strategy=opt.strategy, rules=CandidateRules(max_nodes=opt.max_kernel_nodes),
                            legality=TritonLegality(),
@@ -126,7 +127,11 @@ def compile_model(source: Any, options: CompileOptions | None = None,
                                   progress=tune_progress, precision=opt.precision,
                                   gpu=dev) if opt.schedule_tuning else {}
             tuned = {name: sch for name, (sch, _) in best.items()}
+            tried = tune_layouts(graph, specs, tuned, cost.db, cost.profiler, cost.device, cost.versions,
+                                 progress=tune_progress, precision=opt.precision) if opt.schedule_tuning else {}
+            layouts = {name: layout for name, (layout, _, _) in tried.items() if layout}
             tuning = {**cost.stats, "db": str(cost.db.path), "schedules_tuned": len(tuned),
+                      "convs_tried_channels_last": len(tried), "convs_channels_last": len(layouts),
                       "schedule_measured": len(cost.db) - rows,
                       "schedule_s": round(time.perf_counter() - t0, 2),
                       "profiler_stages_s": {k: round(v, 2) for k, v in getattr(cost.profiler, "stats", {}).items()}}
@@ -135,7 +140,7 @@ def compile_model(source: Any, options: CompileOptions | None = None,
         if isinstance(cost, MeasuredCost):  # worker processes and the database, also when solving fails
             getattr(cost.profiler, "close", lambda: None)()
             cost.db.close()
-    kernels = generate_kernels(graph, plan, tuned)
+    kernels = generate_kernels(graph, plan, tuned, layouts)
     done("codegen")
     return CompileResult(loaded, fis, graph, og, plan, kernels, timings, tuning)
 
@@ -162,15 +167,17 @@ def measured_cost(og: OGraph, opt: CompileOptions, progress: Callable[[int, int]
                         progress, bound, opt.precision, gpu)
 
 
-def generate_kernels(graph: Graph, plan: Plan, tuned: Mapping[str, Schedule] | None = None) -> list[KernelImpl]:
-    """Every plan kernel as code (with its tuned schedule, if any); a kernel the generator refuses
-    names itself and its primitives."""
+def generate_kernels(graph: Graph, plan: Plan, tuned: Mapping[str, Schedule] | None = None,
+                     layouts: Mapping[str, str] | None = None) -> list[KernelImpl]:
+    """Every plan kernel as code (with its tuned schedule and layout, if any); a kernel the
+    generator refuses names itself and its primitives."""
     by_name = {n.name: n for n in graph.nodes}
     out = []
     for k in plan.kernels:
         try:
             out.append(implement(graph, [by_name[n] for n in k.prims], [by_name[n] for n in k.prologue],
-                                 k.outputs, k.name, k.source_nodes, (tuned or {}).get(k.name)))
+                                 k.outputs, k.name, k.source_nodes, (tuned or {}).get(k.name),
+                                 (layouts or {}).get(k.name, "")))
         except Unsupported as e:
             raise TesseraError(f"kernel {k.name} ({', '.join(k.prims)}) has no code: {e}") from None
     return out
@@ -189,6 +196,8 @@ def plan_document(result: CompileResult) -> dict[str, Any]:
             k["fallback_reason"] = impl.reason
         if impl.triton:
             k["schedule"] = impl.triton.schedule.to_json()
+        if impl.layout:
+            k["layout"] = impl.layout
     return doc
 
 

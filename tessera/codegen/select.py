@@ -53,6 +53,9 @@ class KernelImpl:
     bias: str | None = None
     relu: bool = False
     fused: list[Node] = field(default_factory=list)
+    # Linear kernels with a 2-D CONV root: CHANNELS_LAST runs the library convolution on
+    # channels-last (NHWC) copies of its operands; the tuner picks it where it measures faster.
+    layout: str = ""
 
     @property
     def nodes(self) -> list[Node]:
@@ -86,12 +89,25 @@ def _epilogue(graph: Graph, nodes: Sequence[Node], root: Node) -> list[Node]:
     return list(extra.values()) + epi
 
 
+CHANNELS_LAST = "channels_last"
+
+
+def channels_last_applies(graph: Graph, root: Node | None) -> bool:
+    """Can this linear root run channels-last? A convolution over two spatial dims (4-D operands)."""
+    return root is not None and root.op == Prim.CONV.value and len(graph.types[root.inputs[0]].shape) == 4
+
+
 def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], outputs: Sequence[str], name: str,
-              sources: Sequence[str] = (), schedule: Schedule | None = None) -> KernelImpl:
+              sources: Sequence[str] = (), schedule: Schedule | None = None, layout: str = "") -> KernelImpl:
     """Choose the backend of one kernel (its orchestrated `prims` and free `prologue`) and generate its code.
 
-    Raises `Unsupported` for a group of several primitives that has no Triton form.
+    Raises `Unsupported` for a group of several primitives that has no Triton form, and for a
+    `layout` the kernel cannot take.
     """
+    if layout not in ("", CHANNELS_LAST):
+        raise Unsupported(f"unknown layout {layout!r}")
+    if layout and not channels_last_applies(graph, _linear_root(prims)):
+        raise Unsupported("the channels-last layout applies to a kernel with a 2-D convolution")
     prims, prologue = list(prims), list(prologue)
     nodes = prologue + prims
     if any(n.op == Prim.OPAQUE.value for n in prims):
@@ -101,7 +117,7 @@ def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], out
         return KernelImpl(name, "view", prims, prologue, list(outputs))
     root = _linear_root(prims)
     if root is not None:
-        impl = KernelImpl(name, "linear", prims, prologue, list(outputs), linear=root)
+        impl = KernelImpl(name, "linear", prims, prologue, list(outputs), linear=root, layout=layout)
         impl.bias, impl.fused, impl.relu = _library_epilogue(graph, nodes, prologue, root, outputs)
         done = {root.name} | {n.name for n in impl.fused}
         epi = [n for n in _epilogue(graph, nodes, root) if n.name not in done]

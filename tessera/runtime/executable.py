@@ -54,7 +54,8 @@ class Executable:
             prologue = [by_name[n] for n in k["prologue"]]
             try:
                 sched = Schedule(**k["schedule"]) if "schedule" in k else None
-                impl = implement(graph, prims, prologue, k["outputs"], k["name"], k.get("source_nodes", ()), sched)
+                impl = implement(graph, prims, prologue, k["outputs"], k["name"], k.get("source_nodes", ()), sched,
+                                 k.get("layout", ""))
                 kernel = TritonKernel(impl.triton, kernel_dir) if impl.triton else None
             except (Unsupported, KernelCompileError) as e:
                 raise KernelBuildError(f"kernel {k['name']} ({', '.join(k['prims'])}) cannot be built: {e}") from None
@@ -63,6 +64,10 @@ class Executable:
         # Bias vectors the library calls take (constant-derived, computed once).
         self._bias = {s.impl.name: self.constants[s.impl.bias].reshape(-1).contiguous()
                       for s in self.steps if s.impl.bias}
+        # Constant weights of channels-last convolutions, converted once.
+        self._channels_last = {t: self.constants[t].contiguous(memory_format=torch.channels_last)
+                               for s in self.steps if s.impl.layout and s.impl.linear
+                               for t in s.impl.linear.inputs[1:2] if t in self.constants}
         # An fp32 plan means fp32 arithmetic: torch would run convs and matmuls in tf32 on Ampere+.
         self.allow_tf32 = plan.get("precision") == "tf32"
         self._plan_memory()
@@ -213,14 +218,7 @@ class Executable:
                 for n in impl.prims:
                     env[n.outputs[0]] = env[n.inputs[0]].reshape(self.graph.types[n.outputs[0]].shape)
             elif impl.backend == "linear":
-                root = impl.linear
-                assert root is not None
-                if impl.bias:
-                    last = impl.fused[-1].outputs[0]
-                    env[last] = run_linear_fused(root, [env[t] for t in root.inputs if t], self.graph.types[last],
-                                                 self._bias[impl.name], impl.relu)
-                else:
-                    env.update(self._torch([root], env))
+                self._linear(impl, env)
                 if step.kernel is not None:
                     self._triton(step, env)
             else:
@@ -228,6 +226,24 @@ class Executable:
             for t in self._free_after[i]:
                 env.pop(t, None)
         return {t: env[t] for t in self.graph.outputs}
+
+    def _linear(self, impl: KernelImpl, env: dict[str, torch.Tensor]) -> None:
+        """The library call of a linear kernel (with the bias and ReLU it absorbs)."""
+        root = impl.linear
+        assert root is not None
+        names = [t for t in root.inputs if t]
+        args = [env[t] for t in names]
+        if impl.layout:  # channels-last: NHWC input and weight in, the NCHW result the graph expects out
+            args = [a if i >= 2 else self._channels_last[t] if t in self._channels_last
+                    else a.contiguous(memory_format=torch.channels_last) for i, (t, a) in enumerate(zip(names, args))]
+        if impl.bias:
+            last = impl.fused[-1].outputs[0]
+            y = run_linear_fused(root, args, self.graph.types[last], self._bias[impl.name], impl.relu)
+            env[last] = y.contiguous()  # generated kernels index contiguous (NCHW) memory
+        else:
+            outs = run_node(root, args, [self.graph.types[o] for o in root.outputs if o], device=self.device,
+                            opsets=self.graph.opsets)
+            env.update(zip([o for o in root.outputs if o], [o.contiguous() for o in outs]))
 
     def _triton(self, step: Step, env: dict[str, torch.Tensor]) -> None:
         assert step.kernel is not None
