@@ -63,8 +63,9 @@ def median_ms(fn: Callable[[], Any], device: torch.device) -> float:
 
 
 def kernel_profile(result: CompileResult, gpu: str = "h100", top: int = 12) -> dict[str, Any]:
-    """Where a plan's time goes: each kernel's cost (measured, under a measured cost model) beside
-    its roofline (the time its DRAM traffic and arithmetic need at the device's peak rates).
+    """Where a plan's time goes: each kernel's cost (measured, under a measured cost model, at its
+    tuned schedule and layout where post-solve tuning timed it) beside its roofline (the time its
+    DRAM traffic and arithmetic need at the device's peak rates).
 
     Returns totals by backend and the `top` most expensive kernels, each with its gap to the
     roofline: what the benchmark docs quote where tessera loses.
@@ -79,9 +80,10 @@ def kernel_profile(result: CompileResult, gpu: str = "h100", top: int = 12) -> d
         c = Candidate(mask, outs, og.inputs_of(mask))
         read, written = model.traffic(c)
         roof = model.roofline(c)
-        rows.append({"name": k.name, "backend": impl.backend, "prims": len(k.prims), "cost_us": k.cost_s * 1e6,
+        cost = result.tuned_s.get(k.name, k.cost_s)
+        rows.append({"name": k.name, "backend": impl.backend, "prims": len(k.prims), "cost_us": cost * 1e6,
                      "roofline_us": roof * 1e6, "mb": (read + written) / 1e6,
-                     "x_roofline": k.cost_s / roof if roof > 0 else None})
+                     "x_roofline": cost / roof if roof > 0 else None, **({"layout": impl.layout} if impl.layout else {})})
     by_backend: dict[str, dict[str, float]] = {}
     for r in rows:
         b = by_backend.setdefault(r["backend"], {"kernels": 0, "cost_us": 0.0, "roofline_us": 0.0})

@@ -61,6 +61,9 @@ class CompileResult:
     kernels: list[KernelImpl] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     tuning: dict[str, Any] = field(default_factory=dict)  # measured cost: what tuning did
+    # Measured cost: each kernel's seconds at its tuned schedule and layout (what runs), where
+    # post-solve tuning timed it; the plan's cost_s is the candidate's time before that.
+    tuned_s: dict[str, float] = field(default_factory=dict)
 
 
 PASSES = ("load", "fission", "precision", "ograph", "cost", "orchestrate", "schedules", "codegen")
@@ -110,6 +113,7 @@ def compile_model(source: Any, options: CompileOptions | None = None,
     tuning: dict[str, Any] = {}
     tuned: dict[str, Schedule] = {}
     layouts: dict[str, str] = {}
+    tuned_s: dict[str, float] = {}
     try:
         plan = orchestrate(og, cost, strategy=opt.strategy, rules=CandidateRules(max_nodes=opt.max_kernel_nodes),
                            legality=TritonLegality(),
@@ -130,6 +134,8 @@ def compile_model(source: Any, options: CompileOptions | None = None,
             tried = tune_layouts(graph, specs, tuned, cost.db, cost.profiler, cost.device, cost.versions,
                                  progress=tune_progress, precision=opt.precision) if opt.schedule_tuning else {}
             layouts = {name: layout for name, (layout, _, _) in tried.items() if layout}
+            tuned_s = {name: seconds for name, (_, seconds) in best.items()}
+            tuned_s.update({name: cl if layout else nchw for name, (layout, nchw, cl) in tried.items()})
             tuning = {**cost.stats, "db": str(cost.db.path), "schedules_tuned": len(tuned),
                       "convs_tried_channels_last": len(tried), "convs_channels_last": len(layouts),
                       "schedule_measured": len(cost.db) - rows,
@@ -142,7 +148,7 @@ def compile_model(source: Any, options: CompileOptions | None = None,
             cost.db.close()
     kernels = generate_kernels(graph, plan, tuned, layouts)
     done("codegen")
-    return CompileResult(loaded, fis, graph, og, plan, kernels, timings, tuning)
+    return CompileResult(loaded, fis, graph, og, plan, kernels, timings, tuning, tuned_s)
 
 
 # Lazy measurement takes 0.6x the analytical estimate (roofline plus launch) as a candidate's
@@ -198,6 +204,8 @@ def plan_document(result: CompileResult) -> dict[str, Any]:
             k["schedule"] = impl.triton.schedule.to_json()
         if impl.layout:
             k["layout"] = impl.layout
+        if k["name"] in result.tuned_s:
+            k["tuned_s"] = result.tuned_s[k["name"]]
     return doc
 
 

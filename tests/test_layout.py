@@ -116,6 +116,12 @@ def test_tuning_keeps_channels_last_where_it_measures_faster(tmp_path, monkeypat
     assert len(chosen) == 1 and chosen[0]["layout"] == CHANNELS_LAST
     by_name = {n.name: n for n in result.graph.nodes}
     assert any(by_name[n].op == "conv" and by_name[n].attrs["group"] == 16 for n in chosen[0]["prims"])
+    # What runs is what the profile reports: the channels-last time, not the candidate's NCHW one.
+    from tessera.bench import kernel_profile
+
+    row = next(r for r in kernel_profile(result, top=100)["top"] if r["name"] == chosen[0]["name"])
+    assert row["layout"] == CHANNELS_LAST and row["cost_us"] == pytest.approx(chosen[0]["tuned_s"] * 1e6)
+    assert chosen[0]["tuned_s"] < next(k.cost_s for k in result.plan.kernels if k.name == chosen[0]["name"])
     cl_keys = [k for k in prof.keys if k[1].endswith("-cl")]
     assert len(cl_keys) == 3 and len(set(prof.keys)) == len(prof.keys)  # nothing measured twice
     # The NCHW side of each comparison was the candidate's own row, not a new timing.
