@@ -111,13 +111,21 @@ def ravel(index: Sequence[Ix], shape: Sequence[int]) -> Ix:
     same = _unsplit(dims)
     if same is not None:
         return same
+    parts = tuple(dims)
+    # A trailing run of coordinates cut from one flat index is that index again (a transpose
+    # that keeps the last dims together): fewer divisions, and Triton sees its contiguity.
+    for start in range(1, len(dims) - 1):
+        run = _unsplit(dims[start:])
+        if run is not None:
+            dims = dims[:start] + [(run, prod(n for _, n in dims[start:]))]
+            break
     out = Ix.of(0)
     stride = 1
     for i, n in reversed(dims):
         out = add(mul(i, stride), out)
         stride *= n
     if out.const is None:
-        out = Ix(out.expr, None, prod(shape), out.deps, parts=tuple(dims))
+        out = Ix(out.expr, None, prod(shape), out.deps, parts=parts)
     return out
 
 

@@ -35,7 +35,7 @@ from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import REDUCTIONS, Prim
 
 # Bump when generated code changes: it is part of every tuning-database key.
-CODEGEN_VERSION = 1
+CODEGEN_VERSION = 2  # 2: tiled pointwise schedules; trailing runs of one flat index collapse
 
 # Elements one program holds in registers per value (fp32: 16 KiB).
 BLOCK_ELEMENTS = 4096
@@ -68,6 +68,7 @@ class KernelSource:
     rnumel: int
     schedule: Schedule
     prims: list[str] = field(default_factory=list)
+    tile: tuple[int, int] | None = None  # (rows, columns) when tiled schedules apply (`tile_shape`)
 
     @property
     def grid(self) -> int:
@@ -78,10 +79,20 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def schedules(xnumel: int, rnumel: int) -> list[Schedule]:
-    """The schedule space of a kernel, the default first."""
+TILES = ((32, 32), (64, 32), (32, 64), (16, 64))  # tiled pointwise: (rows, columns) per block
+
+
+def schedules(xnumel: int, rnumel: int, tile: tuple[int, int] | None = None) -> list[Schedule]:
+    """The schedule space of a kernel, the default first. A pointwise kernel that can run tiled
+    (`tile_shape` gives its rows and columns) also gets 2-D blocks, after the flat ones."""
     if rnumel <= 1:
-        return [Schedule(min(b, _pow2(xnumel)), 1, w) for b in POINTWISE_BLOCKS for w in WARPS[:2]]
+        flat = [Schedule(min(b, _pow2(xnumel)), 1, w) for b in POINTWISE_BLOCKS for w in WARPS[:2]]
+        if tile is None:
+            return flat
+        rows, cols = tile
+        tiled = [Schedule(min(xb, _pow2(rows)), min(cb, _pow2(cols)), w, cb >= cols)
+                 for xb, cb in TILES for w in WARPS[:2]]
+        return flat + list(dict.fromkeys(tiled))
     out: list[Schedule] = []
     rb = _pow2(rnumel)
     if rb <= BLOCK_ELEMENTS:
@@ -153,6 +164,62 @@ def _pointwise(k: _Kernel, sched: Schedule) -> tuple[list[str], int, int]:
         v = em.value(o, ix.unravel(flat, t.shape), mask)
         k.store(o, flat, v, mask, "[XBLOCK]", xdep)
     return header, xnumel, 1
+
+
+def tile_shape(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str]) -> tuple[int, int] | None:
+    """(rows, columns) of a pointwise kernel that can run tiled, or None.
+
+    Tiled: a program owns XBLOCK rows of the output (all dims but the last) and walks its
+    columns RBLOCK at a time, so every access is a 2-D block. A kernel that transposes reads
+    its input along the rows while it writes along the columns; in 2-D blocks Triton stages
+    the exchange through shared memory and both sides stay coalesced, where a flat index
+    reads with a stride. Only kernels with a transpose that moves the last axis get the
+    option, and all their outputs must have one shape.
+    """
+    shapes = {graph.types[o].shape for o in outputs}
+    if len(shapes) != 1:
+        return None
+    (shape,) = shapes
+    if len(shape) < 2 or shape[-1] < 2 or prod(shape) // shape[-1] < 2:
+        return None
+    moves_last = any(n.op == Prim.TRANSPOSE.value and list(n.attrs["perm"])[-1] != len(n.attrs["perm"]) - 1
+                     for n in nodes)
+    return (prod(shape) // shape[-1], shape[-1]) if moves_last else None
+
+
+def _tiled(k: _Kernel, sched: Schedule) -> tuple[list[str], int, int]:
+    em = k.em
+    shape = k.graph.types[k.outputs[0]].shape
+    cols = shape[-1]
+    rows = prod(shape) // cols
+    if sched.persistent and sched.rblock < cols:
+        raise Unsupported("persistent tiled schedule with a block narrower than the row")
+    xdep = frozenset({"x"})
+    em.stack[0].avail = xdep
+    em.shape_of = lambda deps: "[XBLOCK, RBLOCK]" if any(d.startswith("r") for d in deps) else "[XBLOCK, 1]"
+    header = ["pid = tl.program_id(0)", "xindex = pid * XBLOCK + tl.arange(0, XBLOCK)[:, None]",
+              f"xmask = xindex < {rows}"]
+    em.cond_deps["xmask"] = xdep
+    tag = em.fresh("r")
+    if sched.persistent:
+        em.stack[0].avail = em.stack[0].avail | {tag}
+        cexpr = "tl.arange(0, RBLOCK)[None, :]"
+    else:
+        em.push(f"for {tag} in range(0, {cols}, RBLOCK):", tag)
+        cexpr = f"{tag} + tl.arange(0, RBLOCK)[None, :]"
+    dep = frozenset({tag})
+    cindex = Ix(em.emit(cexpr, dep, "cindex"), None, cols, dep)
+    cmask = em.cond(f"{cindex.expr} < {cols}", dep)
+    row = Ix("xindex", None, rows, xdep)
+    coords = ix.unravel(row, shape[:-1]) + [cindex]
+    flat = em.index_var(ix.add(ix.mul(row, cols), cindex))
+    mask = frozenset({"xmask", cmask})
+    for o in k.outputs:
+        v = em.value(o, coords, mask)
+        k.store(o, flat, v, mask, "[XBLOCK, RBLOCK]", v.deps | flat.deps)
+    if not sched.persistent:
+        em.pop()
+    return header, rows, cols
 
 
 def _reduction(k: _Kernel, sched: Schedule) -> tuple[list[str], int, int]:
@@ -330,14 +397,18 @@ def generate(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], name: 
     reduction = kind_of(nodes) == "reduction"
     if schedule is None:
         schedule = _default_schedule(graph, nodes, outputs, reduction)
-    header, xnumel, rnumel = (_reduction if reduction else _pointwise)(k, schedule)
+    tiled = not reduction and schedule.rblock > 1
+    if tiled and tile_shape(graph, nodes, outputs) is None:
+        raise Unsupported("a tiled schedule needs a transposing kernel with outputs of one shape")
+    header, xnumel, rnumel = (_reduction if reduction else _tiled if tiled else _pointwise)(k, schedule)
     fn = _sanitize(name)
     body: list[str] = []
     _render(k.em.stack[0], "    ", body)
     g = graph
     rd = sum(g.types[t].nbytes for t in k.inputs)
     wr = sum(g.types[t].nbytes for t in k.outputs)
-    doc = [f"# tessera kernel {name}: {'row reduction' if reduction else 'pointwise'}, "
+    form = "row reduction" if reduction else "tiled pointwise (rows x columns)" if tiled else "pointwise"
+    doc = [f"# tessera kernel {name}: {form}, "
            f"{xnumel} x {rnumel} elements",
            *textwrap.wrap("primitives: " + ", ".join(f"{n.name} ({n.op})" for n in nodes), 100,
                           initial_indent="# ", subsequent_indent="#   ")]
@@ -351,7 +422,8 @@ def generate(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], name: 
     src = "\n".join(["import triton", "import triton.language as tl", "", ""] + doc + [
         "@triton.jit", f"def {fn}({params}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):"]
         + [f"    {h}" for h in header] + body) + "\n"
-    return KernelSource(fn, src, k.inputs, k.outputs, xnumel, rnumel, schedule, [n.name for n in nodes])
+    tile = None if reduction else tile_shape(graph, nodes, outputs)
+    return KernelSource(fn, src, k.inputs, k.outputs, xnumel, rnumel, schedule, [n.name for n in nodes], tile)
 
 
 def _default_schedule(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], reduction: bool) -> Schedule:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence
 
-from tessera.codegen.kernels import Schedule
+from tessera.codegen.kernels import KernelSource, Schedule
 from tessera.codegen.select import prologue_of
 from tessera.cost.db import Key, TuningDB
 from tessera.cost.devices import Device
@@ -176,7 +176,9 @@ class MeasuredCost:
         if ks is None:
             return None
         space, ranked = rank_kernel(self.og.graph, ks, self.gpu)
-        return None if ranked[0] == space[0] else ranked[0]
+        # Candidates stay flat: tiled schedules, which the model cannot price, wait for post-scheduling.
+        top = next(s for s in ranked if not _tiled(ks, s))
+        return None if top == space[0] else top
 
     def prepare(self, candidates: Sequence[Candidate]) -> None:
         t0 = time.perf_counter()
@@ -250,11 +252,13 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
             continue
         sig = kernel_signature(graph, prims, prologue, outputs, math_mode(prims, precision))
         space, ranked = rank_kernel(graph, ks, gpu)
-        ranked = ranked[:most]
         # The space's first schedule is always among the first measured: a safety net where the
-        # model ranks schedules it has no measurements for.
-        order = list(dict.fromkeys(ranked[:first] + [space[0]] + ranked[first:]))
-        firsts[name] = first + (space[0] not in ranked[:first])
+        # model ranks schedules it has no measurements for. So is the best-ranked tiled schedule
+        # of a transposing kernel: the model does not see the coalescing that tiling buys.
+        nets = [space[0]] + [s for s in ranked if _tiled(ks, s)][:1]
+        ranked = ranked[:most]
+        order = list(dict.fromkeys(ranked[:first] + nets + ranked[first:]))
+        firsts[name] = len(dict.fromkeys(ranked[:first] + nets))
         queues[name] = [Job(Key(device, versions, sig, _schedule_key(sch)), graph, tuple(prims), tuple(prologue),
                             tuple(outputs), sch, precision) for sch in order]
         measured[name] = []
@@ -327,6 +331,11 @@ def tune_layouts(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[Nod
         a, b = got[nchw.key], got[cl.key]
         out[name] = (CHANNELS_LAST if math.isfinite(b) and b < a else "", a, b)
     return out
+
+
+def _tiled(ks: KernelSource, s: Schedule) -> bool:
+    """A tiled pointwise schedule of a kernel that can take one (`codegen.kernels.tile_shape`)."""
+    return ks.tile is not None and s.rblock > 1
 
 
 def _schedule_key(s: Schedule) -> str:

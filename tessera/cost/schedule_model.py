@@ -63,14 +63,23 @@ def predict(s: Schedule, xnumel: int, rnumel: int, nbytes: float, dev: Device,
 
 
 def rank(space: Sequence[Schedule], xnumel: int, rnumel: int, nbytes: float, dev: Device,
-         p: ScheduleParams = DEFAULT_PARAMS) -> list[Schedule]:
-    """The space from most to least promising (ties keep the space's order)."""
-    return sorted(space, key=lambda s: predict(s, xnumel, rnumel, nbytes, dev, p))
+         p: ScheduleParams = DEFAULT_PARAMS, tile: tuple[int, int] | None = None) -> list[Schedule]:
+    """The space from most to least promising (ties keep the space's order). A tiled pointwise
+    schedule (rblock > 1 in a kernel with `tile`) is priced like a row kernel over (rows, columns);
+    the model knows nothing of coalescing, which is what tiling is for."""
+    def cost(s: Schedule) -> float:
+        if tile is not None and rnumel <= 1 and s.rblock > 1:
+            return predict(s, tile[0], tile[1], nbytes, dev, p)
+        return predict(s, xnumel, rnumel, nbytes, dev, p)
+
+    return sorted(space, key=cost)
 
 
 def rank_kernel(graph: Graph, ks: KernelSource, dev: Device | None = None) -> tuple[list[Schedule], list[Schedule]]:
     """A generated kernel's schedule space (the default first) and the same space ranked,
     with the kernel's own traffic; `dev` defaults to the H100 preset."""
-    space = schedules(ks.xnumel, ks.rnumel)
+    # A tiled kernel (xnumel rows of rnumel columns) has the same space as its flat form.
+    xnumel, rnumel = (ks.xnumel * ks.rnumel, 1) if ks.tile and ks.schedule.rblock > 1 else (ks.xnumel, ks.rnumel)
+    space = schedules(xnumel, rnumel, ks.tile)
     nbytes = sum(graph.types[t].nbytes for t in ks.inputs + ks.outputs)
-    return space, rank(space, ks.xnumel, ks.rnumel, nbytes, dev or device("h100"))
+    return space, rank(space, xnumel, rnumel, nbytes, dev or device("h100"), tile=ks.tile)
