@@ -132,3 +132,32 @@ def test_tuning_keeps_channels_last_where_it_measures_faster(tmp_path, monkeypat
     assert not prof.keys and [k.get("layout") for k in plan_document(again)["kernels"]] == \
         [k.get("layout") for k in doc["kernels"]]
     assert math.isfinite(again.tuning["seconds"])
+
+
+def test_a_real_model_with_every_conv_channels_last_and_every_transpose_tiled():
+    # What tuning may choose on a GPU, all at once on a whole model: each 2-D convolution
+    # channels-last and each transposing kernel on a tiled schedule, against onnxruntime.
+    from opcheck import models_dir
+
+    from tessera.codegen.kernels import schedules
+    from tessera.verify import random_inputs
+
+    result = compile_model(models_dir() / "efficientvit_b0_small.onnx", CompileOptions(cost="analytical"))
+    doc = plan_document(result)
+    convs = tiled = 0
+    for k, impl in zip(doc["kernels"], result.kernels):
+        if impl.backend == "linear" and channels_last_applies(result.graph, impl.linear):
+            k["layout"] = CHANNELS_LAST
+            convs += 1
+        ks = impl.triton
+        if impl.backend == "triton" and ks is not None and ks.tile:
+            options = [s for s in schedules(ks.xnumel, ks.rnumel, ks.tile) if s.rblock > 1]
+            k["schedule"] = options[tiled % len(options)].to_json()
+            tiled += 1
+    assert convs >= 40 and tiled >= 3
+    feeds = random_inputs(result.loaded.graph, seed=7)
+    ref = run_onnxruntime(result.loaded.model, feeds)
+    exe = Executable(result.graph, doc, "cpu")
+    outs = exe.run(**{k: torch.from_numpy(v) for k, v in feeds.items()})
+    for o in exe.output_names:
+        assert rel_l2(outs[o].numpy(), ref[o]) < 1e-5
