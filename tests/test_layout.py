@@ -161,3 +161,20 @@ def test_a_real_model_with_every_conv_channels_last_and_every_transpose_tiled():
     outs = exe.run(**{k: torch.from_numpy(v) for k, v in feeds.items()})
     for o in exe.output_names:
         assert rel_l2(outs[o].numpy(), ref[o]) < 1e-5
+
+
+def test_the_cli_summary_says_what_tuning_chose(tmp_path, monkeypatch, capsys):
+    import onnx
+
+    from tessera.cli.main import main
+
+    prof = LayoutProfiler()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
+    monkeypatch.setattr(compiler, "measured_cost", lambda og, opt, progress, analytical, gpu: MeasuredCost(
+        og, TuningDB(opt.db), prof, "fake-gpu", "v1", progress, None, opt.precision, gpu))
+    onnx.save(conv_model(), tmp_path / "convs.onnx")
+    assert main(["compile", str(tmp_path / "convs.onnx"), "-o", str(tmp_path / "out"), "--cost", "measured",
+                 "--db", str(tmp_path / "t.db")]) == 0
+    text = capsys.readouterr().out
+    assert "1 of 3 convolutions faster channels-last" in text and "after the solve:" in text

@@ -164,6 +164,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
         t = result.tuning
         print(f"  tuning: {t['candidates']} candidates, {t['measured']} measured now ({t['failed']} failed), "
               f"the rest from {t['db']}; {t['seconds']:.1f} s")
+        if "schedules_tuned" in t:
+            print(f"  after the solve: {t['schedules_tuned']} kernel schedules tuned, {t.get('convs_channels_last', 0)} "
+                  f"of {t.get('convs_tried_channels_last', 0)} convolutions faster channels-last; "
+                  f"{t.get('schedule_measured', 0)} measured, {t.get('schedule_s', 0.0):.1f} s")
         stages = t.get("profiler_stages_s") or {}
         if stages:
             print("  profiler seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()))
