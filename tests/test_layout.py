@@ -63,6 +63,10 @@ def test_channels_last_convolutions_compute_the_same(tmp_path):
     assert convs == 3
     exe = Executable(result.graph, doc, "cpu")
     assert sum(1 for s in exe.steps if s.impl.layout) == 3
+    # conv -> bias -> ReLU (all in the library call) feeds only the next channels-last conv: that
+    # edge stays NHWC; the second conv's add epilogue is generated, so its result goes back to NCHW.
+    (edge,) = exe._stay_channels_last
+    assert exe.graph.types[edge].shape == (1, 16, 12, 12)
     _check(exe, model)
 
 
@@ -158,6 +162,7 @@ def test_a_real_model_with_every_conv_channels_last_and_every_transpose_tiled():
     feeds = random_inputs(result.loaded.graph, seed=7)
     ref = run_onnxruntime(result.loaded.model, feeds)
     exe = Executable(result.graph, doc, "cpu")
+    assert exe._stay_channels_last  # conv -> conv edges that skip the round trip to NCHW
     outs = exe.run(**{k: torch.from_numpy(v) for k, v in feeds.items()})
     for o in exe.output_names:
         assert rel_l2(outs[o].numpy(), ref[o]) < 1e-5

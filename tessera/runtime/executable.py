@@ -68,6 +68,7 @@ class Executable:
         self._channels_last = {t: self.constants[t].contiguous(memory_format=torch.channels_last)
                                for s in self.steps if s.impl.layout and s.impl.linear
                                for t in s.impl.linear.inputs[1:2] if t in self.constants}
+        self._stay_channels_last = self._channels_last_edges()
         # An fp32 plan means fp32 arithmetic: torch would run convs and matmuls in tf32 on Ampere+.
         self.allow_tf32 = plan.get("precision") == "tf32"
         self._plan_memory()
@@ -75,6 +76,33 @@ class Executable:
         self._graph: torch.cuda.CUDAGraph | None = None
         self._static_in: dict[str, torch.Tensor] = {}
         self._static_out: dict[str, torch.Tensor] = {}
+
+    def _channels_last_edges(self) -> set[str]:
+        """Results of channels-last convolutions that only channels-last convolutions read, as their
+        input: these stay NHWC in memory (torch's convolution takes either layout), which saves the
+        conversion back to NCHW and the one forward again."""
+        readers: dict[str, list[Step]] = {}
+        for step in self.steps:
+            for t in self._reads(step):
+                readers.setdefault(t, []).append(step)
+
+        def nhwc_input_only(step: Step, t: str) -> bool:
+            impl = step.impl
+            if not (impl.layout and impl.linear is not None and impl.linear.inputs[0] == t):
+                return False
+            others = [u for n in impl.nodes if n is not impl.linear for u in n.inputs]
+            return t not in others and t not in impl.linear.inputs[1:]
+
+        keep = set()
+        for step in self.steps:
+            impl = step.impl
+            if not (impl.layout and impl.linear is not None) or step.kernel is not None:
+                continue  # a generated epilogue indexes its input as contiguous NCHW
+            out = impl.fused[-1].outputs[0] if impl.bias else impl.linear.outputs[0]
+            if out not in self.graph.outputs and readers.get(out) and \
+                    all(nhwc_input_only(r, out) for r in readers[out]):
+                keep.add(out)
+        return keep
 
     def _fold_torch_prologues(self) -> None:
         """Free nodes that torch steps read depend only on constants: compute them once, now."""
@@ -236,14 +264,18 @@ class Executable:
         if impl.layout:  # channels-last: NHWC input and weight in, the NCHW result the graph expects out
             args = [a if i >= 2 else self._channels_last[t] if t in self._channels_last
                     else a.contiguous(memory_format=torch.channels_last) for i, (t, a) in enumerate(zip(names, args))]
+        # Generated kernels index contiguous (NCHW) memory; other channels-last convs take NHWC as is.
+        def settle(t: str, y: torch.Tensor) -> torch.Tensor:
+            return y if t in self._stay_channels_last else y.contiguous()
+
         if impl.bias:
             last = impl.fused[-1].outputs[0]
             y = run_linear_fused(root, args, self.graph.types[last], self._bias[impl.name], impl.relu)
-            env[last] = y.contiguous()  # generated kernels index contiguous (NCHW) memory
+            env[last] = settle(last, y)
         else:
             outs = run_node(root, args, [self.graph.types[o] for o in root.outputs if o], device=self.device,
                             opsets=self.graph.opsets)
-            env.update(zip([o for o in root.outputs if o], [o.contiguous() for o in outs]))
+            env.update({o: settle(o, y) for o, y in zip([o for o in root.outputs if o], outs)})
 
     def _triton(self, step: Step, env: dict[str, torch.Tensor]) -> None:
         assert step.kernel is not None
