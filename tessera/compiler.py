@@ -27,6 +27,7 @@ from tessera.fission import FissionResult, fission
 from tessera.frontend import LoadedModel, load
 from tessera.ir.graph import Graph
 from tessera.orchestrate import DEFAULT_SOLVER, CandidateRules, OGraph, Plan, build_ograph, orchestrate
+from tessera.orchestrate.candidates import MAX_KERNEL_NODES
 from tessera.orchestrate.report import write_report
 from tessera.rewrite import convert_precision
 from tessera.runtime.artifact import save_artifact
@@ -47,7 +48,7 @@ class CompileOptions:
     solver: str = DEFAULT_SOLVER
     time_limit: float = 60.0
     max_states: int = 2000
-    max_kernel_nodes: int = 12
+    max_kernel_nodes: int = MAX_KERNEL_NODES
     input_shapes: Mapping[str, Sequence[int]] | None = None
 
 

@@ -322,7 +322,7 @@ def test_candidates_are_measured_at_the_schedule_models_first_choice():
     og = _og("candy_small.onnx")
     cost = MeasuredCost(og, None, None, "fake", "v1")
     kinds = set()
-    for c in enumerate_candidates(og, og.all, CandidateRules(), TritonLegality()):
+    for c in enumerate_candidates(og, og.all, CandidateRules(max_nodes=12), TritonLegality()):
         job = cost.job(c)
         prims = [og.nodes[i] for i in bits(c.nodes)]
         ks = implement(og.graph, prims, prologue_of(og, prims), list(job.outputs), "k").triton

@@ -18,6 +18,7 @@ from tessera.cost.db import TuningDB, default_db_path
 from tessera.errors import TesseraError
 from tessera.frontend import load as frontend_load
 from tessera.orchestrate import DEFAULT_SOLVER, SOLVERS, STRATEGIES
+from tessera.orchestrate.candidates import MAX_KERNEL_NODES
 from tessera.summary import format_summary, summarize
 from tessera.runtime.artifact import load_artifact as load
 from tessera.runtime.artifact import read_meta
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds per subgraph solve")
     p.add_argument("--max-states", type=int, default=2000, help="execution states per subgraph")
-    p.add_argument("--max-kernel-nodes", type=int, default=12, help="primitives per candidate kernel")
+    p.add_argument("--max-kernel-nodes", type=int, default=MAX_KERNEL_NODES, help="primitives per candidate kernel")
     p = sub.add_parser("bench", help="time tessera against PyTorch eager and torch.compile, same process and inputs")
     p.add_argument("model", help="an ONNX file (tessera alone) or zoo:NAME (the PyTorch peers too)")
     p.add_argument("--precision", choices=PRECISIONS, default="tf32")
