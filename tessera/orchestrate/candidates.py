@@ -41,8 +41,9 @@ class KernelLegality(Protocol):
 
 
 # Primitives per candidate kernel. 16 admits candy's InstanceNorm -> ReLU -> Pad (16 primitives)
-# and a residual add with the layernorm after it; over 12, the cap's old value, candidates grow
-# 6-16% on the shared models and never shrink the choice (the measured solver picks).
+# and a layernorm with the residual add before it. Against 12, the old value, candidates grow
+# 5-16% and wide subgraphs split more often, but no analytical plan checked got dearer and most
+# got cheaper, with fewer kernels (scripts/cap_check.py, scripts/results/cap_check_cpu.md).
 MAX_KERNEL_NODES = 16
 
 
