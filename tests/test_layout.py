@@ -101,17 +101,20 @@ class LayoutProfiler:
             record(i, seconds, "")
 
 
-def test_tuning_keeps_channels_last_where_it_measures_faster(tmp_path, monkeypatch):
-    # The compile's measured path on CPU: a fake GPU whose profiler prices the layouts.
-    model = conv_model()
+@pytest.fixture
+def fake_gpu(monkeypatch) -> LayoutProfiler:
+    """The compile's measured path on CPU: a fake GPU whose profiler prices the layouts."""
     prof = LayoutProfiler()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
+    monkeypatch.setattr(compiler, "measured_cost", lambda og, opt, progress, analytical, gpu: MeasuredCost(
+        og, TuningDB(opt.db), prof, "fake-gpu", "v1", progress, None, opt.precision, gpu))
+    return prof
 
-    def fake_cost(og, opt, progress, analytical, gpu):
-        return MeasuredCost(og, TuningDB(opt.db), prof, "fake-gpu", "v1", progress, None, opt.precision, gpu)
 
-    monkeypatch.setattr(compiler, "measured_cost", fake_cost)
+def test_tuning_keeps_channels_last_where_it_measures_faster(tmp_path, fake_gpu):
+    model = conv_model()
+    prof = fake_gpu
     opts = CompileOptions(cost="measured", db=str(tmp_path / "t.db"))
     result = compile_model(model, opts)
     assert result.tuning["convs_tried_channels_last"] == 3 and result.tuning["convs_channels_last"] == 1
@@ -168,16 +171,11 @@ def test_a_real_model_with_every_conv_channels_last_and_every_transpose_tiled():
         assert rel_l2(outs[o].numpy(), ref[o]) < 1e-5
 
 
-def test_the_cli_summary_says_what_tuning_chose(tmp_path, monkeypatch, capsys):
+def test_the_cli_summary_says_what_tuning_chose(tmp_path, fake_gpu, capsys):
     import onnx
 
     from tessera.cli.main import main
 
-    prof = LayoutProfiler()
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
-    monkeypatch.setattr(compiler, "measured_cost", lambda og, opt, progress, analytical, gpu: MeasuredCost(
-        og, TuningDB(opt.db), prof, "fake-gpu", "v1", progress, None, opt.precision, gpu))
     onnx.save(conv_model(), tmp_path / "convs.onnx")
     assert main(["compile", str(tmp_path / "convs.onnx"), "-o", str(tmp_path / "out"), "--cost", "measured",
                  "--db", str(tmp_path / "t.db")]) == 0

@@ -397,8 +397,9 @@ def generate(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], name: 
     reduction = kind_of(nodes) == "reduction"
     if schedule is None:
         schedule = _default_schedule(graph, nodes, outputs, reduction)
+    tile = None if reduction else tile_shape(graph, nodes, outputs)
     tiled = not reduction and schedule.rblock > 1
-    if tiled and tile_shape(graph, nodes, outputs) is None:
+    if tiled and tile is None:
         raise Unsupported("a tiled schedule needs a transposing kernel with outputs of one shape")
     header, xnumel, rnumel = (_reduction if reduction else _tiled if tiled else _pointwise)(k, schedule)
     fn = _sanitize(name)
@@ -422,7 +423,6 @@ def generate(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], name: 
     src = "\n".join(["import triton", "import triton.language as tl", "", ""] + doc + [
         "@triton.jit", f"def {fn}({params}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):"]
         + [f"    {h}" for h in header] + body) + "\n"
-    tile = None if reduction else tile_shape(graph, nodes, outputs)
     return KernelSource(fn, src, k.inputs, k.outputs, xnumel, rnumel, schedule, [n.name for n in nodes], tile)
 
 

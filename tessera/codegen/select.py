@@ -104,9 +104,10 @@ def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], out
     Raises `Unsupported` for a group of several primitives that has no Triton form, and for a
     `layout` the kernel cannot take.
     """
+    root = _linear_root(prims)
     if layout not in ("", CHANNELS_LAST):
         raise Unsupported(f"unknown layout {layout!r}")
-    if layout and not channels_last_applies(graph, _linear_root(prims)):
+    if layout and not channels_last_applies(graph, root):
         raise Unsupported("the channels-last layout applies to a kernel with a 2-D convolution")
     prims, prologue = list(prims), list(prologue)
     nodes = prologue + prims
@@ -115,7 +116,6 @@ def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], out
     if not prologue and all(n.op == Prim.RESHAPE.value for n in prims):
         # Row-major reshapes of a contiguous tensor are views: no kernel, no copy.
         return KernelImpl(name, "view", prims, prologue, list(outputs))
-    root = _linear_root(prims)
     if root is not None:
         impl = KernelImpl(name, "linear", prims, prologue, list(outputs), linear=root, layout=layout)
         impl.bias, impl.fused, impl.relu = _library_epilogue(graph, nodes, prologue, root, outputs)

@@ -311,16 +311,16 @@ def tune_layouts(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[Nod
     pairs: dict[str, tuple[Job, Job]] = {}
     for name, prims, prologue, outputs in kernels:
         try:
-            impl = implement(graph, prims, prologue, outputs, name, schedule=tuned.get(name))
-            plain = implement(graph, prims, prologue, outputs, name)
+            impl = implement(graph, prims, prologue, outputs, name)
         except Unsupported:
             continue
         if impl.backend != "linear" or not channels_last_applies(graph, impl.linear):
             continue
         sch = tuned.get(name)
-        # The key of the kernel as the candidate or post-scheduling measured it.
-        same = impl.triton is None or (plain.triton is not None and impl.triton.schedule == plain.triton.schedule)
-        base = "default" if sch is None or same else _schedule_key(sch)
+        # The key of the kernel as the candidate or post-scheduling measured it: "default" when its
+        # epilogue (if any) runs the generator's default schedule.
+        same = impl.triton is None or sch is None or sch == impl.triton.schedule
+        base = "default" if same else _schedule_key(sch)
         sig = kernel_signature(graph, prims, prologue, outputs, math_mode(prims, precision))
         args = (graph, tuple(prims), tuple(prologue), tuple(outputs), None if same else sch, precision)
         pairs[name] = (Job(Key(device, versions, sig, base), *args),

@@ -262,10 +262,12 @@ class Executable:
         names = [t for t in root.inputs if t]
         args = [env[t] for t in names]
         if impl.layout:  # channels-last: NHWC input and weight in, the NCHW result the graph expects out
-            args = [a if i >= 2 else self._channels_last[t] if t in self._channels_last
-                    else a.contiguous(memory_format=torch.channels_last) for i, (t, a) in enumerate(zip(names, args))]
-        # Generated kernels index contiguous (NCHW) memory; other channels-last convs take NHWC as is.
+            cl = torch.channels_last
+            w = self._channels_last[names[1]] if names[1] in self._channels_last else args[1].contiguous(memory_format=cl)
+            args = [args[0].contiguous(memory_format=cl), w, *args[2:]]
+
         def settle(t: str, y: torch.Tensor) -> torch.Tensor:
+            # Generated kernels index contiguous (NCHW) memory; other channels-last convs take NHWC as is.
             return y if t in self._stay_channels_last else y.contiguous()
 
         if impl.bias:
