@@ -10,6 +10,7 @@ CPU the same kernels run through Triton's interpreter.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -76,6 +77,9 @@ class Executable:
         self._graph: torch.cuda.CUDAGraph | None = None
         self._static_in: dict[str, torch.Tensor] = {}
         self._static_out: dict[str, torch.Tensor] = {}
+        # When set, each step runs inside `torch.profiler.record_function(<plan kernel name>)`, so a
+        # profile can attribute every CUDA kernel to the plan kernel that launched it (runtime/profile).
+        self.annotate = False
 
     def _channels_last_edges(self) -> set[str]:
         """Results of channels-last convolutions that only channels-last convolutions read, as their
@@ -239,21 +243,25 @@ class Executable:
     def _launch(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         env: dict[str, torch.Tensor] = {**self.constants, **feeds}
         for i, step in enumerate(self.steps):
-            impl = step.impl
-            if impl.backend == "triton":
-                self._triton(step, env)
-            elif impl.backend == "view":
-                for n in impl.prims:
-                    env[n.outputs[0]] = env[n.inputs[0]].reshape(self.graph.types[n.outputs[0]].shape)
-            elif impl.backend == "linear":
-                self._linear(impl, env)
-                if step.kernel is not None:
-                    self._triton(step, env)
-            else:
-                env.update({t: v for t, v in self._torch(impl.prims, env).items() if t in impl.outputs})
+            with torch.profiler.record_function(step.impl.name) if self.annotate else nullcontext():
+                self._step(step, env)
             for t in self._free_after[i]:
                 env.pop(t, None)
         return {t: env[t] for t in self.graph.outputs}
+
+    def _step(self, step: Step, env: dict[str, torch.Tensor]) -> None:
+        impl = step.impl
+        if impl.backend == "triton":
+            self._triton(step, env)
+        elif impl.backend == "view":
+            for n in impl.prims:
+                env[n.outputs[0]] = env[n.inputs[0]].reshape(self.graph.types[n.outputs[0]].shape)
+        elif impl.backend == "linear":
+            self._linear(impl, env)
+            if step.kernel is not None:
+                self._triton(step, env)
+        else:
+            env.update({t: v for t, v in self._torch(impl.prims, env).items() if t in impl.outputs})
 
     def _linear(self, impl: KernelImpl, env: dict[str, torch.Tensor]) -> None:
         """The library call of a linear kernel (with the bias and ReLU it absorbs)."""
