@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def check(path: str, precision: str, device: str, seed: int, solver: str) -> dict:
+def check(path: str, precision: str, device: str, seed: int, solver: str, layout: str = "auto") -> dict:
     import torch
 
     import tessera
@@ -38,13 +38,15 @@ def check(path: str, precision: str, device: str, seed: int, solver: str) -> dic
     from tessera.tolerance import TOLERANCE, rel_l2
     from tessera.verify import random_inputs, run_onnxruntime
 
-    row: dict = {"model": Path(path).stem, "precision": precision}
+    row: dict = {"model": Path(path).stem, "precision": precision, "layout": layout}
     try:
         t0 = time.perf_counter()
-        exe = tessera.compile(path, tessera.CompileOptions(precision=precision, solver=solver, cost="analytical"), device=device)
+        opts = tessera.CompileOptions(precision=precision, solver=solver, cost="analytical", layout=layout)
+        exe = tessera.compile(path, opts, device=device)
         row["compile_s"] = round(time.perf_counter() - t0, 2)
         row["kernels"] = len(exe.steps)
         row["backends"] = exe.backends
+        row["channels_last_tensors"] = sum(1 for t in exe.graph.types.values() if not t.plain)
         model = frontend_load(path)
         errs: dict[str, float] = {}
         t1 = time.perf_counter()
@@ -108,6 +110,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--solver", default="cbc")
+    ap.add_argument("--layout", default="auto", help="the layout policy: auto, nchw or nhwc")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args()
 
@@ -136,7 +139,7 @@ def main() -> int:
     rows = []
     ctx = mp.get_context("spawn")
     with cf.ProcessPoolExecutor(args.workers, mp_context=ctx) as pool:
-        futs = [pool.submit(check, p, prec, args.device, args.seed, args.solver) for p, prec in jobs]
+        futs = [pool.submit(check, p, prec, args.device, args.seed, args.solver, args.layout) for p, prec in jobs]
         for f in cf.as_completed(futs):
             r = f.result()
             rows.append(r)

@@ -30,6 +30,7 @@ from tessera.errors import TesseraError
 from tessera.frontend import load as frontend_load
 from tessera.orchestrate.candidates import Candidate
 from tessera.runtime.executable import Executable
+from tessera.runtime.profile import profile_callable, profile_executable
 from tessera.tolerance import TOLERANCE, rel_l2
 from tessera.verify import random_inputs, run_onnxruntime
 
@@ -83,7 +84,7 @@ def kernel_profile(result: CompileResult, gpu: str = "h100", top: int = 12) -> d
         cost = result.tuned_s.get(k.name, k.cost_s)
         rows.append({"name": k.name, "backend": impl.backend, "prims": len(k.prims), "cost_us": cost * 1e6,
                      "roofline_us": roof * 1e6, "mb": (read + written) / 1e6,
-                     "x_roofline": cost / roof if roof > 0 else None, **({"layout": impl.layout} if impl.layout else {})})
+                     "x_roofline": cost / roof if roof > 0 else None})
     by_backend: dict[str, dict[str, float]] = {}
     for r in rows:
         b = by_backend.setdefault(r["backend"], {"kernels": 0, "cost_us": 0.0, "roofline_us": 0.0})
@@ -110,8 +111,11 @@ def _check(out: Any, ref: dict[str, np.ndarray], names: Sequence[str], precision
 
 def bench(model: str, precision: str = "tf32", peers: Sequence[str] = PEERS[:3],
           strategies: Sequence[str] = ("optimal", "greedy"), cost: str = "auto", db: str | None = None,
-          device: str = "cuda", seed: int = 0, solver: str = "cbc") -> dict[str, Any]:
-    """Time tessera and its peers on `model` (an ONNX path, or zoo:NAME); returns the JSON document."""
+          device: str = "cuda", seed: int = 0, solver: str = "cbc", run_profile: bool = False) -> dict[str, Any]:
+    """Time tessera and its peers on `model` (an ONNX path, or zoo:NAME); returns the JSON document.
+
+    `run_profile`: also profile what each contender launches (`runtime/profile.py`) into its
+    entry's `extra["run_profile"]`: GPU µs per call by kernel kind, plan kernel and kernel."""
     dev = torch.device(device)
     # Before anything imports Triton through torch (the zoo's dynamo export does): on a CPU,
     # Triton's interpreter must be chosen first or kernels it loads later cannot run.
@@ -134,6 +138,7 @@ def bench(model: str, precision: str = "tf32", peers: Sequence[str] = PEERS[:3],
     ref = run_onnxruntime(loaded.model, feeds_np)
     out_names = list(loaded.graph.outputs)
     entries: list[Entry] = []
+    reps = 30 if dev.type == "cuda" else 1  # a CPU profile runs Triton's interpreter: one call is plenty
     _set_precision(precision)
     for strategy in strategies:
         t0 = time.perf_counter()
@@ -148,6 +153,8 @@ def bench(model: str, precision: str = "tf32", peers: Sequence[str] = PEERS[:3],
         entries.append(Entry(f"tessera-{strategy}", ms, err, ok, extra={
             "kernels": len(exe.steps), "backends": exe.backends, "compile_s": round(compile_s, 2),
             "cost_model": result.plan.cost_model, "tuning": result.tuning, "profile": kernel_profile(result)}))
+        if run_profile:
+            entries[-1].extra["run_profile"] = profile_executable(exe, feeds, reps).to_json()
     if module is not None:
         module = module.to(dev)
         args = [torch.from_numpy(feeds_np[n]).to(dev) for n in loaded.graph.inputs]
@@ -168,6 +175,8 @@ def bench(model: str, precision: str = "tf32", peers: Sequence[str] = PEERS[:3],
                 err, ok = _check(out, ref, out_names, precision)
                 ms = median_ms(lambda: fn(*args), dev)
             entries.append(Entry(peer, ms, err, ok, extra={"warmup_s": round(warm, 2)}))
+            if run_profile:
+                entries[-1].extra["run_profile"] = profile_callable(lambda: fn(*args), reps, dev, peer).to_json()
     peers_ms = [e.ms for e in entries if not e.name.startswith("tessera")]
     best = min(peers_ms) if peers_ms else None
     return {

@@ -1,6 +1,6 @@
 """The compile driver: a linear list of named passes.
 
-    load -> fission -> precision -> ograph -> cost -> orchestrate -> codegen -> write
+    load -> fission -> precision -> layout -> ograph -> cost -> orchestrate -> schedules -> codegen -> write
 
 Each pass name is also its key in `CompileResult.timings` and in the report.
 """
@@ -20,7 +20,8 @@ from tessera.codegen.triton_ops import Unsupported
 from tessera.cost import AnalyticalCost, device
 from tessera.cost.db import TuningDB, default_db_path, software_versions
 from tessera.cost.devices import Device
-from tessera.cost.measured import MeasuredCost, tune_layouts, tune_schedules
+from tessera.cost.layout_price import AnalyticalLayoutPrice, MeasuredLayoutPrice
+from tessera.cost.measured import MeasuredCost, Profiler, tune_schedules
 from tessera.cost.profiler import GpuProfiler
 from tessera.errors import TesseraError
 from tessera.fission import FissionResult, fission
@@ -28,6 +29,7 @@ from tessera.frontend import LoadedModel, load
 from tessera.ir.graph import Graph
 from tessera.orchestrate import DEFAULT_SOLVER, CandidateRules, OGraph, Plan, build_ograph, orchestrate
 from tessera.orchestrate.candidates import MAX_KERNEL_NODES
+from tessera.orchestrate.layout import NHWC, LayoutResult, assign_layouts, is_conversion, regions
 from tessera.orchestrate.report import write_report
 from tessera.rewrite import convert_precision
 from tessera.runtime.artifact import save_artifact
@@ -45,6 +47,7 @@ class CompileOptions:
     schedule_tuning: bool = True  # measured cost: time a few schedules of each chosen kernel
     gpu: str = "h100"
     precision: str = "fp32"
+    layout: str = "auto"  # storage layouts: "auto" (by cost), "nchw" (all row-major), "nhwc" (conv regions channels-last)
     solver: str = DEFAULT_SOLVER
     time_limit: float = 60.0
     max_states: int = 2000
@@ -65,9 +68,10 @@ class CompileResult:
     # Measured cost: each kernel's seconds at its tuned schedule and layout (what runs), where
     # post-solve tuning timed it; the plan's cost_s is the candidate's time before that.
     tuned_s: dict[str, float] = field(default_factory=dict)
+    layouts: LayoutResult | None = None  # the layout pass's regions and choices
 
 
-PASSES = ("load", "fission", "precision", "ograph", "cost", "orchestrate", "schedules", "codegen")
+PASSES = ("load", "fission", "precision", "layout", "ograph", "cost", "orchestrate", "schedules", "codegen")
 
 
 def compile_model(source: Any, options: CompileOptions | None = None,
@@ -102,10 +106,45 @@ def compile_model(source: Any, options: CompileOptions | None = None,
     except ValueError as e:
         raise TesseraError(str(e)) from None
     done("precision")
+    db = TuningDB(opt.db or default_db_path()) if cost_kind == "measured" else None
+    profiler = new_profiler(opt) if cost_kind == "measured" else None
+    try:
+        return _plan(loaded, fis, graph, opt, cost_kind, dev, db, profiler, timings, done, progress, tune_progress)
+    finally:  # worker processes and the database, also when solving fails
+        if profiler is not None:
+            getattr(profiler, "close", lambda: None)()
+        if db is not None:
+            db.close()
+
+
+def new_profiler(opt: CompileOptions) -> Profiler:
+    """The GPU profiler a measured compile times kernels with (tests put a fake one here)."""
+    return GpuProfiler(opt.tune_workers)
+
+
+def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOptions, cost_kind: str, dev: Device,
+          db: TuningDB | None, profiler: Profiler | None, timings: dict[str, float],
+          done: Callable[[str], None], progress: Callable[[int, int], None] | None,
+          tune_progress: Callable[[int, int], None] | None) -> CompileResult:
+    """The passes from `layout` on (the driver owns the tuning database and profiler)."""
+    if db is not None and profiler is not None:
+        pricer: Any = MeasuredLayoutPrice(dev, opt.precision, db, profiler, torch.cuda.get_device_name(),
+                                          software_versions(), tune_progress)
+        if opt.layout == "auto":  # every convolution that could go either way, measured in one batch
+            by_name = {n.name: n for n in graph.nodes}
+            pricer.prepare(graph, [by_name[c] for r in regions(graph) for c in r.convs], [(), NHWC])
+    else:
+        pricer = AnalyticalLayoutPrice(dev, opt.precision)
+    try:
+        lay = assign_layouts(graph, pricer, opt.layout)
+    except ValueError as e:
+        raise TesseraError(str(e)) from None
+    graph = lay.graph
+    done("layout")
     og = build_ograph(graph)
     done("ograph")
-    if cost_kind == "measured":
-        cost: Any = measured_cost(og, opt, tune_progress, AnalyticalCost(og, dev, opt.precision), dev)
+    if db is not None and profiler is not None:
+        cost: Any = measured_cost(og, opt, tune_progress, AnalyticalCost(og, dev, opt.precision), dev, db, profiler)
         device_name = torch.cuda.get_device_name()
     else:
         cost = AnalyticalCost(og, dev, opt.precision)
@@ -113,43 +152,33 @@ def compile_model(source: Any, options: CompileOptions | None = None,
     done("cost")
     tuning: dict[str, Any] = {}
     tuned: dict[str, Schedule] = {}
-    layouts: dict[str, str] = {}
     tuned_s: dict[str, float] = {}
-    try:
-        plan = orchestrate(og, cost, strategy=opt.strategy, rules=CandidateRules(max_nodes=opt.max_kernel_nodes),
-                           legality=TritonLegality(),
-                           solver=opt.solver, time_limit=opt.time_limit, max_states=opt.max_states,
-                           model=loaded.label, device=device_name, precision=opt.precision, cost_model=cost_kind,
-                           progress=progress)
-        done("orchestrate")
-        if isinstance(cost, MeasuredCost):
-            t0 = time.perf_counter()
-            by_name = {n.name: n for n in graph.nodes}
-            specs = [(k.name, [by_name[n] for n in k.prims], [by_name[n] for n in k.prologue], k.outputs)
-                     for k in plan.kernels]
-            rows = len(cost.db)
-            best = tune_schedules(graph, specs, cost.db, cost.profiler, cost.device, cost.versions,
-                                  progress=tune_progress, precision=opt.precision,
-                                  gpu=dev) if opt.schedule_tuning else {}
-            tuned = {name: sch for name, (sch, _) in best.items()}
-            tried = tune_layouts(graph, specs, tuned, cost.db, cost.profiler, cost.device, cost.versions,
-                                 progress=tune_progress, precision=opt.precision) if opt.schedule_tuning else {}
-            layouts = {name: layout for name, (layout, _, _) in tried.items() if layout}
-            tuned_s = {name: seconds for name, (_, seconds) in best.items()}
-            tuned_s.update({name: cl if layout else nchw for name, (layout, nchw, cl) in tried.items()})
-            tuning = {**cost.stats, "db": str(cost.db.path), "schedules_tuned": len(tuned),
-                      "convs_tried_channels_last": len(tried), "convs_channels_last": len(layouts),
-                      "schedule_measured": len(cost.db) - rows,
-                      "schedule_s": round(time.perf_counter() - t0, 2),
-                      "profiler_stages_s": {k: round(v, 2) for k, v in getattr(cost.profiler, "stats", {}).items()}}
-            done("schedules")
-    finally:
-        if isinstance(cost, MeasuredCost):  # worker processes and the database, also when solving fails
-            getattr(cost.profiler, "close", lambda: None)()
-            cost.db.close()
-    kernels = generate_kernels(graph, plan, tuned, layouts)
+    plan = orchestrate(og, cost, strategy=opt.strategy, rules=CandidateRules(max_nodes=opt.max_kernel_nodes),
+                       legality=TritonLegality(),
+                       solver=opt.solver, time_limit=opt.time_limit, max_states=opt.max_states,
+                       model=loaded.label, device=device_name, precision=opt.precision, cost_model=cost_kind,
+                       progress=progress)
+    done("orchestrate")
+    if isinstance(cost, MeasuredCost):
+        t0 = time.perf_counter()
+        by_name = {n.name: n for n in graph.nodes}
+        specs = [(k.name, [by_name[n] for n in k.prims], [by_name[n] for n in k.prologue], k.outputs)
+                 for k in plan.kernels]
+        rows = len(cost.db)
+        best = tune_schedules(graph, specs, cost.db, cost.profiler, cost.device, cost.versions,
+                              progress=tune_progress, precision=opt.precision,
+                              gpu=dev) if opt.schedule_tuning else {}
+        tuned = {name: sch for name, (sch, _) in best.items()}
+        tuned_s = {name: seconds for name, (_, seconds) in best.items()}
+        tuning = {**cost.stats, "db": str(cost.db.path), "schedules_tuned": len(tuned),
+                  "layout_convs_measured": pricer.measured if isinstance(pricer, MeasuredLayoutPrice) else 0,
+                  "schedule_measured": len(cost.db) - rows,
+                  "schedule_s": round(time.perf_counter() - t0, 2),
+                  "profiler_stages_s": {k: round(v, 2) for k, v in getattr(cost.profiler, "stats", {}).items()}}
+        done("schedules")
+    kernels = generate_kernels(graph, plan, tuned)
     done("codegen")
-    return CompileResult(loaded, fis, graph, og, plan, kernels, timings, tuning, tuned_s)
+    return CompileResult(loaded, fis, graph, og, plan, kernels, timings, tuning, tuned_s, lay)
 
 
 # Lazy measurement takes 0.6x the analytical estimate (roofline plus launch) as a candidate's
@@ -159,7 +188,7 @@ BOUND_FACTOR = 0.6
 
 
 def measured_cost(og: OGraph, opt: CompileOptions, progress: Callable[[int, int], None] | None,
-                  analytical: AnalyticalCost, gpu: Device) -> MeasuredCost:
+                  analytical: AnalyticalCost, gpu: Device, db: TuningDB, profiler: Profiler) -> MeasuredCost:
     """Costs from the tuning database, measuring on this machine's GPUs what it lacks.
 
     `opt.tune == "all"` (the default) measures every candidate; "lazy" measures only what the
@@ -168,23 +197,20 @@ def measured_cost(og: OGraph, opt: CompileOptions, progress: Callable[[int, int]
     measured 189 of 493 kernels but needed 20 solves (110 s on 2 cores), so it pays only where
     measuring is slower than solving.
     """
-    db = TuningDB(opt.db or default_db_path())
     bound = (lambda c: BOUND_FACTOR * analytical(c)) if opt.tune == "lazy" else None
-    return MeasuredCost(og, db, GpuProfiler(opt.tune_workers), torch.cuda.get_device_name(), software_versions(),
+    return MeasuredCost(og, db, profiler, torch.cuda.get_device_name(), software_versions(),
                         progress, bound, opt.precision, gpu)
 
 
-def generate_kernels(graph: Graph, plan: Plan, tuned: Mapping[str, Schedule] | None = None,
-                     layouts: Mapping[str, str] | None = None) -> list[KernelImpl]:
-    """Every plan kernel as code (with its tuned schedule and layout, if any); a kernel the
-    generator refuses names itself and its primitives."""
+def generate_kernels(graph: Graph, plan: Plan, tuned: Mapping[str, Schedule] | None = None) -> list[KernelImpl]:
+    """Every plan kernel as code (with its tuned schedule, if any); a kernel the generator refuses
+    names itself and its primitives."""
     by_name = {n.name: n for n in graph.nodes}
     out = []
     for k in plan.kernels:
         try:
             out.append(implement(graph, [by_name[n] for n in k.prims], [by_name[n] for n in k.prologue],
-                                 k.outputs, k.name, k.source_nodes, (tuned or {}).get(k.name),
-                                 (layouts or {}).get(k.name, "")))
+                                 k.outputs, k.name, k.source_nodes, (tuned or {}).get(k.name)))
         except Unsupported as e:
             raise TesseraError(f"kernel {k.name} ({', '.join(k.prims)}) has no code: {e}") from None
     return out
@@ -196,6 +222,11 @@ def plan_document(result: CompileResult) -> dict[str, Any]:
     doc["timings_s"] = {k: round(v, 4) for k, v in result.timings.items()}
     if result.tuning:
         doc["tuning"] = result.tuning
+    for b in doc["buffers"]:
+        t = result.graph.types[b["tensor"]]
+        b["layout"] = list(t.layout or range(t.rank))  # storage order, as a permutation of the logical dims
+    if result.layouts is not None:
+        doc["layout"] = result.layouts.summary()
     doc["opaque"] = [{"node": o.node, "op": o.op_type, "reason": o.reason} for o in result.fission.opaque]
     for k, impl in zip(doc["kernels"], result.kernels):
         k["backend"] = impl.backend
@@ -203,8 +234,8 @@ def plan_document(result: CompileResult) -> dict[str, Any]:
             k["fallback_reason"] = impl.reason
         if impl.triton:
             k["schedule"] = impl.triton.schedule.to_json()
-        if impl.layout:
-            k["layout"] = impl.layout
+        if impl.prims and all(is_conversion(n) for n in impl.prims):
+            k["conversion"] = True  # a kernel that only changes the storage order
         if k["name"] in result.tuned_s:
             k["tuned_s"] = result.tuned_s[k["name"]]
     return doc

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from tessera.runtime.buffers import ALIGN, BufferPool, Lifetime, assign
+from tessera.ir.dtype import DType
+from tessera.ir.graph import TensorType
+from tessera.runtime.buffers import ALIGN, BufferPool, Lifetime, as_layout, assign
 
 
 def test_slabs_are_reused_after_the_last_read():
@@ -23,7 +25,20 @@ def test_a_step_never_writes_into_what_it_reads():
 
 def test_pool_views_have_their_types():
     lts = [Lifetime("a", 4 * 6, 0, 1), Lifetime("b", 2 * 5, 2, 3)]
-    pool = BufferPool(lts, {"a": ((2, 3), torch.float32), "b": ((5,), torch.float16)}, torch.device("cpu"))
+    pool = BufferPool(lts, {"a": TensorType((2, 3), DType.FLOAT32), "b": TensorType((5,), DType.FLOAT16)},
+                      torch.device("cpu"))
     assert pool.views["a"].shape == (2, 3) and pool.views["b"].dtype == torch.float16
     assert pool.views["a"].data_ptr() == pool.views["b"].data_ptr()  # b reuses a's slab
     assert len(pool.slabs) == 1
+
+
+def test_pool_views_are_stored_in_their_layout():
+    # NHWC storage of a [1, 3, 2, 2] tensor: the view is logical NCHW with channels-last strides.
+    pool = BufferPool([Lifetime("a", 4 * 12, 0, 1)], {"a": TensorType((1, 3, 2, 2), DType.FLOAT32, (0, 2, 3, 1))},
+                      torch.device("cpu"))
+    v = pool.views["a"]
+    assert v.shape == (1, 3, 2, 2) and v.stride() == (12, 1, 6, 3)
+    assert v.is_contiguous(memory_format=torch.channels_last)
+    x = torch.randn(1, 3, 2, 2)
+    assert torch.equal(as_layout(x, (0, 2, 3, 1)), x) and as_layout(v, (0, 2, 3, 1)) is v
+    assert as_layout(x, ()) is x and as_layout(v, ()).is_contiguous()

@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -19,9 +20,11 @@ from tessera.errors import TesseraError
 from tessera.frontend import load as frontend_load
 from tessera.orchestrate import DEFAULT_SOLVER, SOLVERS, STRATEGIES
 from tessera.orchestrate.candidates import MAX_KERNEL_NODES
+from tessera.orchestrate.layout import LAYOUT_POLICIES
 from tessera.summary import format_summary, summarize
 from tessera.runtime.artifact import load_artifact as load
 from tessera.runtime.artifact import read_meta
+from tessera.runtime.profile import format_profile, profile_executable
 from tessera.tolerance import TOLERANCE, passes, rel_l2
 from tessera.verify import STAGES, random_inputs, run_onnxruntime, verify
 
@@ -74,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", default="h100", choices=sorted(DEVICES), help="device preset for the cost model")
     p.add_argument("--strategy", choices=STRATEGIES, default="optimal")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    p.add_argument("--layout", choices=LAYOUT_POLICIES, default="auto",
+                   help="storage layouts: auto (by cost), nchw (all row-major), nhwc (conv regions channels-last)")
     p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds per subgraph solve")
     p.add_argument("--max-states", type=int, default=2000, help="execution states per subgraph")
@@ -90,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile each contender's kernels by kind (extra.run_profile in --json)")
     p = sub.add_parser("db", help="move tuning results between machines")
     p.add_argument("action", choices=["export", "import", "stats"])
     p.add_argument("file", nargs="?", type=Path, help="JSON-lines file to write (export) or read (import)")
@@ -101,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed for random inputs (default: fresh)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--save-outputs", type=Path, help="write the outputs to this .npz file")
+    p = sub.add_parser("profile", help="what really runs: each CUDA kernel's time per call, by kind and plan kernel")
+    p.add_argument("target", type=Path, help="an artifact directory (tessera compile -o) or an .onnx file")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--reps", type=int, help="calls profiled (default: 30 on cuda, 1 on cpu)")
+    p.add_argument("--json", type=Path, help="also write the profile to this JSON file")
+    p.add_argument("--precision", choices=PRECISIONS, help="compile an .onnx file at this precision (default fp32)")
+    p.add_argument("--top", type=int, default=15, help="kernels and plan kernels to list")
     return parser
 
 
@@ -136,11 +150,42 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    target: Path = args.target
+    if not target.exists():
+        raise TesseraError(f"{target}: no such artifact directory or model file")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise TesseraError("--device cuda: no CUDA device is visible; use --device cpu")
+    if args.reps is not None and args.reps < 1:
+        raise TesseraError(f"--reps {args.reps}: profile at least one call")
+    with tempfile.TemporaryDirectory(prefix="tessera-profile-") as tmp:
+        if target.is_dir():
+            meta = read_meta(target)
+            if args.precision and args.precision != meta.get("precision", "fp32"):
+                raise TesseraError(f"{target} was compiled for {meta.get('precision', 'fp32')}; "
+                                   "--precision applies to an .onnx file, compile again to change it")
+            artifact = target
+        else:  # a model: compile it with the default options first
+            artifact = Path(tmp) / "artifact"
+            write_artifacts(compile_model(target, CompileOptions(precision=args.precision or "fp32")), artifact)
+            meta = read_meta(artifact)
+        exe = load(artifact, args.device)
+        model = frontend_load(artifact / "model.onnx", meta["input_shapes"])
+        feeds = {k: torch.from_numpy(v) for k, v in random_inputs(model.graph, 0).items()}
+        prof = profile_executable(exe, feeds, args.reps or (30 if args.device == "cuda" else 1))
+    if args.json:
+        args.json.write_text(json.dumps({"target": str(target), "precision": meta.get("precision", "fp32"),
+                                         **prof.to_json()}, indent=1))
+    print(f"{target}: {len(exe.steps)} plan kernels, {meta.get('precision', 'fp32')}")
+    print(format_profile(prof, args.top))
+    return 0
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     opts = CompileOptions(strategy=args.strategy, cost=args.cost, gpu=args.gpu, precision=args.precision,
                           solver=args.solver, time_limit=args.time_limit, max_states=args.max_states,
                           max_kernel_nodes=args.max_kernel_nodes, input_shapes=parse_input_shapes(args.input_shape),
-                          db=args.db, tune_workers=args.tune_workers, tune=args.tune)
+                          db=args.db, tune_workers=args.tune_workers, tune=args.tune, layout=args.layout)
     quiet = not sys.stderr.isatty()
     with tqdm(total=1, desc="orchestrate", unit="subgraph", file=sys.stderr, leave=False, disable=quiet) as bar, \
             tqdm(total=0, desc="tune", unit="kernel", file=sys.stderr, leave=False, disable=quiet) as tbar:
@@ -166,12 +211,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(f"  tuning: {t['candidates']} candidates, {t['measured']} measured now ({t['failed']} failed), "
               f"the rest from {t['db']}; {t['seconds']:.1f} s")
         if "schedules_tuned" in t:
-            print(f"  after the solve: {t['schedules_tuned']} kernel schedules tuned, {t.get('convs_channels_last', 0)} "
-                  f"of {t.get('convs_tried_channels_last', 0)} convolutions faster channels-last; "
+            print(f"  after the solve: {t['schedules_tuned']} kernel schedules tuned; "
                   f"{t.get('schedule_measured', 0)} measured, {t.get('schedule_s', 0.0):.1f} s")
         stages = t.get("profiler_stages_s") or {}
         if stages:
             print("  profiler seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()))
+    if result.layouts is not None and result.layouts.regions:
+        lay = result.layouts.summary()
+        print(f"  layout: {lay['convs_channels_last']} of {lay['convs']} convolutions channels-last "
+              f"({lay['channels_last_regions']} of {lay['regions']} regions), {lay['conversions']} conversions")
     print(f"  estimated {plan.estimated_total_s * 1e6:.1f} us; greedy baseline {plan.greedy_total_s * 1e6:.1f} us "
           f"({plan.greedy_total_s / max(plan.estimated_total_s, 1e-30):.2f}x)")
     print(f"  {len(plan.subgraphs)} subgraph(s), {optimal} solved to proven optimality, "
@@ -207,7 +255,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tessera.bench import bench, format_table
 
     doc = bench(args.model, args.precision, [p for p in args.vs.split(",") if p],
-                [s for s in args.strategy.split(",") if s], args.cost, args.db, args.device, args.seed, args.solver)
+                [s for s in args.strategy.split(",") if s], args.cost, args.db, args.device, args.seed, args.solver,
+                args.profile)
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1))
     print(format_table(doc))
@@ -230,7 +279,8 @@ def cmd_db(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"inspect": cmd_inspect, "verify": cmd_verify, "compile": cmd_compile, "run": cmd_run, "db": cmd_db, "bench": cmd_bench}
+COMMANDS = {"inspect": cmd_inspect, "verify": cmd_verify, "compile": cmd_compile, "run": cmd_run, "db": cmd_db, "bench": cmd_bench,
+            "profile": cmd_profile}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -131,7 +131,7 @@ class Emitter:
 
     def load(self, tensor: str, index: Sequence[Ix], mask: Mask) -> Val:
         t = self.graph.types[tensor]
-        off = self.index_var(ix.ravel(index, t.shape))
+        off = self.index_var(ix.ravel_stored(index, t.shape, t.layout))
         deps = off.deps
         m = self.mask_expr(mask, deps)
         args = f"{self.inputs[tensor]} + {off.expr}" + (f", mask={m}, other=0" if m else "")

@@ -177,3 +177,22 @@ def reshape_index(index: Sequence[Ix], out_shape: Sequence[int], in_shape: Seque
         for (d, _), ix in zip(gb, unravel(flat, [n for _, n in gb])):
             res[d] = ix
     return res
+
+
+def ravel_stored(index: Sequence[Ix], shape: Sequence[int], layout: Sequence[int] = ()) -> Ix:
+    """Flat offset of logical `index` in memory that stores `shape` in the dim order `layout`
+    (row-major when empty): the coordinates are permuted into storage order, then raveled."""
+    if not layout:
+        return ravel(index, shape)
+    return ravel([index[d] for d in layout], [shape[d] for d in layout])
+
+
+def unravel_stored(flat: Ix, shape: Sequence[int], layout: Sequence[int] = ()) -> list[Ix]:
+    """Logical coordinates of storage offset `flat` (the inverse of `ravel_stored`)."""
+    if not layout:
+        return unravel(flat, shape)
+    stored = unravel(flat, [shape[d] for d in layout])
+    out: list[Ix] = [Ix.of(0)] * len(shape)
+    for pos, d in enumerate(layout):
+        out[d] = stored[pos]
+    return out

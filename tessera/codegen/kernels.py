@@ -35,12 +35,15 @@ from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import REDUCTIONS, Prim
 
 # Bump when generated code changes: it is part of every tuning-database key.
-CODEGEN_VERSION = 2  # 2: tiled pointwise schedules; trailing runs of one flat index collapse
+CODEGEN_VERSION = 3  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts
 
 # Elements one program holds in registers per value (fp32: 16 KiB).
 BLOCK_ELEMENTS = 4096
 POINTWISE_BLOCKS = (1024, 512, 256, 2048)
 LOOPED_RBLOCKS = (1024, 2048, 512)
+# Rows whose elements are apart in memory (a reduction over H and W of an NHWC tensor): a block
+# spans many rows, which sit side by side, so each load is coalesced across rows.
+STRIDED_BLOCKS = ((64, 32), (32, 64), (128, 16), (16, 128))
 WARPS = (4, 8, 2)
 
 
@@ -69,6 +72,7 @@ class KernelSource:
     schedule: Schedule
     prims: list[str] = field(default_factory=list)
     tile: tuple[int, int] | None = None  # (rows, columns) when tiled schedules apply (`tile_shape`)
+    strided: bool = False  # a reduction whose row elements are not adjacent in memory (`rows_strided`)
 
     @property
     def grid(self) -> int:
@@ -82,9 +86,10 @@ def _pow2(n: int) -> int:
 TILES = ((32, 32), (64, 32), (32, 64), (16, 64))  # tiled pointwise: (rows, columns) per block
 
 
-def schedules(xnumel: int, rnumel: int, tile: tuple[int, int] | None = None) -> list[Schedule]:
+def schedules(xnumel: int, rnumel: int, tile: tuple[int, int] | None = None, strided: bool = False) -> list[Schedule]:
     """The schedule space of a kernel, the default first. A pointwise kernel that can run tiled
-    (`tile_shape` gives its rows and columns) also gets 2-D blocks, after the flat ones."""
+    (`tile_shape` gives its rows and columns) also gets 2-D blocks, after the flat ones. A reduction
+    over strided rows (`rows_strided`) starts with blocks of many rows (`STRIDED_BLOCKS`)."""
     if rnumel <= 1:
         flat = [Schedule(min(b, _pow2(xnumel)), 1, w) for b in POINTWISE_BLOCKS for w in WARPS[:2]]
         if tile is None:
@@ -94,6 +99,10 @@ def schedules(xnumel: int, rnumel: int, tile: tuple[int, int] | None = None) -> 
                  for xb, cb in TILES for w in WARPS[:2]]
         return flat + list(dict.fromkeys(tiled))
     out: list[Schedule] = []
+    if strided:
+        for xb, r in STRIDED_BLOCKS:
+            xb = min(xb, _pow2(xnumel))
+            out.append(Schedule(xb, min(r, _pow2(rnumel)), 4, r >= rnumel))
     rb = _pow2(rnumel)
     if rb <= BLOCK_ELEMENTS:
         for xb in (max(1, BLOCK_ELEMENTS // rb), max(1, BLOCK_ELEMENTS // rb // 4)):
@@ -160,8 +169,9 @@ def _pointwise(k: _Kernel, sched: Schedule) -> tuple[list[str], int, int]:
     for o in k.outputs:
         t = k.graph.types[o]
         mask = frozenset({"xmask"}) if t.numel == xnumel else frozenset({em.cond(f"xindex < {t.numel}", xdep)})
+        # The grid walks each output in its storage order, so stores are contiguous whatever the layout.
         flat = Ix("xindex", None, t.numel, xdep)
-        v = em.value(o, ix.unravel(flat, t.shape), mask)
+        v = em.value(o, ix.unravel_stored(flat, t.shape, t.layout), mask)
         k.store(o, flat, v, mask, "[XBLOCK]", xdep)
     return header, xnumel, 1
 
@@ -177,8 +187,8 @@ def tile_shape(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str]) -> t
     option, and all their outputs must have one shape.
     """
     shapes = {graph.types[o].shape for o in outputs}
-    if len(shapes) != 1:
-        return None
+    if len(shapes) != 1 or not all(graph.types[o].plain for o in outputs):
+        return None  # tiles write row-major outputs
     (shape,) = shapes
     if len(shape) < 2 or shape[-1] < 2 or prod(shape) // shape[-1] < 2:
         return None
@@ -319,9 +329,11 @@ def _reduction(k: _Kernel, sched: Schedule) -> tuple[list[str], int, int]:
     if per_element:
         coords, rmask = persistent_coords if persistent_coords else walk()
         mask = frozenset({"xmask", rmask})
-        flat = em.index_var(ix.ravel(coords, shape))
         for o in per_element:
-            v = em.value(o, ix.reshape_index(coords, shape, g.types[o].shape), mask)
+            t = g.types[o]
+            oc = ix.reshape_index(coords, shape, t.shape)
+            flat = em.index_var(ix.ravel_stored(oc, t.shape, t.layout))
+            v = em.value(o, oc, mask)
             k.store(o, flat, v, mask, "[XBLOCK, RBLOCK]", v.deps | flat.deps)
         if not sched.persistent:
             em.pop()
@@ -336,7 +348,7 @@ def _reduction(k: _Kernel, sched: Schedule) -> tuple[list[str], int, int]:
         for d, c in zip(axes, ix.unravel(pindex, [t.shape[d] for d in axes])):
             coords[d] = c
         mask = frozenset({"xmask", pmask})
-        flat = em.index_var(ix.ravel(coords, t.shape))
+        flat = em.index_var(ix.ravel_stored(coords, t.shape, t.layout))
         v = em.value(o, coords, mask)
         k.store(o, flat, v, mask, "[XBLOCK, RBLOCK]", v.deps | flat.deps)
         em.pop()
@@ -344,8 +356,11 @@ def _reduction(k: _Kernel, sched: Schedule) -> tuple[list[str], int, int]:
         if o in per_element or o in planes:
             continue
         t = g.types[o]
-        v = em.value(o, ix.unravel(Ix("xindex", None, xnumel, xdep), t.shape), frozenset({"xmask"}))
-        k.store(o, Ix("xindex", None, xnumel, xdep), v, frozenset({"xmask"}), "[XBLOCK, 1]", xdep)
+        row = Ix("xindex", None, xnumel, xdep)
+        coords = ix.unravel(row, t.shape)
+        at = row if t.plain else em.index_var(ix.ravel_stored(coords, t.shape, t.layout))
+        v = em.value(o, coords, frozenset({"xmask"}))
+        k.store(o, at, v, frozenset({"xmask"}), "[XBLOCK, 1]", xdep)
     return header, xnumel, rnumel
 
 
@@ -383,6 +398,18 @@ def _render(scope: Scope, indent: str, out: list[str]) -> None:
             out.append(f"{indent}{line}")
 
 
+def rows_strided(graph: Graph, nodes: Sequence[Node]) -> bool:
+    """Are the elements of a reduction's row apart in memory? True when the reduced axes are not
+    the innermost dims of the input's storage order (H and W of an NHWC tensor)."""
+    red = next((n for n in nodes if n.op in _REDUCE_OPS), None)
+    if red is None:
+        return False
+    t = graph.types[red.inputs[0]]
+    order = [d for d in (t.layout or range(t.rank)) if t.shape[d] != 1]
+    axes = {d for d in red.attrs["axes"] if t.shape[d] != 1}
+    return bool(axes) and set(order[len(order) - len(axes):]) != axes
+
+
 def kind_of(nodes: Sequence[Node]) -> str:
     return "reduction" if any(n.op in _REDUCE_OPS for n in nodes) else "pointwise"
 
@@ -395,8 +422,9 @@ def generate(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], name: 
     """
     k = _Kernel(graph, nodes, outputs)
     reduction = kind_of(nodes) == "reduction"
+    strided = reduction and rows_strided(graph, nodes)
     if schedule is None:
-        schedule = _default_schedule(graph, nodes, outputs, reduction)
+        schedule = _default_schedule(graph, nodes, outputs, reduction, strided)
     tile = None if reduction else tile_shape(graph, nodes, outputs)
     tiled = not reduction and schedule.rblock > 1
     if tiled and tile is None:
@@ -423,15 +451,17 @@ def generate(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], name: 
     src = "\n".join(["import triton", "import triton.language as tl", "", ""] + doc + [
         "@triton.jit", f"def {fn}({params}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):"]
         + [f"    {h}" for h in header] + body) + "\n"
-    return KernelSource(fn, src, k.inputs, k.outputs, xnumel, rnumel, schedule, [n.name for n in nodes], tile)
+    return KernelSource(fn, src, k.inputs, k.outputs, xnumel, rnumel, schedule, [n.name for n in nodes], tile,
+                        strided)
 
 
-def _default_schedule(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], reduction: bool) -> Schedule:
+def _default_schedule(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], reduction: bool,
+                      strided: bool = False) -> Schedule:
     if not reduction:
         return schedules(max(graph.types[o].numel for o in outputs), 1)[0]
     red = next(n for n in nodes if n.op in _REDUCE_OPS)
     shape = graph.types[red.inputs[0]].shape
     axes = red.attrs["axes"]
     rnumel = prod(shape[d] for d in axes)
-    return schedules(prod(shape) // max(1, rnumel), max(2, rnumel))[0] if rnumel > 1 else \
+    return schedules(prod(shape) // max(1, rnumel), max(2, rnumel), None, strided)[0] if rnumel > 1 else \
         Schedule(min(64, _pow2(prod(shape))), 1, 4, True)

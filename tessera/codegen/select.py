@@ -53,9 +53,6 @@ class KernelImpl:
     bias: str | None = None
     relu: bool = False
     fused: list[Node] = field(default_factory=list)
-    # Linear kernels with a 2-D CONV root: CHANNELS_LAST runs the library convolution on
-    # channels-last (NHWC) copies of its operands; the tuner picks it where it measures faster.
-    layout: str = ""
 
     @property
     def nodes(self) -> list[Node]:
@@ -89,35 +86,25 @@ def _epilogue(graph: Graph, nodes: Sequence[Node], root: Node) -> list[Node]:
     return list(extra.values()) + epi
 
 
-CHANNELS_LAST = "channels_last"
-
-
-def channels_last_applies(graph: Graph, root: Node | None) -> bool:
-    """Can this linear root run channels-last? A convolution over two spatial dims (4-D operands)."""
-    return root is not None and root.op == Prim.CONV.value and len(graph.types[root.inputs[0]].shape) == 4
-
-
 def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], outputs: Sequence[str], name: str,
-              sources: Sequence[str] = (), schedule: Schedule | None = None, layout: str = "") -> KernelImpl:
+              sources: Sequence[str] = (), schedule: Schedule | None = None) -> KernelImpl:
     """Choose the backend of one kernel (its orchestrated `prims` and free `prologue`) and generate its code.
 
-    Raises `Unsupported` for a group of several primitives that has no Triton form, and for a
-    `layout` the kernel cannot take.
+    Tensors are addressed in the layouts their types carry (`TensorType.layout`). Raises
+    `Unsupported` for a group of several primitives that has no Triton form.
     """
     root = _linear_root(prims)
-    if layout not in ("", CHANNELS_LAST):
-        raise Unsupported(f"unknown layout {layout!r}")
-    if layout and not channels_last_applies(graph, root):
-        raise Unsupported("the channels-last layout applies to a kernel with a 2-D convolution")
     prims, prologue = list(prims), list(prologue)
     nodes = prologue + prims
     if any(n.op == Prim.OPAQUE.value for n in prims):
         return KernelImpl(name, "torch", prims, prologue, list(outputs), reason="opaque operator", folded=prologue)
-    if not prologue and all(n.op == Prim.RESHAPE.value for n in prims):
-        # Row-major reshapes of a contiguous tensor are views: no kernel, no copy.
+    if not prologue and all(n.op == Prim.RESHAPE.value for n in prims) and \
+            all(graph.types[t].plain for n in prims for t in (*n.inputs, *n.outputs)):
+        # Row-major reshapes of a row-major tensor are views: no kernel, no copy. Any other
+        # layout makes the reshape a copy, which the generator writes.
         return KernelImpl(name, "view", prims, prologue, list(outputs))
     if root is not None:
-        impl = KernelImpl(name, "linear", prims, prologue, list(outputs), linear=root, layout=layout)
+        impl = KernelImpl(name, "linear", prims, prologue, list(outputs), linear=root)
         impl.bias, impl.fused, impl.relu = _library_epilogue(graph, nodes, prologue, root, outputs)
         done = {root.name} | {n.name for n in impl.fused}
         epi = [n for n in _epilogue(graph, nodes, root) if n.name not in done]

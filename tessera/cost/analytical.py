@@ -40,8 +40,22 @@ class AnalyticalCost:
         self.mat = [0.0] * og.n
         for i, n in enumerate(og.nodes):
             self.vec[i], self.mat[i] = self._flops(n)
-        self.view_only = [n.op == Prim.RESHAPE.value for n in og.nodes]
+        self.view_only = [n.op == Prim.RESHAPE.value and all(g.types[t].plain for t in (*n.inputs, *n.outputs))
+                          for n in og.nodes]
         self.matrix_rate = {"fp32": device.fp32, "tf32": device.tf32}.get(precision, device.fp16)
+        # cuDNN's tensor-core convolutions are NHWC kernels: an NCHW one converts its input before
+        # and its result after (two more launches, a read and a write of each; cost/layout_price.py).
+        self.extra = [self._nchw_conversions(n) for n in og.nodes]
+
+    def _nchw_conversions(self, n: Node) -> float:
+        g, d = self.og.graph, self.device
+        if n.op != Prim.CONV.value or g.types[n.inputs[0]].rank != 4 or not g.types[n.inputs[0]].plain:
+            return 0.0
+        if self.precision not in ("tf32", "fp16", "bf16") or g.types[n.inputs[1]].shape[1] < 8:
+            return 0.0
+        moved = g.types[n.inputs[0]].nbytes * self._scale(n.inputs[0]) + g.types[n.outputs[0]].nbytes * \
+            self._scale(n.outputs[0])
+        return 2 * d.launch + 2 * moved / d.bandwidth
 
     def _flops(self, n: Node) -> tuple[float, float]:
         """(vector FLOPs, matrix-unit FLOPs) of one primitive."""
@@ -92,4 +106,5 @@ class AnalyticalCost:
         vec = sum(self.vec[i] for i in members)
         mat = sum(self.mat[i] for i in members)
         compute = vec / self.device.fp32 + mat / self.matrix_rate
-        return self.device.launch + max((read + written) / self.device.bandwidth, compute)
+        extra = sum(self.extra[i] for i in members)
+        return self.device.launch + max((read + written) / self.device.bandwidth, compute) + extra

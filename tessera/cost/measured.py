@@ -73,7 +73,6 @@ class Job:
     outputs: tuple[str, ...]
     schedule: Schedule | None
     precision: str = "fp32"  # the plan's: sets the library math flags while measuring
-    layout: str = ""  # a linear kernel's library layout ("" or select.CHANNELS_LAST)
 
 
 Record = Callable[[int, float, str], None]  # (job index, seconds or inf, reason)
@@ -292,45 +291,6 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
         if ok:
             best[name] = min(ok, key=lambda r: r[1])
     return best
-
-
-def tune_layouts(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[Node], list[str]]],
-                 tuned: Mapping[str, Schedule], db: TuningDB, profiler: Profiler, device: str, versions: str,
-                 progress: Callable[[int, int], None] | None = None,
-                 precision: str = "fp32") -> dict[str, tuple[str, float, float]]:
-    """After the schedules: time each chosen 2-D convolution kernel channels-last too, and keep
-    the faster layout. cuDNN's NCHW kernels ran 10-50x off their roofline on the H100; whether
-    NHWC, with its operand conversions, does better depends on the shape, so it is measured.
-
-    Both variants run at the kernel's tuned epilogue schedule; the NCHW one is usually in the
-    database already. Returns name -> (layout chosen, NCHW seconds, channels-last seconds).
-    """
-    from tessera.codegen.select import CHANNELS_LAST, channels_last_applies, implement
-    from tessera.codegen.triton_ops import Unsupported
-
-    pairs: dict[str, tuple[Job, Job]] = {}
-    for name, prims, prologue, outputs in kernels:
-        try:
-            impl = implement(graph, prims, prologue, outputs, name)
-        except Unsupported:
-            continue
-        if impl.backend != "linear" or not channels_last_applies(graph, impl.linear):
-            continue
-        sch = tuned.get(name)
-        # The key of the kernel as the candidate or post-scheduling measured it: "default" when its
-        # epilogue (if any) runs the generator's default schedule.
-        same = impl.triton is None or sch is None or sch == impl.triton.schedule
-        base = "default" if same else _schedule_key(sch)
-        sig = kernel_signature(graph, prims, prologue, outputs, math_mode(prims, precision))
-        args = (graph, tuple(prims), tuple(prologue), tuple(outputs), None if same else sch, precision)
-        pairs[name] = (Job(Key(device, versions, sig, base), *args),
-                       Job(Key(device, versions, sig, f"{base}-cl"), *args, layout=CHANNELS_LAST))
-    got = tune([j for pair in pairs.values() for j in pair], profiler, db, progress=progress)
-    out: dict[str, tuple[str, float, float]] = {}
-    for name, (nchw, cl) in pairs.items():
-        a, b = got[nchw.key], got[cl.key]
-        out[name] = (CHANNELS_LAST if math.isfinite(b) and b < a else "", a, b)
-    return out
 
 
 def _tiled(ks: KernelSource, s: Schedule) -> bool:

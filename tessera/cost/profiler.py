@@ -80,8 +80,7 @@ def kernel_graph(job: Job) -> tuple[Graph, dict[str, Any]]:
                  constants={t: g.constants[t] for t in reads if t in g.constants}, opsets=dict(g.opsets))
     plan = {"precision": job.precision, "kernels": [{
         "name": "tune", "prims": [n.name for n in job.prims], "prologue": [n.name for n in job.prologue],
-        "outputs": list(job.outputs), **({"schedule": job.schedule.to_json()} if job.schedule else {}),
-        **({"layout": job.layout} if job.layout else {})}]}
+        "outputs": list(job.outputs), **({"schedule": job.schedule.to_json()} if job.schedule else {})}]}
     return mini, plan
 
 

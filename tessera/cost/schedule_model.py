@@ -12,7 +12,10 @@ and a schedule changes three things about that:
   `32 * num_warps` threads; beyond `values_per_thread` they spill
   (`spill_cost` per doubling);
 
-plus a cost per loop iteration for looped reductions. The constants are fitted to
+plus a cost per loop iteration for looped reductions, and, for a reduction whose row
+elements are apart in memory (NHWC storage reduced over H and W), **coalescing**: a
+warp's load is only as wide as the rows a block holds side by side, and DRAM moves
+32-byte sectors. The constants are fitted to
 H100 measurements of the same kernels under several schedules
 (`scripts/schedule_fit.py`), which also reports how well the ranking picks.
 Post-scheduling measures the top of the ranking and stops when it converges
@@ -41,8 +44,11 @@ class ScheduleParams:
 DEFAULT_PARAMS = ScheduleParams()
 
 
+SECTOR_BYTES = 32
+
+
 def predict(s: Schedule, xnumel: int, rnumel: int, nbytes: float, dev: Device,
-            p: ScheduleParams = DEFAULT_PARAMS) -> float:
+            p: ScheduleParams = DEFAULT_PARAMS, strided_itemsize: int = 0) -> float:
     """Predicted seconds of one launch under schedule s (only the ranking is meant to be right)."""
     rnumel = max(1, rnumel)
     programs = math.ceil(xnumel / s.xblock)
@@ -59,18 +65,21 @@ def predict(s: Schedule, xnumel: int, rnumel: int, nbytes: float, dev: Device,
     spill = 1.0 + p.spill_cost * max(0.0, math.log2(per_thread / p.values_per_thread))
     waves = math.ceil(programs * s.num_warps / (dev.sms * p.max_warps_per_sm))
     stream = nbytes / (dev.bandwidth * saturation)
+    if strided_itemsize:  # adjacent rows are adjacent in memory: a sector holds that many of them
+        stream /= min(1.0, s.xblock * strided_itemsize / SECTOR_BYTES)
     return stream * spill + chunks * waves * p.loop_iteration_s
 
 
 def rank(space: Sequence[Schedule], xnumel: int, rnumel: int, nbytes: float, dev: Device,
-         p: ScheduleParams = DEFAULT_PARAMS, tile: tuple[int, int] | None = None) -> list[Schedule]:
+         p: ScheduleParams = DEFAULT_PARAMS, tile: tuple[int, int] | None = None,
+         strided_itemsize: int = 0) -> list[Schedule]:
     """The space from most to least promising (ties keep the space's order). A tiled pointwise
     schedule (rblock > 1 in a kernel with `tile`) is priced like a row kernel over (rows, columns);
     the model knows nothing of coalescing, which is what tiling is for."""
     def cost(s: Schedule) -> float:
         if tile is not None and rnumel <= 1 and s.rblock > 1:
             return predict(s, tile[0], tile[1], nbytes, dev, p)
-        return predict(s, xnumel, rnumel, nbytes, dev, p)
+        return predict(s, xnumel, rnumel, nbytes, dev, p, strided_itemsize)
 
     return sorted(space, key=cost)
 
@@ -80,6 +89,8 @@ def rank_kernel(graph: Graph, ks: KernelSource, dev: Device | None = None) -> tu
     with the kernel's own traffic; `dev` defaults to the H100 preset."""
     # A tiled kernel (xnumel rows of rnumel columns) has the same space as its flat form.
     xnumel, rnumel = (ks.xnumel * ks.rnumel, 1) if ks.tile and ks.schedule.rblock > 1 else (ks.xnumel, ks.rnumel)
-    space = schedules(xnumel, rnumel, ks.tile)
+    space = schedules(xnumel, rnumel, ks.tile, ks.strided)
     nbytes = sum(graph.types[t].nbytes for t in ks.inputs + ks.outputs)
-    return space, rank(space, xnumel, rnumel, nbytes, dev or device("h100"), tile=ks.tile)
+    itemsize = min((graph.types[t].dtype.itemsize for t in ks.inputs), default=4) if ks.strided else 0
+    return space, rank(space, xnumel, rnumel, nbytes, dev or device("h100"), tile=ks.tile,
+                       strided_itemsize=itemsize)

@@ -21,14 +21,42 @@ from tessera.ir.prims import Prim
 
 @dataclass(frozen=True)
 class TensorType:
-    """A static shape and an element type."""
+    """A static shape, an element type and a memory layout.
+
+    `layout` is the storage order as a permutation of the logical dims: memory holds the
+    tensor transposed by it, row-major (NHWC storage of an NCHW tensor is (0, 2, 3, 1)).
+    Empty means row-major in the logical order. Semantics never depend on it; kernels
+    and the runtime read it to address memory (`orchestrate/layout.py` chooses it).
+    """
 
     shape: tuple[int, ...]
     dtype: DType
+    layout: tuple[int, ...] = ()
 
     @property
     def rank(self) -> int:
         return len(self.shape)
+
+    @property
+    def storage_shape(self) -> tuple[int, ...]:
+        """The shape of the row-major array in memory: the logical shape permuted by the layout."""
+        return tuple(self.shape[d] for d in self.layout) if self.layout else self.shape
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Element strides of each logical dim."""
+        order = self.layout or tuple(range(self.rank))
+        out = [0] * self.rank
+        step = 1
+        for d in reversed(order):
+            out[d] = step
+            step *= self.shape[d]
+        return tuple(out)
+
+    @property
+    def plain(self) -> bool:
+        """Row-major in the logical order (or a layout that addresses memory the same way)."""
+        return not self.layout or _same_memory_order(self.shape, self.layout)
 
     @property
     def numel(self) -> int:
@@ -39,7 +67,14 @@ class TensorType:
         return self.numel * self.dtype.itemsize
 
     def __str__(self) -> str:
-        return f"{self.dtype.value}[{'x'.join(map(str, self.shape))}]"
+        lay = "" if self.plain else "@" + "".join(map(str, self.layout))
+        return f"{self.dtype.value}[{'x'.join(map(str, self.shape))}]{lay}"
+
+
+def _same_memory_order(shape: tuple[int, ...], layout: tuple[int, ...]) -> bool:
+    """Size-1 dims move freely: (1, C, 1, 1) is stored the same in every order."""
+    big = [d for d in layout if shape[d] != 1]
+    return big == sorted(big)
 
 
 def _freeze(value: Any) -> Any:

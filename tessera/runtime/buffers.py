@@ -13,6 +13,9 @@ from typing import Mapping, Sequence
 
 import torch
 
+from tessera.ir.graph import TensorType
+from tessera.runtime.torch_prims import TORCH_DTYPES
+
 ALIGN = 256  # bytes; what cudaMalloc guarantees and vectorized loads like
 
 
@@ -55,15 +58,45 @@ def assign(lifetimes: Sequence[Lifetime]) -> tuple[list[int], dict[str, int]]:
 class BufferPool:
     """The slabs on one device and a typed view per tensor."""
 
-    def __init__(self, lifetimes: Sequence[Lifetime], types: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
-                 device: torch.device) -> None:
+    def __init__(self, lifetimes: Sequence[Lifetime], types: Mapping[str, TensorType], device: torch.device) -> None:
         sizes, where = assign(lifetimes)
         self.slabs = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
         self.views: dict[str, torch.Tensor] = {}
         for lt in lifetimes:
-            shape, dtype = types[lt.tensor]
-            self.views[lt.tensor] = self.slabs[where[lt.tensor]][:lt.nbytes].view(dtype).view(shape)
+            t = types[lt.tensor]
+            flat = self.slabs[where[lt.tensor]][:lt.nbytes].view(TORCH_DTYPES[t.dtype])
+            # Memory holds the tensor in its storage order; the view shows the logical dims.
+            self.views[lt.tensor] = flat.view(t.storage_shape).permute(*_inverse(t.layout)) if t.layout \
+                else flat.view(t.shape)
 
     @property
     def nbytes(self) -> int:
         return sum(s.numel() for s in self.slabs)
+
+
+def _inverse(perm: Sequence[int]) -> list[int]:
+    inv = [0] * len(perm)
+    for pos, d in enumerate(perm):
+        inv[d] = pos
+    return inv
+
+
+def _strides(shape: tuple[int, ...], layout: tuple[int, ...]) -> list[int]:
+    out = [0] * len(shape)
+    step = 1
+    for d in reversed(layout):
+        out[d] = step
+        step *= shape[d]
+    return out
+
+
+def as_layout(x: torch.Tensor, layout: Sequence[int]) -> torch.Tensor:
+    """`x` with the strides of `layout` (row-major when empty): itself when it has them already,
+    else a copy. Size-1 dims are ignored, as their stride never moves an address."""
+    if not layout:
+        return x if x.is_contiguous() else x.contiguous()
+    want = _strides(tuple(x.shape), tuple(layout))
+    if all(a == b or n == 1 for a, b, n in zip(x.stride(), want, x.shape)):
+        return x
+    y = torch.empty([x.shape[d] for d in layout], dtype=x.dtype, device=x.device).permute(*_inverse(layout))
+    return y.copy_(x)

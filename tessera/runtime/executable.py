@@ -23,7 +23,7 @@ from tessera.codegen.select import KernelImpl, implement
 from tessera.codegen.triton_ops import Unsupported
 from tessera.errors import ShapeError, TesseraError
 from tessera.ir.graph import Graph, Node
-from tessera.runtime.buffers import BufferPool, Lifetime
+from tessera.runtime.buffers import BufferPool, Lifetime, as_layout
 from tessera.runtime.torch_prims import TORCH_DTYPES, run_linear_fused, run_node
 
 
@@ -55,8 +55,7 @@ class Executable:
             prologue = [by_name[n] for n in k["prologue"]]
             try:
                 sched = Schedule(**k["schedule"]) if "schedule" in k else None
-                impl = implement(graph, prims, prologue, k["outputs"], k["name"], k.get("source_nodes", ()), sched,
-                                 k.get("layout", ""))
+                impl = implement(graph, prims, prologue, k["outputs"], k["name"], k.get("source_nodes", ()), sched)
                 kernel = TritonKernel(impl.triton, kernel_dir) if impl.triton else None
             except (Unsupported, KernelCompileError) as e:
                 raise KernelBuildError(f"kernel {k['name']} ({', '.join(k['prims'])}) cannot be built: {e}") from None
@@ -65,11 +64,14 @@ class Executable:
         # Bias vectors the library calls take (constant-derived, computed once).
         self._bias = {s.impl.name: self.constants[s.impl.bias].reshape(-1).contiguous()
                       for s in self.steps if s.impl.bias}
-        # Constant weights of channels-last convolutions, converted once.
-        self._channels_last = {t: self.constants[t].contiguous(memory_format=torch.channels_last)
-                               for s in self.steps if s.impl.layout and s.impl.linear
-                               for t in s.impl.linear.inputs[1:2] if t in self.constants}
-        self._stay_channels_last = self._channels_last_edges()
+        # Constant weights of convolutions whose input is stored channels-last take the same
+        # layout once, here, so cuDNN runs its NHWC kernels with no conversion per call.
+        for st in self.steps:
+            root = st.impl.linear
+            if root is not None and root.op == "conv" and root.inputs[1] in self.constants \
+                    and graph.types[root.inputs[0]].rank == 4 and not graph.types[root.inputs[0]].plain:
+                w = self.constants[root.inputs[1]]
+                self.constants[root.inputs[1]] = w.contiguous(memory_format=torch.channels_last)
         # An fp32 plan means fp32 arithmetic: torch would run convs and matmuls in tf32 on Ampere+.
         self.allow_tf32 = plan.get("precision") == "tf32"
         self._plan_memory()
@@ -80,33 +82,6 @@ class Executable:
         # When set, each step runs inside `torch.profiler.record_function(<plan kernel name>)`, so a
         # profile can attribute every CUDA kernel to the plan kernel that launched it (runtime/profile).
         self.annotate = False
-
-    def _channels_last_edges(self) -> set[str]:
-        """Results of channels-last convolutions that only channels-last convolutions read, as their
-        input: these stay NHWC in memory (torch's convolution takes either layout), which saves the
-        conversion back to NCHW and the one forward again."""
-        readers: dict[str, list[Step]] = {}
-        for step in self.steps:
-            for t in self._reads(step):
-                readers.setdefault(t, []).append(step)
-
-        def nhwc_input_only(step: Step, t: str) -> bool:
-            impl = step.impl
-            if not (impl.layout and impl.linear is not None and impl.linear.inputs[0] == t):
-                return False
-            others = [u for n in impl.nodes if n is not impl.linear for u in n.inputs]
-            return t not in others and t not in impl.linear.inputs[1:]
-
-        keep = set()
-        for step in self.steps:
-            impl = step.impl
-            if not (impl.layout and impl.linear is not None) or step.kernel is not None:
-                continue  # a generated epilogue indexes its input as contiguous NCHW
-            out = impl.fused[-1].outputs[0] if impl.bias else impl.linear.outputs[0]
-            if out not in self.graph.outputs and readers.get(out) and \
-                    all(nhwc_input_only(r, out) for r in readers[out]):
-                keep.add(out)
-        return keep
 
     def _fold_torch_prologues(self) -> None:
         """Free nodes that torch steps read depend only on constants: compute them once, now."""
@@ -146,8 +121,7 @@ class Executable:
             for t in step.kernel.ks.outputs:
                 nbytes = self.graph.types[t].nbytes
                 lifetimes.append(Lifetime(t, nbytes, i, end if t in outputs else base_last.get(t, i)))
-        types = {t: (self.graph.types[t].shape, TORCH_DTYPES[self.graph.types[t].dtype]) for t in
-                 (lt.tensor for lt in lifetimes)}
+        types = {t: self.graph.types[t] for t in (lt.tensor for lt in lifetimes)}
         self.pool = BufferPool(lifetimes, types, self.device)
         self._free_after: list[list[str]] = [[] for _ in self.steps]
         for t, i in last_read.items():
@@ -241,7 +215,9 @@ class Executable:
         return _Flags()
 
     def _launch(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        env: dict[str, torch.Tensor] = {**self.constants, **feeds}
+        # Graph inputs are row-major for users; a kernel measured alone may read one in a layout.
+        env: dict[str, torch.Tensor] = {**self.constants,
+                                        **{t: as_layout(v, self.graph.types[t].layout) for t, v in feeds.items()}}
         for i, step in enumerate(self.steps):
             with torch.profiler.record_function(step.impl.name) if self.annotate else nullcontext():
                 self._step(step, env)
@@ -269,23 +245,20 @@ class Executable:
         assert root is not None
         names = [t for t in root.inputs if t]
         args = [env[t] for t in names]
-        if impl.layout:  # channels-last: NHWC input and weight in, the NCHW result the graph expects out
-            cl = torch.channels_last
-            w = self._channels_last[names[1]] if names[1] in self._channels_last else args[1].contiguous(memory_format=cl)
-            args = [args[0].contiguous(memory_format=cl), w, *args[2:]]
-
-        def settle(t: str, y: torch.Tensor) -> torch.Tensor:
-            # Generated kernels index contiguous (NCHW) memory; other channels-last convs take NHWC as is.
-            return y if t in self._stay_channels_last else y.contiguous()
-
         if impl.bias:
             last = impl.fused[-1].outputs[0]
             y = run_linear_fused(root, args, self.graph.types[last], self._bias[impl.name], impl.relu)
-            env[last] = settle(last, y)
+            env[last] = self._settle(last, y)
         else:
             outs = run_node(root, args, [self.graph.types[o] for o in root.outputs if o], device=self.device,
                             opsets=self.graph.opsets)
-            env.update({o: settle(o, y) for o, y in zip([o for o in root.outputs if o], outs)})
+            env.update({o: self._settle(o, y) for o, y in zip([o for o in root.outputs if o], outs)})
+
+    def _settle(self, t: str, y: torch.Tensor) -> torch.Tensor:
+        """`y` in the memory layout the plan gave `t`: generated kernels address it by that layout.
+        The library usually returns it so already (cuDNN keeps a channels-last input's layout);
+        otherwise this is a copy, which a profile shows as a layout copy."""
+        return as_layout(y, self.graph.types[t].layout)
 
     def _triton(self, step: Step, env: dict[str, torch.Tensor]) -> None:
         assert step.kernel is not None
@@ -303,8 +276,8 @@ class Executable:
             ins = [local[t] if t in local else env[t] for t in n.inputs if t]
             outs = run_node(n, ins, [self.graph.types[o] for o in n.outputs if o], device=self.device,
                             opsets=self.graph.opsets)
-            # Generated kernels index contiguous memory.
-            local.update(zip([o for o in n.outputs if o], [o.contiguous() for o in outs]))
+            # Generated kernels address memory by the planned layout.
+            local.update((o, self._settle(o, y)) for o, y in zip([o for o in n.outputs if o], outs))
         return local
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[torch.Tensor]:

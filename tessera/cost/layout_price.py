@@ -1,0 +1,99 @@
+"""What a storage layout costs: the prices `orchestrate/layout.py` weighs.
+
+Analytical (no GPU): a library convolution costs its roofline in either layout,
+plus, stored NCHW under tensor-core math (tf32, fp16, bf16), what cuDNN adds
+around its NHWC kernels: a conversion of the input before and of the result
+after, each a read and a write of the tensor and a launch. That is what the
+H100 profile showed (`nchwToNhwcKernel`, `nhwcToNchwKernel`; issue 12), and it
+is why a channels-last region wins. Full fp32 has no such conversions in this
+model, so fp32 plans stay NCHW unless measured otherwise. Depthwise
+convolutions run on CUDA cores and pay nothing either way.
+
+Measured (a GPU): each distinct convolution is timed alone in both layouts
+through the tuning database, as any candidate is (`MeasuredLayoutPrice`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Callable, Sequence
+
+from tessera.cost.db import Key, TuningDB
+from tessera.cost.devices import Device
+from tessera.cost.measured import FAILED_S, Job, Profiler, kernel_signature, math_mode, tune
+from tessera.ir.graph import Graph, Node, TensorType
+
+
+def _bytes(graph: Graph, t: str) -> float:
+    return float(graph.types[t].nbytes)
+
+
+def _tensor_cores(graph: Graph, node: Node, precision: str) -> bool:
+    w = graph.types[node.inputs[1]].shape
+    return precision in ("tf32", "fp16", "bf16") and w[1] >= 8
+
+
+class AnalyticalLayoutPrice:
+    """Roofline prices of convolutions per layout, of conversions and of strided access."""
+
+    def __init__(self, device: Device, precision: str) -> None:
+        self.device, self.precision = device, precision
+
+    def conv(self, graph: Graph, node: Node, layout: tuple[int, ...]) -> float:
+        d = self.device
+        x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+        ws = graph.types[w].shape
+        flops = 2.0 * graph.types[y].numel * ws[1] * math.prod(ws[2:])
+        cores = _tensor_cores(graph, node, self.precision)
+        rate = (d.tf32 if self.precision == "tf32" else d.fp16) if cores else d.fp32
+        moved = _bytes(graph, x) + _bytes(graph, w) + _bytes(graph, y)
+        t = d.launch + max(moved / d.bandwidth, flops / rate)
+        if cores and not layout:  # cuDNN converts NCHW operands around its NHWC kernel
+            t += 2 * d.launch + 2 * (_bytes(graph, x) + _bytes(graph, y)) / d.bandwidth
+        return t
+
+    def conversion(self, graph: Graph, tensor: str) -> float:
+        return self.device.launch + 2 * _bytes(graph, tensor) / self.device.bandwidth
+
+    def strided(self, graph: Graph, tensor: str) -> float:
+        # A flat kernel that reads or writes across the storage order loses about half its
+        # bandwidth on that tensor: one more pass over it, in this model.
+        return _bytes(graph, tensor) / self.device.bandwidth
+
+
+class MeasuredLayoutPrice(AnalyticalLayoutPrice):
+    """Convolutions timed on the GPU in both layouts (cached in the tuning database); conversions
+    and strided access priced as the analytical model does (the measured profile checks them)."""
+
+    def __init__(self, device: Device, precision: str, db: TuningDB, profiler: Profiler, device_name: str,
+                 versions: str, progress: Callable[[int, int], None] | None = None) -> None:
+        super().__init__(device, precision)
+        self.db, self.profiler, self.device_name, self.versions = db, profiler, device_name, versions
+        self.progress = progress
+        self._seconds: dict[tuple[str, tuple[int, ...]], float] = {}
+        self.measured = 0
+
+    def prepare(self, graph: Graph, convs: Sequence[Node], layouts: Sequence[tuple[int, ...]]) -> None:
+        """Measure every (convolution, layout) pair at once, so the profiler builds in parallel."""
+        jobs = {(n.name, lay): self._job(graph, n, lay) for n in convs for lay in layouts}
+        before = len(self.db)
+        got = tune(list(jobs.values()), self.profiler, self.db, progress=self.progress)
+        self.measured += len(self.db) - before
+        for k, j in jobs.items():
+            s = got[j.key]
+            self._seconds[k] = s if math.isfinite(s) else FAILED_S
+
+    def conv(self, graph: Graph, node: Node, layout: tuple[int, ...]) -> float:
+        if (node.name, layout) not in self._seconds:
+            self.prepare(graph, [node], [layout])
+        return self._seconds[(node.name, layout)]
+
+    def _job(self, graph: Graph, node: Node, layout: tuple[int, ...]) -> Job:
+        """The convolution alone, its input and output stored in `layout` (part of the signature)."""
+        g = replace(graph, types=dict(graph.types))  # constants are shared, not copied
+        for t in (node.inputs[0], node.outputs[0]):
+            ty = g.types[t]
+            g.types[t] = TensorType(ty.shape, ty.dtype, tuple(layout))
+        sig = kernel_signature(g, [node], [], [node.outputs[0]], math_mode([node], self.precision))
+        return Job(Key(self.device_name, self.versions, sig, "default"), g, (node,), (), (node.outputs[0],), None,
+                   self.precision)

@@ -1,0 +1,271 @@
+"""The `layout` pass: one memory layout per tensor, chosen once for the whole plan.
+
+Convolution networks want channels-last (NHWC) storage. cuDNN's tensor-core
+kernels are NHWC kernels: handed NCHW tensors, cuDNN converts the input before
+and the result after every call (`nchwToNhwcKernel` / `nhwcToNchwKernel` in a
+profile), and a 1x1 convolution on NCHW data is a GEMM whose leading dimension
+is the spatial size (49 at 7x7), which no aligned GEMM kernel takes. Stored
+NHWC from the first convolution to the last, the library runs its native
+kernels with no conversion at all, and the generated kernels in between read
+and write NHWC directly (they address memory by the layout a tensor's type
+carries, so a layout costs them nothing but the access order).
+
+How the choice is made:
+1. *Regions.* Rank-4 activations are joined through the primitives that do not
+   care how their operands are stored (elementwise, broadcasts, reductions,
+   pooling, pad, slice, concat, gather, and a 2-D convolution's input with its
+   output). A tensor a layout-bound consumer reads (a matmul, an opaque
+   operator, a transposed convolution) or produces stays row-major, as do graph
+   inputs, outputs and constants.
+2. *Price.* A region with convolutions goes channels-last when the pricer says
+   its convolutions gain more than the region's boundary costs: an explicit
+   conversion where a convolution reads a row-major tensor (the graph input) or
+   writes one (a graph output), a copy where a reshape that was a view reads
+   it, and the strided access of a generated kernel that reads it row-major
+   on the other side. The pricer is the cost stage's (`cost/layout_price.py`):
+   analytical without a GPU, measured convolutions with one.
+3. *Apply.* Region tensors get the layout in their types; conversions are
+   identity TRANSPOSE primitives (`CONVERSION_PERM`) whose output layout
+   differs from their input's. Orchestration fuses them into neighbouring
+   kernels like any primitive; one left alone is marked a conversion kernel in
+   the plan.
+
+Legality and profitability stay apart: this module never imports `cost/`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tessera.ir.graph import Graph, Node, TensorType
+from tessera.ir.prims import BINARY, REDUCTIONS, UNARY, Prim
+
+NHWC = (0, 2, 3, 1)
+LAYOUT_POLICIES = ("auto", "nchw", "nhwc")
+
+# Primitives whose rank-4 operands and result may share any storage order: generated kernels
+# address each tensor by its own layout, so these never force a conversion.
+_AGNOSTIC = {p.value for p in UNARY | BINARY | REDUCTIONS} | {
+    Prim.WHERE.value, Prim.BROADCAST.value, Prim.WINDOW_REDUCE.value, Prim.PAD.value, Prim.SLICE.value,
+    Prim.CONCAT.value, Prim.GATHER.value, Prim.GATHER_ELEMENTS.value}
+# Consumers that read row-major memory: library matmuls (torch would copy a permuted
+# operand), opaque operators, transposed convolutions.
+_BOUND = {Prim.MATMUL.value, Prim.OPAQUE.value, Prim.CONV_TRANSPOSE.value}
+
+
+class LayoutPricer(Protocol):
+    """What a layout costs, in seconds (the cost stage implements it)."""
+
+    def conv(self, graph: Graph, node: Node, layout: tuple[int, ...]) -> float:
+        """The library convolution `node` with its input and output stored in `layout`."""
+        ...
+
+    def conversion(self, graph: Graph, tensor: str) -> float:
+        """A kernel that only converts `tensor` from one layout to another."""
+        ...
+
+    def strided(self, graph: Graph, tensor: str) -> float:
+        """What a generated kernel loses reading or writing `tensor` out of its storage order."""
+        ...
+
+
+@dataclass
+class Region:
+    """Rank-4 tensors joined through layout-agnostic primitives, with the convolutions among them."""
+
+    tensors: list[str]
+    convs: list[str]
+    layout: tuple[int, ...] = ()
+    gain_s: float = 0.0  # convolutions' gain minus boundary costs, for channels-last
+    conversions: int = 0  # explicit conversion primitives inserted
+
+    def to_json(self) -> dict[str, object]:
+        return {"tensors": len(self.tensors), "convs": len(self.convs), "layout": list(self.layout),
+                "gain_us": round(self.gain_s * 1e6, 3), "conversions": self.conversions}
+
+
+@dataclass
+class LayoutResult:
+    graph: Graph
+    regions: list[Region] = field(default_factory=list)
+
+    @property
+    def conversions(self) -> int:
+        return sum(r.conversions for r in self.regions)
+
+    def summary(self) -> dict[str, object]:
+        cl = [r for r in self.regions if r.layout]
+        return {"regions": len(self.regions), "channels_last_regions": len(cl),
+                "convs_channels_last": sum(len(r.convs) for r in cl),
+                "convs": sum(len(r.convs) for r in self.regions), "conversions": self.conversions,
+                "detail": [r.to_json() for r in self.regions]}
+
+
+def is_conversion(node: Node) -> bool:
+    """An identity transpose: a copy whose only work is changing the storage order."""
+    perm = node.attrs.get("perm") if node.op == Prim.TRANSPOSE.value else None
+    return perm is not None and list(perm) == list(range(len(perm)))
+
+
+def _conv2d(graph: Graph, n: Node) -> bool:
+    return n.op == Prim.CONV.value and graph.types[n.inputs[0]].rank == 4
+
+
+class _Sets:
+    """Union-find over tensor names."""
+
+    def __init__(self) -> None:
+        self.parent: dict[str, str] = {}
+
+    def find(self, t: str) -> str:
+        self.parent.setdefault(t, t)
+        while self.parent[t] != t:
+            self.parent[t] = self.parent[self.parent[t]]
+            t = self.parent[t]
+        return t
+
+    def union(self, a: str, b: str) -> None:
+        self.parent[self.find(a)] = self.find(b)
+
+
+def regions(graph: Graph) -> list[Region]:
+    """The regions that hold at least one 2-D convolution, in graph order."""
+    consumers = graph.consumers()
+    producers = graph.producers()
+    fixed = set(graph.inputs) | set(graph.outputs) | set(graph.constants)
+
+    def free(t: str) -> bool:
+        ty = graph.types.get(t)
+        if not t or ty is None or t in fixed or ty.rank != 4 or not ty.dtype.is_float:
+            return False
+        p = producers.get(t)
+        if p is not None and (p.op in _BOUND or p.op == Prim.FILL.value):
+            return False
+        return not any(c.op in _BOUND for c in consumers.get(t, []))
+
+    sets = _Sets()
+    for n in graph.nodes:
+        joined = n.op in _AGNOSTIC or _conv2d(graph, n)
+        if not joined:
+            continue
+        ts = [t for t in (n.inputs[:1] if n.op in (Prim.CONV.value, Prim.GATHER.value) else n.inputs)
+              if free(t)] + [t for t in n.outputs if free(t)]
+        for t in ts:
+            sets.find(t)
+        for a, b in zip(ts, ts[1:]):
+            sets.union(a, b)
+    groups: dict[str, list[str]] = {}
+    for t in sets.parent:
+        groups.setdefault(sets.find(t), []).append(t)
+    order = {t: i for i, t in enumerate(t for n in graph.nodes for t in n.outputs)}
+    out: list[Region] = []
+    for members in groups.values():
+        inside = set(members)
+        convs = [n.name for n in graph.nodes if _conv2d(graph, n)
+                 and (n.inputs[0] in inside or n.outputs[0] in inside)]
+        if convs:
+            out.append(Region(sorted(members, key=lambda t: order.get(t, -1)), convs))
+    return sorted(out, key=lambda r: order.get(r.tensors[0], -1))
+
+
+def _boundary(graph: Graph, region: Region) -> tuple[list[str], list[str], list[str]]:
+    """(tensors needing an explicit conversion, tensors whose view becomes a copy, tensors read or
+    written out of order by a generated kernel) if `region` were stored channels-last."""
+    inside = set(region.tensors)
+    consumers = graph.consumers()
+    producers = graph.producers()
+    convert, unview, strided = [], [], []
+    by_name = {n.name: n for n in graph.nodes}
+    for c in region.convs:
+        n = by_name[c]
+        convert += [t for t in (n.inputs[0], n.outputs[0]) if t not in inside and t not in convert]
+    for t in region.tensors:
+        for c in consumers.get(t, []):
+            if c.op == Prim.RESHAPE.value and not TensorType(graph.types[t].shape, graph.types[t].dtype, NHWC).plain:
+                unview.append(t)
+            elif c.op not in _AGNOSTIC and not _conv2d(graph, c) and t not in strided:
+                strided.append(t)
+        p = producers.get(t)
+        if p is not None and p.op not in _AGNOSTIC and not _conv2d(graph, p) and t not in strided:
+            strided.append(t)
+    # Row-major tensors that region primitives read (other than the convolutions' own) are read
+    # out of order too.
+    for n in graph.nodes:
+        if n.op in _AGNOSTIC and any(o in inside for o in n.outputs):
+            strided += [t for t in n.inputs if t and t not in inside and t not in graph.constants
+                        and graph.types[t].rank == 4 and graph.types[t].numel > 1 and t not in strided]
+    return convert, unview, strided
+
+
+def price(graph: Graph, region: Region, pricer: LayoutPricer) -> float:
+    """Seconds saved by storing `region` channels-last (negative: it costs)."""
+    by_name = {n.name: n for n in graph.nodes}
+    gain = sum(pricer.conv(graph, by_name[c], ()) - pricer.conv(graph, by_name[c], NHWC) for c in region.convs)
+    convert, unview, strided = _boundary(graph, region)
+    gain -= sum(pricer.conversion(graph, t) for t in convert + unview)
+    gain -= sum(pricer.strided(graph, t) for t in strided)
+    return gain
+
+
+def assign_layouts(graph: Graph, pricer: LayoutPricer | None, policy: str = "auto") -> LayoutResult:
+    """`graph` with a storage layout on every tensor (a new graph when anything changes).
+
+    policy "auto" prices each region; "nhwc" stores every region with a convolution channels-last;
+    "nchw" keeps everything row-major.
+    """
+    if policy not in LAYOUT_POLICIES:
+        raise ValueError(f"layout policy must be one of {LAYOUT_POLICIES}, got {policy!r}")
+    found = regions(graph)
+    if policy == "nchw" or not found:
+        return LayoutResult(graph, found)
+    if policy == "auto" and pricer is None:
+        raise ValueError("layout policy 'auto' needs a pricer")
+    for r in found:
+        r.gain_s = price(graph, r, pricer) if pricer is not None else 0.0
+        if policy == "nhwc" or r.gain_s > 0:
+            r.layout = NHWC
+    chosen = [r for r in found if r.layout]
+    if not chosen:
+        return LayoutResult(graph, found)
+    g = graph.clone()
+    for r in chosen:
+        for t in r.tensors:
+            ty = g.types[t]
+            g.types[t] = TensorType(ty.shape, ty.dtype, r.layout)
+        r.conversions = _convert_conv_operands(g, r)
+    g.validate()
+    return LayoutResult(g, found)
+
+
+def _convert_conv_operands(g: Graph, region: Region) -> int:
+    """Each convolution of a channels-last region reads and writes channels-last: where its input
+    or output is row-major (a graph input or output), an identity TRANSPOSE converts it."""
+    inside = set(region.tensors)
+    convs = set(region.convs)
+    nodes: list[Node] = []
+    count = 0
+    for n in g.nodes:
+        if n.name not in convs:
+            nodes.append(n)
+            continue
+        x, y = n.inputs[0], n.outputs[0]
+        ins, outs = list(n.inputs), list(n.outputs)
+        after: list[Node] = []
+        if x not in inside:
+            xc = f"{x}/{n.name}/nhwc"
+            g.types[xc] = TensorType(g.types[x].shape, g.types[x].dtype, region.layout)
+            nodes.append(Node(f"{n.name}/to_nhwc", Prim.TRANSPOSE.value, (x,), (xc,), {"perm": (0, 1, 2, 3)},
+                              source=n.source))
+            ins[0] = xc
+            count += 1
+        if y not in inside:
+            yc = f"{y}/nhwc"
+            g.types[yc] = TensorType(g.types[y].shape, g.types[y].dtype, region.layout)
+            after.append(Node(f"{n.name}/from_nhwc", Prim.TRANSPOSE.value, (yc,), (y,), {"perm": (0, 1, 2, 3)},
+                              source=n.source))
+            outs[0] = yc
+            count += 1
+        nodes.append(Node(n.name, n.op, tuple(ins), tuple(outs), dict(n.attrs), n.domain, n.source))
+        nodes.extend(after)
+    g.nodes = nodes
+    return count

@@ -1,0 +1,359 @@
+"""What really runs: each CUDA kernel's time per call, by kind and by the plan kernel that launched it.
+
+The tuning database holds candidate kernels timed alone; it misses every copy the runtime adds and
+every library kernel cuBLAS or cuDNN picks at run time. This profile measures what the executable
+(or a PyTorch peer) launches:
+
+- on a GPU, one eager run of the annotated steps (`Executable.annotate`: each step inside
+  `record_function(plan kernel name)`) says which CUDA kernels each plan kernel launches; then
+  `reps` replays of the CUDA graph give each kernel's GPU time. A graph on one stream runs its
+  kernels in capture order, so replay kernels map to plan kernels by position, or by name when the
+  counts differ;
+- on a CPU there are no CUDA kernels: the same ranges attribute host time to plan kernels, with
+  generated kernels running in Triton's interpreter. That is a CPU profile, not GPU time and not
+  a benchmark, and the result says so (`device: "cpu"`).
+
+torch.profiler API relied on: `prof.events()` (FunctionEvent: `name`, `device_type`,
+`time_range.start/.end` in µs, `is_user_annotation`, `cpu_parent`, `cpu_children`). On a GPU,
+kineto also emits each record_function range as a GPU-side span (`is_user_annotation`, device
+CUDA) that covers the kernels launched inside it; that span is what attributes eager kernels.
+"""
+from __future__ import annotations
+
+import re
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from tessera.runtime.executable import Executable
+
+KINDS = ("generated", "library GEMM", "library conv", "layout copy", "other")
+
+# Kernel name -> kind. The first pattern that matches wins, so the order matters: generated before
+# "conv" (k1_conv_add is tessera's), layout copies before cuDNN (cudnn's nchwToNhwcKernel is a
+# copy), convolutions before GEMMs (cuDNN's implicit_gemm is a convolution).
+PATTERNS: tuple[tuple[str, str], ...] = (
+    # tessera's Triton kernels carry their plan kernel's name: k12_conv_add.
+    ("generated", r"^k\d+_"),
+    # Triton kernels in general: Inductor's triton_poi_/triton_red_/triton_per_/triton_tem_fused_*.
+    ("generated", r"triton"),
+    # ATen's copy_ between layouts or dtypes: .contiguous(), channels_last, as_layout.
+    ("layout copy", r"direct_copy_kernel"),
+    # cuDNN converting a convolution's operands or result between NCHW and NHWC.
+    ("layout copy", r"nchwToNhwc|nhwcToNchw"),
+    # cuDNN's generic transform: a layout change or padding of a tensor.
+    ("layout copy", r"tensorTransformGeneric"),
+    # CPU profiles: the same copies as ATen ops.
+    ("layout copy", r"^aten::(copy_|contiguous|clone|_to_copy)$"),
+    # cuDNN and cutlass convolutions: implicit-GEMM forward props, Winograd, depthwise, ATen's convs.
+    ("library conv", r"conv(?!ert)|fprop|implicit_gemm|cudnn|winograd|depthwise"),
+    # cuBLAS, cuBLASLt and cutlass GEMMs: sm90_xmma_gemm, nvjet_*, ampere_sgemm, gemv, split-K reductions.
+    ("library GEMM", r"gemm|gemv|nvjet|cublas|cutlass|splitKreduce|dot_kernel"),
+    # CPU profiles: ATen's matrix products.
+    ("library GEMM", r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_addmm_activation)$"),
+)
+_COMPILED = [(kind, re.compile(p, re.IGNORECASE)) for kind, p in PATTERNS]
+# A library GEMM built for 1- or 2-element alignment: cuBLAS's fallback when a leading dimension or
+# a pointer is not 16-byte aligned (align1/align2; not align16).
+MISALIGNED = re.compile(r"align[12](?!\d)")
+
+INPUTS = "(inputs)"  # the range of run_static's copy of the feeds into the graph's input buffers
+
+
+def kernel_kind(name: str) -> str:
+    """One of KINDS for a CUDA kernel name (or an ATen op name, in a CPU profile)."""
+    return next((kind for kind, p in _COMPILED if p.search(name)), "other")
+
+
+def misaligned(name: str) -> bool:
+    """A library GEMM kernel built for 1- or 2-element alignment."""
+    return kernel_kind(name) == "library GEMM" and MISALIGNED.search(name) is not None
+
+
+@dataclass
+class KernelTime:
+    """One kernel (per plan kernel that launched it): time and launches per call."""
+    name: str
+    kind: str
+    us: float
+    calls: float
+    plan_kernel: str | None = None  # None: a peer's kernel, or one that could not be attributed
+    misaligned: bool = False
+
+
+@dataclass
+class PlanKernelTime:
+    name: str
+    backend: str
+    us: float
+    by_kind: dict[str, float]
+    kernels: list[str]  # the CUDA kernels (ops, on a CPU) it launched, in order
+
+
+@dataclass
+class Profile:
+    source: str  # "tessera" or the peer's name
+    device: str  # "cuda": GPU kernel time; "cpu": host time of ops (Triton's interpreter), no GPU time
+    reps: int
+    wall_us: float  # per call: CUDA events (perf_counter on a CPU) around `reps` calls, divided
+    total_us: float  # per call: the kernels' summed time
+    by_kind: dict[str, float]
+    kernels: list[KernelTime]  # most expensive first
+    plan: list[PlanKernelTime] = field(default_factory=list)  # tessera: in plan order
+    unattributed_us: float = 0.0
+    attribution: str = "none"  # "order", "name", "range" (CPU) or "none" (peer)
+    note: str = ""
+
+    @property
+    def layout_copy_us(self) -> float:
+        return self.by_kind.get("layout copy", 0.0)
+
+    @property
+    def misaligned_gemm_us(self) -> float:
+        return sum(k.us for k in self.kernels if k.misaligned)
+
+    def top(self, n: int = 15) -> list[KernelTime]:
+        return self.kernels[:n]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "layout_copy_us": self.layout_copy_us, "misaligned_gemm_us": self.misaligned_gemm_us}
+
+
+def _kernel_times(items: list[tuple[str | None, str, float, float]], kinds: Mapping[str, str] | None = None
+                  ) -> list[KernelTime]:
+    """(plan kernel, name, µs per call, calls per call) rows merged by (plan kernel, name)."""
+    acc: dict[tuple[str | None, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for plan_kernel, name, us, calls in items:
+        acc[plan_kernel, name][0] += us
+        acc[plan_kernel, name][1] += calls
+    rows = [KernelTime(name, (kinds or {}).get(name) or kernel_kind(name), us, calls, pk, misaligned(name))
+            for (pk, name), (us, calls) in acc.items()]
+    return sorted(rows, key=lambda k: -k.us)
+
+
+def _by_kind(kernels: list[KernelTime]) -> dict[str, float]:
+    out = {k: 0.0 for k in KINDS}
+    for k in kernels:
+        out[k.kind] += k.us
+    return out
+
+
+def _device_events(prof: profile) -> list[Any]:
+    """CUDA kernels, memcpys and memsets in GPU start order; not the GPU spans of annotations."""
+    evs = [e for e in prof.events() if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+    return sorted(evs, key=lambda e: e.time_range.start)
+
+
+def _containing(spans: list[tuple[float, float, str]], t: float) -> str | None:
+    return next((name for start, end, name in spans if start <= t <= end), None)
+
+
+def _eager_sequence(exe: Executable, feeds: Mapping[str, torch.Tensor]) -> list[tuple[str | None, str]]:
+    """(plan kernel, CUDA kernel name) for each kernel one eager run launches, in GPU order.
+
+    Each step runs inside `record_function(name)`; kineto draws that range on the GPU as a span
+    around the kernels launched inside it, and on one stream the spans do not overlap. The copy of
+    the feeds that run_static makes before a replay runs here too, in its own range."""
+    names = {s.impl.name for s in exe.steps} | {INPUTS}
+    saved = exe.annotate, exe.cuda_graph
+    exe.annotate, exe.cuda_graph = True, False
+    try:
+        exe.run_static(feeds)  # warm: allocator, cuBLAS handles, workspaces
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            with record_function(INPUTS):
+                staged = {k: torch.empty_like(v).copy_(v) for k, v in feeds.items()}
+            exe.run_static(staged)
+            torch.cuda.synchronize()
+    finally:
+        exe.annotate, exe.cuda_graph = saved
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if e.device_type == DeviceType.CUDA and e.is_user_annotation and e.name in names)
+    return [(_containing(spans, (e.time_range.start + e.time_range.end) / 2), e.name) for e in _device_events(prof)]
+
+
+def _attribute(expected: list[tuple[str | None, str]], replay: list[Any], reps: int
+               ) -> tuple[list[tuple[str | None, str, float, float]], str]:
+    """Replay kernels -> (plan kernel, name, µs per call, calls per call), and how they were matched."""
+    n = len(expected)
+    if n and len(replay) == n * reps and all(replay[r * n + i].name == expected[i][1]
+                                             for r in range(reps) for i in range(n)):
+        return [(pk, name, sum(replay[r * n + i].time_range.elapsed_us() for r in range(reps)) / reps, 1.0)
+                for i, (pk, name) in enumerate(expected)], "order"
+    # Counts differ (a library picked another algorithm under capture, say): split each name's time
+    # among the plan kernels that launched it in the eager run, by their launch counts.
+    launches: dict[str, dict[str | None, int]] = defaultdict(lambda: defaultdict(int))
+    for pk, name in expected:
+        launches[name][pk] += 1
+    per_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for e in replay:
+        per_name[e.name][0] += e.time_range.elapsed_us() / reps
+        per_name[e.name][1] += 1 / reps
+    rows = []
+    for name, (us, calls) in per_name.items():
+        owners = launches.get(name) or {None: 1}
+        total = sum(owners.values())
+        rows += [(pk, name, us * c / total, calls * c / total) for pk, c in owners.items()]
+    return rows, "name"
+
+
+def _wall_us(fn: Callable[[], Any], reps: int, device: torch.device) -> float:
+    """Per call, around `reps` back-to-back calls (host launch overhead included)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / reps
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t) * 1e6 / reps
+
+
+def _plan_rows(exe: Executable, rows: list[tuple[str | None, str, float, float]],
+               kinds: Mapping[str, str] | None = None) -> list[PlanKernelTime]:
+    """Per plan kernel, in plan order, from (plan kernel, name, µs, calls) rows in launch order."""
+    out = {INPUTS: PlanKernelTime(INPUTS, "copy", 0.0, {}, [])}
+    out.update((s.impl.name, PlanKernelTime(s.impl.name, s.impl.backend, 0.0, {}, [])) for s in exe.steps)
+    for pk, name, us, _ in rows:
+        if pk in out:
+            r, kind = out[pk], (kinds or {}).get(name) or kernel_kind(name)
+            r.us += us
+            r.by_kind[kind] = r.by_kind.get(kind, 0.0) + us
+            if name not in r.kernels:
+                r.kernels.append(name)
+    return [r for r in out.values() if r.name != INPUTS or r.kernels]
+
+
+def profile_executable(exe: Executable, feeds: Mapping[str, Any], reps: int = 30) -> Profile:
+    """Where one call of `exe` spends its time, kernel by kernel (see the module's docstring)."""
+    feeds = exe._feeds((), feeds)
+    exe.run_static(feeds)  # compiles every kernel; on a GPU, captures the graph
+    if exe.device.type != "cuda":
+        return _cpu_profile(exe, feeds, reps)
+    torch.cuda.synchronize()
+    wall = _wall_us(lambda: exe.run_static(feeds), reps, exe.device)
+    expected = _eager_sequence(exe, feeds)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            exe.run_static(feeds)
+        torch.cuda.synchronize()
+    rows, how = _attribute(expected, _device_events(prof), reps)
+    kernels = _kernel_times(rows)
+    total = sum(k.us for k in kernels)
+    return Profile("tessera", "cuda", reps, wall, total, _by_kind(kernels), kernels, _plan_rows(exe, rows),
+                   sum(k.us for k in kernels if k.plan_kernel is None), how,
+                   f"GPU time per call over {reps} CUDA-graph replays; kernels matched to plan kernels by {how}")
+
+
+def _split_range(ev: Any, own_kind: str | None) -> list[tuple[str, str, float]]:
+    """A host range -> (name, kind, µs): its direct child ops, and the rest under the range's name.
+
+    `own_kind` set: the range runs a generated kernel in Triton's interpreter, whose own torch calls
+    are the interpreter's, not the model's; only library children keep their names."""
+    out, rest = [], ev.time_range.elapsed_us()
+    for c in ev.cpu_children:
+        kind = kernel_kind(c.name)
+        if own_kind is None or kind.startswith("library"):
+            out.append((c.name, kind, c.time_range.elapsed_us()))
+            rest -= c.time_range.elapsed_us()
+    out.append((ev.name if own_kind else "(host)", own_kind or "other", max(rest, 0.0)))
+    return out
+
+
+def _cpu_profile(exe: Executable, feeds: Mapping[str, torch.Tensor], reps: int) -> Profile:
+    wall = _wall_us(lambda: exe.run_static(feeds), reps, exe.device)
+    steps = {s.impl.name: s for s in exe.steps}
+    saved, exe.annotate = exe.annotate, True
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(reps):
+                exe.run_static(feeds)
+    finally:
+        exe.annotate = saved
+    rows: list[tuple[str | None, str, float, float]] = []
+    kinds: dict[str, str] = {}
+    for ev in prof.events():
+        step = steps.get(ev.name)
+        if step is None or ev.device_type != DeviceType.CPU:
+            continue
+        for name, kind, us in _split_range(ev, "generated" if step.kernel is not None else None):
+            kinds.setdefault(name, kind)
+            rows.append((ev.name, name, us / reps, 1 / reps))
+    kernels = _kernel_times(rows, kinds)
+    return Profile("tessera", "cpu", reps, wall, sum(k.us for k in kernels), _by_kind(kernels), kernels,
+                   _plan_rows(exe, rows, kinds), 0.0, "range",
+                   "CPU profile: host time of each plan kernel's ops, generated kernels in Triton's "
+                   "interpreter; not GPU time and not a benchmark")
+
+
+def profile_callable(fn: Callable[[], Any], reps: int = 30, device: str | torch.device = "cuda",
+                     source: str = "peer") -> Profile:
+    """The kernels `reps` calls of `fn` launch (a PyTorch peer), grouped by kind; no plan attribution.
+
+    A CUDA-graph peer (torch.compile's reduce-overhead) shows its replayed kernels like any other."""
+    dev = torch.device(device)
+    with torch.no_grad():
+        fn()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        wall = _wall_us(fn, reps, dev)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            for _ in range(reps):
+                with record_function("call"):
+                    fn()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+    if dev.type == "cuda":
+        rows = [(None, e.name, e.time_range.elapsed_us() / reps, 1 / reps) for e in _device_events(prof)]
+        note = f"GPU time per call over {reps} calls"
+    else:
+        calls = [e for e in prof.events() if e.name == "call" and e.device_type == DeviceType.CPU]
+        rows = [(None, name, us / reps, 1 / reps) for e in calls for name, _, us in _split_range(e, None)]
+        note = "CPU profile: host time of each call's ops; not GPU time and not a benchmark"
+    kernels = _kernel_times(rows)
+    return Profile(source, dev.type, reps, wall, sum(k.us for k in kernels), _by_kind(kernels), kernels,
+                   note=note)
+
+
+def short_name(name: str, width: int = 60) -> str:
+    """A kernel name for a table: no `void`, no template arguments, but the part that gave its kind."""
+    s = name.removeprefix("void ")
+    base = re.split(r"[<(]", s, maxsplit=1)[0] or s
+    hit = next((p.search(s) for _, p in _COMPILED if p.search(s)), None)
+    if hit and hit.group(0) not in base:
+        base += f"<..{hit.group(0)}..>"
+    return base if len(base) <= width else base[:width - 2] + ".."
+
+
+def format_profile(p: Profile, top: int = 15) -> str:
+    """A short text table: totals by kind, the top kernels, the most expensive plan kernels."""
+    unit = "GPU" if p.device == "cuda" else "host"
+    lines = [f"{p.source} on {p.device}: {p.reps} call(s); {p.note}"]
+    if p.device != "cuda":
+        lines.append("  (a CPU/interpreter profile: where host time goes, not how fast it runs on a GPU)")
+    lines.append(f"  wall {p.wall_us:.1f} us per call, {unit} {p.total_us:.1f} us per call")
+    share = lambda us: f"{100 * us / p.total_us:.0f}%" if p.total_us > 0 else "-"  # noqa: E731
+    lines.append("  by kind: " + ", ".join(f"{k} {us:.1f} us ({share(us)})" for k, us in p.by_kind.items() if us))
+    lines.append(f"  layout copies {p.layout_copy_us:.1f} us, misaligned GEMMs (align1/align2) "
+                 f"{p.misaligned_gemm_us:.1f} us" + (f", unattributed {p.unattributed_us:.1f} us" if p.plan else ""))
+    lines.append(f"  top kernels ({unit} us per call):")
+    lines.append(f"    {'us':>9} {'calls':>6}  {'kind':<13} {'plan kernel':<28} kernel")
+    for k in p.top(top):
+        lines.append(f"    {k.us:>9.1f} {k.calls:>6.1f}  {k.kind:<13} {(k.plan_kernel or '-')[:28]:<28} "
+                     f"{short_name(k.name)}{' [misaligned]' if k.misaligned else ''}")
+    if p.plan:
+        lines.append(f"  plan kernels, most expensive first ({len(p.plan)}):")
+        for r in sorted(p.plan, key=lambda r: -r.us)[:top]:
+            kinds = ", ".join(f"{k} {us:.1f}" for k, us in r.by_kind.items())
+            lines.append(f"    {r.us:>9.1f}  {r.name[:40]:<40} {r.backend:<7} {kinds}")
+    return "\n".join(lines)
