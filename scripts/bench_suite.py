@@ -3,6 +3,10 @@
     PYTHONPATH=. python scripts/bench_suite.py --models candy,resnet50 --precisions tf32,fp16 \
         --db carry/tuning.db --out $OUT [--vs eager,inductor,inductor-cudagraphs]
     python scripts/bench_suite.py --table scripts/results/bench/*.json   # the docs/benchmarks.md table
+    python scripts/bench_suite.py --table --kinds scripts/results/bench/*.json  # and GPU us by kernel kind
+
+--profile adds each contender's run profile (`tessera/runtime/profile.py`: GPU µs per call by
+kernel kind, plan kernel and kernel) to its entry's extra["run_profile"]; --kinds tabulates them.
 
 Each (model, precision) writes `bench_MODEL_PRECISION.json` under --out as soon
 as it finishes, and a rerun skips those already in --skip-dir, so the suite
@@ -51,9 +55,37 @@ def table(files: list[Path]) -> str:
     return "\n".join(out)
 
 
+def _kind_values(p: dict) -> list[float]:
+    return [*p["by_kind"].values(), p["total_us"], p["wall_us"], p["misaligned_gemm_us"]]
+
+
+def kinds_table(files: list[Path]) -> str:
+    """Markdown: per model x precision, GPU µs per call by kernel kind, tessera-optimal / inductor-cudagraphs."""
+    docs = sorted((json.loads(f.read_text()) for f in files), key=lambda d: (d["model"], d["precision"]))
+    rows = []
+    for d in docs:
+        profs = {e["name"]: e["extra"].get("run_profile") for e in d["entries"]}
+        ours, peer = profs.get("tessera-optimal"), profs.get("inductor-cudagraphs")
+        if ours is None:
+            continue
+        a, b = _kind_values(ours), _kind_values(peer) if peer else None
+        cells = [f"{x:.1f}" + (f" / {y:.1f}" if b else "") for x, y in zip(a, b or a)]
+        rows.append(f"| {d['model']} | {d['precision']} | " + " | ".join(cells) + " |")
+        cols = [*ours["by_kind"], "kernel total", "wall", "misaligned GEMM"]  # the kinds in profile.KINDS order
+    if not rows:
+        return "no run profiles (bench with --profile)"
+    return "\n".join(["us per call by kernel kind (GPU time; a CPU run's is host time), "
+                      "tessera-optimal / inductor-cudagraphs:", "",
+                      "| model | precision | " + " | ".join(cols) + " |",
+                      "| --- | --- |" + " ---: |" * len(cols), *rows])
+
+
 def main() -> int:
     if sys.argv[1:2] == ["--table"]:
-        print(table([Path(a) for a in sys.argv[2:]]))
+        files = [Path(a) for a in sys.argv[2:] if a != "--kinds"]
+        print(table(files))
+        if "--kinds" in sys.argv[2:]:
+            print("\n" + kinds_table(files))
         return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(KORCH + HIDET))
@@ -68,6 +100,7 @@ def main() -> int:
     ap.add_argument("--fresh-db", action="store_true", help="tune each pair from an empty database")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new pair after this many seconds")
     ap.add_argument("--code", default="", help="the tessera commit measured (the device's copy has no git history)")
+    ap.add_argument("--profile", action="store_true", help="also profile each contender's kernels by kind")
     a = ap.parse_args()
     start = time.perf_counter()
 
@@ -87,7 +120,7 @@ def main() -> int:
             db = str(Path(tempfile.mkdtemp()) / "fresh.db") if a.fresh_db else a.db
             try:
                 doc = bench(f"zoo:{model}", prec, a.vs.split(","), a.strategies.split(","), a.cost, db,
-                            "cuda", 0, a.solver)
+                            "cuda", 0, a.solver, a.profile)
             except Exception as e:  # noqa: BLE001 - record and go on to the next model
                 print(f"{model} {prec}: FAILED {type(e).__name__}: {e}", flush=True)
                 continue

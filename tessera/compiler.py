@@ -29,7 +29,7 @@ from tessera.frontend import LoadedModel, load
 from tessera.ir.graph import Graph
 from tessera.orchestrate import DEFAULT_SOLVER, CandidateRules, OGraph, Plan, build_ograph, orchestrate
 from tessera.orchestrate.candidates import MAX_KERNEL_NODES
-from tessera.orchestrate.layout import NHWC, LayoutResult, assign_layouts, is_conversion, regions
+from tessera.orchestrate.layout import NHWC, LayoutResult, assign_layouts, regions
 from tessera.orchestrate.report import write_report
 from tessera.rewrite import convert_precision
 from tessera.runtime.artifact import save_artifact
@@ -222,9 +222,6 @@ def plan_document(result: CompileResult) -> dict[str, Any]:
     doc["timings_s"] = {k: round(v, 4) for k, v in result.timings.items()}
     if result.tuning:
         doc["tuning"] = result.tuning
-    for b in doc["buffers"]:
-        t = result.graph.types[b["tensor"]]
-        b["layout"] = list(t.layout or range(t.rank))  # storage order, as a permutation of the logical dims
     if result.layouts is not None:
         doc["layout"] = result.layouts.summary()
     doc["opaque"] = [{"node": o.node, "op": o.op_type, "reason": o.reason} for o in result.fission.opaque]
@@ -234,8 +231,6 @@ def plan_document(result: CompileResult) -> dict[str, Any]:
             k["fallback_reason"] = impl.reason
         if impl.triton:
             k["schedule"] = impl.triton.schedule.to_json()
-        if impl.prims and all(is_conversion(n) for n in impl.prims):
-            k["conversion"] = True  # a kernel that only changes the storage order
         if k["name"] in result.tuned_s:
             k["tuned_s"] = result.tuned_s[k["name"]]
     return doc

@@ -37,6 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from tessera.ir.graph import Graph, Node, TensorType
 from tessera.ir.prims import BINARY, REDUCTIONS, UNARY, Prim
 
@@ -78,10 +80,11 @@ class Region:
     layout: tuple[int, ...] = ()
     gain_s: float = 0.0  # convolutions' gain minus boundary costs, for channels-last
     conversions: int = 0  # explicit conversion primitives inserted
+    padded: int = 0  # convolutions whose channels were padded to the library's alignment
 
     def to_json(self) -> dict[str, object]:
         return {"tensors": len(self.tensors), "convs": len(self.convs), "layout": list(self.layout),
-                "gain_us": round(self.gain_s * 1e6, 3), "conversions": self.conversions}
+                "gain_us": round(self.gain_s * 1e6, 3), "conversions": self.conversions, "padded": self.padded}
 
 
 @dataclass
@@ -96,7 +99,7 @@ class LayoutResult:
     def summary(self) -> dict[str, object]:
         cl = [r for r in self.regions if r.layout]
         return {"regions": len(self.regions), "channels_last_regions": len(cl),
-                "convs_channels_last": sum(len(r.convs) for r in cl),
+                "convs_channels_last": sum(len(r.convs) for r in cl), "convs_padded": sum(r.padded for r in cl),
                 "convs": sum(len(r.convs) for r in self.regions), "conversions": self.conversions,
                 "detail": [r.to_json() for r in self.regions]}
 
@@ -233,6 +236,7 @@ def assign_layouts(graph: Graph, pricer: LayoutPricer | None, policy: str = "aut
             ty = g.types[t]
             g.types[t] = TensorType(ty.shape, ty.dtype, r.layout)
         r.conversions = _convert_conv_operands(g, r)
+        r.padded = _pad_conv_channels(g, r)
     g.validate()
     return LayoutResult(g, found)
 
@@ -268,4 +272,59 @@ def _convert_conv_operands(g: Graph, region: Region) -> int:
         nodes.append(Node(n.name, n.op, tuple(ins), tuple(outs), dict(n.attrs), n.domain, n.source))
         nodes.extend(after)
     g.nodes = nodes
+    return count
+
+
+ALIGN_BYTES = 16  # what cuBLAS and cuDNN want of a leading dimension for their aligned tensor-core kernels
+
+
+def _pad_conv_channels(g: Graph, region: Region) -> int:
+    """Stored NHWC, a convolution's leading dimension is its channel count. Where that is not a
+    multiple of 16 bytes (3 colour channels, a 150-label classifier), the library falls back to
+    slow unaligned kernels, so the channels are padded with zeros: the input by a PAD primitive
+    (which fuses into the kernel that writes it), the constant weight once here, and the
+    output cut back by a SLICE that the next kernel reads through. Zero channels add nothing to
+    the result, so it is exact. Grouped convolutions keep their shape."""
+    convs = set(region.convs)
+    padded_w: dict[tuple[str, int, int], str] = {}
+    nodes: list[Node] = []
+    count = 0
+    for n in g.nodes:
+        if n.name not in convs or n.attrs.get("group", 1) != 1 or n.inputs[1] not in g.constants:
+            nodes.append(n)
+            continue
+        x, w, y = n.inputs[0], n.inputs[1], n.outputs[0]
+        xt, wt, yt = g.types[x], g.types[w], g.types[y]
+        unit = max(1, ALIGN_BYTES // xt.dtype.itemsize)
+        c, o = wt.shape[1], wt.shape[0]
+        cp, op = -(-c // unit) * unit, -(-o // unit) * unit
+        if (cp, op) == (c, o):
+            nodes.append(n)
+            continue
+        ins, outs, after = list(n.inputs), list(n.outputs), []
+        if cp != c:
+            xp = f"{x}/{n.name}/padded"
+            g.types[xp] = TensorType((xt.shape[0], cp, *xt.shape[2:]), xt.dtype, region.layout)
+            nodes.append(Node(f"{n.name}/pad_channels", Prim.PAD.value, (x,), (xp,),
+                              {"pads": (0, 0, 0, 0, 0, cp - c, 0, 0), "mode": "constant", "value": 0.0},
+                              source=n.source))
+            ins[0] = xp
+        key = (w, cp, op)
+        if key not in padded_w:
+            padded_w[key] = f"{w}/padded{op}x{cp}"
+            v = g.constants[w]
+            g.constants[padded_w[key]] = np.pad(v, [(0, op - o), (0, cp - c)] + [(0, 0)] * (v.ndim - 2))
+            g.types[padded_w[key]] = TensorType((op, cp, *wt.shape[2:]), wt.dtype)
+        ins[1] = padded_w[key]
+        if op != o:
+            yp = f"{y}/padded"
+            g.types[yp] = TensorType((yt.shape[0], op, *yt.shape[2:]), yt.dtype, yt.layout)
+            after.append(Node(f"{n.name}/unpad_channels", Prim.SLICE.value, (yp,), (y,),
+                              {"starts": (0, 0, 0, 0), "steps": (1, 1, 1, 1), "shape": yt.shape}, source=n.source))
+            outs[0] = yp
+        nodes.append(Node(n.name, n.op, tuple(ins), tuple(outs), dict(n.attrs), n.domain, n.source))
+        nodes.extend(after)
+        count += 1
+    g.nodes = nodes
+    g.remove_dead()  # weights that only the padded copies replaced
     return count

@@ -15,6 +15,7 @@ from tessera.orchestrate.candidates import (Candidate, CandidateRules, KernelLeg
                                             TooManyCandidates, enumerate_candidates)
 from tessera.orchestrate.graphview import OGraph, bits, prologue_of
 from tessera.orchestrate.greedy import greedy_candidates
+from tessera.orchestrate.layout import is_conversion
 from tessera.orchestrate.partition import Subgraph, partition, split_subgraph
 from tessera.orchestrate.plan import Buffer, Kernel, Plan, SubgraphReport
 
@@ -155,7 +156,8 @@ def _kernels(og: OGraph, chosen: list[tuple[int, Candidate, float]]) -> list[Ker
         out.append(Kernel(id=kid, name=f"k{kid}_{ops}", subgraph=sub, prims=[n.name for n in nodes],
                           prologue=prologue, outputs=outputs, inputs=list(inputs), cost_s=cost_s,
                           source_nodes=sources, categories=dict(cats),
-                          recomputed=[og.nodes[i].name for i in bits(c.nodes) if times[i] > 1]))
+                          recomputed=[og.nodes[i].name for i in bits(c.nodes) if times[i] > 1],
+                          conversion=all(is_conversion(n) for n in nodes)))
     return out
 
 
@@ -171,5 +173,5 @@ def _buffers(og: OGraph, kernels: list[Kernel]) -> list[Buffer]:
             first.setdefault(t, k.id)
     end = len(kernels)
     outs = set(g.outputs)
-    return [Buffer(t, g.types[t].nbytes, f, end if t in outs else last.get(t, f), t in outs)
-            for t, f in first.items()]
+    return [Buffer(t, g.types[t].nbytes, f, end if t in outs else last.get(t, f), t in outs,
+                   list(g.types[t].layout or range(g.types[t].rank))) for t, f in first.items()]

@@ -20,6 +20,7 @@ class Kernel:
     source_nodes: list[str]  # ONNX nodes its primitives came from
     categories: dict[str, int]
     recomputed: list[str] = field(default_factory=list)  # prims another kernel also computes
+    conversion: bool = False  # it only changes storage order (identity transposes: `layout.is_conversion`)
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Buffer:
     first: int
     last: int
     graph_output: bool = False
+    layout: list[int] = field(default_factory=list)  # storage order, a permutation of the logical dims
 
 
 @dataclass

@@ -125,6 +125,22 @@ def _cuts(plan: Plan) -> str:
     return _table(["position", "tensors crossing", "bytes", "lost fusions (producer → consumer)"], rows)
 
 
+def _layouts(plan: Plan) -> str:
+    """Buffers stored in an order other than row-major, grouped by that order."""
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for b in plan.buffers:
+        if b.layout and b.layout != sorted(b.layout):
+            groups.setdefault(tuple(b.layout), []).append(b.tensor)
+    conv = [k.name for k in plan.kernels if k.conversion]
+    note = (f'<p class="note">{len(conv)} conversion kernel(s): {_names(conv)}</p>' if conv
+            else '<p class="note">No conversion kernels.</p>')
+    if not groups:
+        return '<p class="note">Every buffer is stored row-major.</p>' + note
+    rows = [f"<tr><td class=mono>{escape(str(list(lay)))}</td><td class=num>{len(ts)}</td><td>{_names(ts)}</td></tr>"
+            for lay, ts in groups.items()]
+    return _table(["storage order (a permutation of the logical dims)", "buffers", "tensors"], rows) + note
+
+
 def _kernels(plan: Plan) -> str:
     total = plan.estimated_total_s or 1.0
     rows = []
@@ -134,7 +150,8 @@ def _kernels(plan: Plan) -> str:
         prims_cell = (f'<details><summary>{prims}</summary><span class="mono">'
                       + "<br>".join(f"<mark>{escape(p)}</mark>" if p in rec else escape(p) for p in k.prims)
                       + "</span></details>")
-        rows.append(f'<tr data-k="{k.id}" id="k{k.id}"><td class=num>{k.id}</td><td class="mono">{escape(k.name)}</td>'
+        name = escape(k.name) + (" <mark>conversion</mark>" if k.conversion else "")
+        rows.append(f'<tr data-k="{k.id}" id="k{k.id}"><td class=num>{k.id}</td><td class="mono">{name}</td>'
                     f'<td><span class="sw" style="background:{kernel_colour(k.id)}"></span></td>'
                     f"<td class=num>{k.subgraph}</td><td>{prims_cell}</td><td>{_names(k.outputs)}</td>"
                     f"<td>{_names(k.inputs)}</td><td class=num>{_us(k.cost_s)}</td>"
@@ -258,6 +275,7 @@ def render_report(plan: Plan, og: OGraph) -> str:
 <h2>Kernels (execution order)</h2>
 <p class="note">Hover a row to highlight its nodes in the graph below. Highlighted prims are computed by
 more than one kernel.</p>{_kernels(plan)}
+<h2>Storage layouts</h2>{_layouts(plan)}
 <h2>Redundant computation</h2>{_redundancy(plan)}
 <h2>Primitive graph</h2>
 <p class="note">{og.n} orchestrated nodes (free prologue prims not drawn), layered by longest path from the sources.

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import time
+from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
@@ -36,7 +37,8 @@ KINDS = ("generated", "library GEMM", "library conv", "layout copy", "other")
 
 # Kernel name -> kind. The first pattern that matches wins, so the order matters: generated before
 # "conv" (k1_conv_add is tessera's), layout copies before cuDNN (cudnn's nchwToNhwcKernel is a
-# copy), convolutions before GEMMs (cuDNN's implicit_gemm is a convolution).
+# copy), convolutions before GEMMs (cuDNN's implicit_gemm is a convolution). Staging of the inputs
+# ("Memcpy DtoD", Inductor's foreach Copy into a CUDA graph's static inputs) stays "other".
 PATTERNS: tuple[tuple[str, str], ...] = (
     # tessera's Triton kernels carry their plan kernel's name: k12_conv_add.
     ("generated", r"^k\d+_"),
@@ -59,8 +61,11 @@ PATTERNS: tuple[tuple[str, str], ...] = (
 )
 _COMPILED = [(kind, re.compile(p, re.IGNORECASE)) for kind, p in PATTERNS]
 # A library GEMM built for 1- or 2-element alignment: cuBLAS's fallback when a leading dimension or
-# a pointer is not 16-byte aligned (align1/align2; not align16).
-MISALIGNED = re.compile(r"align[12](?!\d)")
+# a pointer is not 16-byte aligned (align1, align2, alignc2; not align16 or aligna4).
+MISALIGNED = re.compile(r"align[a-z]?[12](?!\d)")
+# CUDA runtime and driver calls that launch work (cudaLaunchKernel, cuLaunchKernelEx, cudaMemcpyAsync):
+# the profiler gives each the CUPTI correlation id of the kernel it launched.
+RUNTIME_CALL = re.compile(r"^cu(da)?[A-Z]")
 
 INPUTS = "(inputs)"  # the range of run_static's copy of the feeds into the graph's input buffers
 
@@ -150,31 +155,44 @@ def _device_events(prof: profile) -> list[Any]:
 
 
 def _containing(spans: list[tuple[float, float, str]], t: float) -> str | None:
-    return next((name for start, end, name in spans if start <= t <= end), None)
+    """The name of the span around time `t`; spans sorted by start, not overlapping."""
+    i = bisect_right(spans, (t, float("inf"), "")) - 1
+    return spans[i][2] if i >= 0 and spans[i][0] <= t <= spans[i][1] else None
 
 
 def _eager_sequence(exe: Executable, feeds: Mapping[str, torch.Tensor]) -> list[tuple[str | None, str]]:
     """(plan kernel, CUDA kernel name) for each kernel one eager run launches, in GPU order.
 
     Each step runs inside `record_function(name)`; kineto draws that range on the GPU as a span
-    around the kernels launched inside it, and on one stream the spans do not overlap. The copy of
-    the feeds that run_static makes before a replay runs here too, in its own range."""
+    around the kernels launched inside it, and on one stream the spans do not overlap. Failing that,
+    a kernel belongs to the host range around the runtime call that launched it (same event id).
+    The copy of the feeds that run_static makes before a replay runs here too, in its own range."""
     names = {s.impl.name for s in exe.steps} | {INPUTS}
-    saved = exe.annotate, exe.cuda_graph
+    saved, graph = (exe.annotate, exe.cuda_graph), exe.cuda_graph
     exe.annotate, exe.cuda_graph = True, False
     try:
         exe.run_static(feeds)  # warm: allocator, cuBLAS handles, workspaces
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             with record_function(INPUTS):
-                staged = {k: torch.empty_like(v).copy_(v) for k, v in feeds.items()}
+                staged = {k: torch.empty_like(v).copy_(v) for k, v in feeds.items()} if graph else feeds
             exe.run_static(staged)
             torch.cuda.synchronize()
     finally:
         exe.annotate, exe.cuda_graph = saved
-    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                   if e.device_type == DeviceType.CUDA and e.is_user_annotation and e.name in names)
-    return [(_containing(spans, (e.time_range.start + e.time_range.end) / 2), e.name) for e in _device_events(prof)]
+    events = prof.events()
+    spans = {dev: sorted((e.time_range.start, e.time_range.end, e.name) for e in events
+                         if e.device_type == dev and e.is_user_annotation and e.name in names)
+             for dev in (DeviceType.CUDA, DeviceType.CPU)}
+    launch = {e.id: e.time_range.start for e in events
+              if e.device_type == DeviceType.CPU and RUNTIME_CALL.match(e.name)}
+    out = []
+    for k in _device_events(prof):
+        owner = _containing(spans[DeviceType.CUDA], (k.time_range.start + k.time_range.end) / 2)
+        if owner is None and k.id in launch:
+            owner = _containing(spans[DeviceType.CPU], launch[k.id])
+        out.append((owner, k.name))
+    return out
 
 
 def _attribute(expected: list[tuple[str | None, str]], replay: list[Any], reps: int
@@ -251,7 +269,8 @@ def profile_executable(exe: Executable, feeds: Mapping[str, Any], reps: int = 30
     total = sum(k.us for k in kernels)
     return Profile("tessera", "cuda", reps, wall, total, _by_kind(kernels), kernels, _plan_rows(exe, rows),
                    sum(k.us for k in kernels if k.plan_kernel is None), how,
-                   f"GPU time per call over {reps} CUDA-graph replays; kernels matched to plan kernels by {how}")
+                   f"GPU time per call over {reps} {'CUDA-graph replays' if exe.cuda_graph else 'eager runs'}; "
+                   f"kernels matched to plan kernels by {how}")
 
 
 def _split_range(ev: Any, own_kind: str | None) -> list[tuple[str, str, float]]:
@@ -325,13 +344,19 @@ def profile_callable(fn: Callable[[], Any], reps: int = 30, device: str | torch.
                    note=note)
 
 
-def short_name(name: str, width: int = 60) -> str:
-    """A kernel name for a table: no `void`, no template arguments, but the part that gave its kind."""
-    s = name.removeprefix("void ")
-    base = re.split(r"[<(]", s, maxsplit=1)[0] or s
-    hit = next((p.search(s) for _, p in _COMPILED if p.search(s)), None)
-    if hit and hit.group(0) not in base:
-        base += f"<..{hit.group(0)}..>"
+# ATen's generic launchers: a kernel named after one is named by the functor inside it instead.
+_ATEN_GENERIC = re.compile(r"elementwise_kernel$|^gpu_kernel_impl|^multi_tensor_apply_kernel$|^TensorListMetadata$"
+                           r"|OpFunctor$|^detail$")
+
+
+def short_name(name: str, width: int = 64) -> str:
+    """A kernel name for a table: no `void` or template arguments; ATen's launchers show their functor
+    (elementwise_kernel<direct_copy_kernel_cuda>)."""
+    s = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+    base = re.split(r"[<(]", s, maxsplit=1)[0].strip() or s
+    functor = next((f for f in re.findall(r"at::native::(\w+)", s) if not _ATEN_GENERIC.search(f)), None)
+    if functor and functor not in base:
+        base = f"{base.rsplit('::', 1)[-1]}<{functor}>"
     return base if len(base) <= width else base[:width - 2] + ".."
 
 

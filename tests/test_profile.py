@@ -1,0 +1,168 @@
+"""`tessera profile`: kernels by kind, attributed to plan kernels (CPU profile here; GPU on the device)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+from onnx import helper
+from opcheck import Const, graph_model, models_dir, rand
+
+import tessera
+from tessera.cli.main import main
+from tessera.runtime.profile import (KINDS, format_profile, kernel_kind, misaligned, profile_callable,
+                                     profile_executable, short_name)
+
+# Real kernel names, as the H100 profiler printed them (some cut short), with their kinds.
+NAMES = [
+    ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::"
+     "direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#7}::"
+     "operator()() const::{lambda(float)#1}> >(int, at::native::gpu_kernel_impl_nocast<...>)", "layout copy", False),
+    ("void cudnn::ops::nchwToNhwcKernel<float, float, float, false, true, (cudnnKernelDataType_t)2>"
+     "(cudnn::ops::nchw2nhwc_params_t<float>, float const*, float*)", "layout copy", False),
+    ("nhwcToNchwKernel", "layout copy", False),
+    ("void cudnn::engines_precompiled::tensorTransformGeneric<float, float, float, true, false, false>",
+     "layout copy", False),
+    ("cutlass_80_wmma_tensorop_f16_s161616gemm_f16_32x32_128x1_tn_align2", "library GEMM", True),
+    ("cutlass_80_tensorop_s1688gemm_64x64_16x6_tn_align1", "library GEMM", True),
+    ("nvjet_sm90_hss_128x128_64x4_1x2_h_bz_coopA_NNT", "library GEMM", False),
+    ("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_off_kernel",
+     "library GEMM", False),
+    ("void cublasLt::splitKreduce_kernel<32, 16, int, float, float, float>", "library GEMM", False),
+    ("sm90_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize128x32x64_warpgroupsize1x1x1_g1_"
+     "execute_segment_k_off_kernel__5x_cudnn", "library conv", False),
+    ("sm80_xmma_fprop_implicit_gemm_indexed_f32f32_f32f32_f32_nchwkcrs_nchw_tilesize32x32x8_stage3_warpsize1x2x1_"
+     "g1_ffma_aligna4_alignc4_execute_kernel__5x_cudnn", "library conv", False),
+    ("void implicit_convolve_sgemm<float, float, 1024, 5, 5, 3, 3, 3, 1, false, false, true>", "library conv", False),
+    ("void convolve_common_engine_float_NHWC<float, float, 1024, 5, 5, 3, 3, 3, true, false>", "library conv", False),
+    ("void at::native::conv_depthwise2d_forward_kernel<1, float, int>", "library conv", False),
+    ("triton_poi_fused_convolution_relu_4", "generated", False),
+    ("triton_red_fused__native_batch_norm_legit_0", "generated", False),
+    ("k12_conv_add", "generated", False),
+    ("k0_pad", "generated", False),
+    ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::"
+     "CUDAFunctor_add<float> >(at::TensorIteratorBase&, at::native::CUDAFunctor_add<float> const&)>", "other", False),
+    ("Memcpy DtoD (Device -> Device)", "other", False),
+    ("aten::conv2d", "library conv", False),
+    ("aten::addmm", "library GEMM", False),
+    ("aten::copy_", "layout copy", False),
+]
+
+
+@pytest.mark.parametrize("name,kind,bad", NAMES, ids=[n[:40] for n, _, _ in NAMES])
+def test_kernel_kind_on_real_names(name, kind, bad):
+    assert kernel_kind(name) == kind
+    assert misaligned(name) is bad
+
+
+def test_short_names_keep_what_tells_kernels_apart():
+    assert short_name(NAMES[0][0]) == "elementwise_kernel<direct_copy_kernel_cuda>"
+    assert short_name(NAMES[1][0]) == "cudnn::ops::nchwToNhwcKernel"
+    assert short_name("k12_conv_add") == "k12_conv_add"
+    assert len(short_name("x" * 300)) <= 64
+
+
+def _tiny(path):
+    """conv (a library call) -> add, ReLU, softmax, flatten, tanh (generated): two plan kernels."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "y"], ["a"]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Softmax", ["r"], ["s"], axis=-1),
+             helper.make_node("Flatten", ["s"], ["f"]),
+             helper.make_node("Tanh", ["f"], ["out"])]
+    m = graph_model(nodes, {"x": rand(1, 4, 8, 8), "w": Const(rand(8, 4, 3, 3, seed=1)), "y": rand(1, 8, 8, 8)},
+                    ["out"])
+    onnx.save(m, str(path))
+    return path
+
+
+def _sums_hold(p):
+    assert sum(p.by_kind.values()) == pytest.approx(p.total_us)
+    assert set(p.by_kind) == set(KINDS)
+    if p.plan:  # tessera: plan kernels and what could not be attributed make up the total
+        assert sum(r.us for r in p.plan) + p.unattributed_us == pytest.approx(p.total_us)
+
+
+def test_cpu_profile_attributes_ops_to_every_plan_kernel(tmp_path):
+    exe = tessera.compile(_tiny(tmp_path / "tiny.onnx"), tessera.CompileOptions(cost="analytical"))
+    p = profile_executable(exe, {"x": torch.randn(1, 4, 8, 8), "y": torch.randn(1, 8, 8, 8)}, reps=1)
+    assert p.device == "cpu" and p.attribution == "range" and "not GPU time" in p.note
+    assert [r.name for r in p.plan] == [s.impl.name for s in exe.steps]
+    assert all(r.us > 0 and r.kernels for r in p.plan)
+    assert {k.plan_kernel for k in p.kernels} == {s.impl.name for s in exe.steps}
+    assert p.by_kind["generated"] > 0 and p.by_kind["library conv"] > 0  # the interpreter; aten::conv2d
+    _sums_hold(p)
+    assert exe.annotate is False
+    text = format_profile(p)
+    assert "CPU/interpreter profile" in text and "not a benchmark" in text and exe.steps[0].impl.name in text
+    doc = json.loads(json.dumps(p.to_json()))
+    assert doc["device"] == "cpu" and doc["layout_copy_us"] == p.layout_copy_us and doc["plan"]
+
+
+def test_cpu_profile_of_a_peer():
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(144, 2))
+    x = torch.randn(1, 3, 8, 8)
+    p = profile_callable(lambda: net(x), reps=2, device="cpu", source="eager")
+    assert p.source == "eager" and p.device == "cpu" and not p.plan
+    assert p.by_kind["library conv"] > 0 and p.by_kind["library GEMM"] > 0
+    _sums_hold(p)
+
+
+def test_cli_profile_artifact_and_mistakes(tmp_path, capsys):
+    model = _tiny(tmp_path / "tiny.onnx")
+    out = tmp_path / "art"
+    assert main(["compile", str(model), "-o", str(out), "--cost", "analytical"]) == 0
+    capsys.readouterr()
+    assert main(["profile", str(out), "--device", "cpu", "--json", str(tmp_path / "p.json")]) == 0
+    text = capsys.readouterr().out
+    assert "CPU/interpreter profile" in text and "by kind" in text and "plan kernels" in text
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert doc["device"] == "cpu" and doc["precision"] == "fp32" and len(doc["plan"]) == 2
+    assert main(["profile", str(tmp_path / "missing"), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing" in err and "Traceback" not in err
+    assert main(["profile", str(out), "--device", "cpu", "--precision", "fp16"]) == 2
+    assert "compiled for fp32" in capsys.readouterr().err
+
+
+def test_bench_profile_adds_run_profiles_and_the_kinds_table(tmp_path, capsys):
+    out = tmp_path / "bench_mlp_tiny_fp32.json"
+    assert main(["bench", "zoo:mlp_tiny", "--precision", "fp32", "--vs", "eager", "--strategy", "optimal",
+                 "--cost", "analytical", "--device", "cpu", "--profile", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    for e in doc["entries"]:
+        assert e["extra"]["run_profile"]["device"] == "cpu" and e["extra"]["run_profile"]["total_us"] > 0
+    assert "profile" in doc["entries"][0]["extra"]  # the tuning-database profile stays
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_suite.py"
+    r = subprocess.run([sys.executable, str(script), "--table", "--kinds", str(out)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "by kernel kind" in r.stdout and "| mlp_tiny | fp32 |" in r.stdout.split("by kernel kind")[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_profile_attributes_every_kernel():
+    from tessera.frontend import load
+    from tessera.verify import random_inputs
+
+    model = models_dir() / "candy_small.onnx"
+    exe = tessera.compile(model, tessera.CompileOptions(solver="highs", cost="analytical"), device="cuda")
+    feeds = {k: torch.from_numpy(v) for k, v in random_inputs(load(model).graph, 0).items()}
+    p = profile_executable(exe, feeds, reps=5)
+    assert p.device == "cuda" and p.attribution == "order"
+    assert p.unattributed_us == 0 and all(k.plan_kernel for k in p.kernels)
+    _sums_hold(p)
+    assert p.by_kind["generated"] > 0 and p.by_kind["library conv"] > 0
+    launched = {r.name for r in p.plan if r.kernels}
+    assert {s.impl.name for s in exe.steps if s.impl.backend != "view"} <= launched
+    assert 0 < p.total_us <= p.wall_us * 1.05  # the GPU works inside the wall time
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU()).cuda()
+    x = torch.randn(1, 3, 64, 64, device="cuda")
+    peer = profile_callable(lambda: net(x), reps=5, source="eager")
+    assert peer.total_us > 0 and peer.by_kind["library conv"] > 0
+    _sums_hold(peer)
