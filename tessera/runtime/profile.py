@@ -13,10 +13,12 @@ every library kernel cuBLAS or cuDNN picks at run time. This profile measures wh
   generated kernels running in Triton's interpreter. That is a CPU profile, not GPU time and not
   a benchmark, and the result says so (`device: "cpu"`).
 
-torch.profiler API relied on: `prof.events()` (FunctionEvent: `name`, `device_type`,
-`time_range.start/.end` in µs, `is_user_annotation`, `cpu_parent`, `cpu_children`). On a GPU,
-kineto also emits each record_function range as a GPU-side span (`is_user_annotation`, device
-CUDA) that covers the kernels launched inside it; that span is what attributes eager kernels.
+torch.profiler API relied on (checked with torch 2.11 on an H100 and 2.13 on a CPU): `prof.events()`,
+FunctionEvents with `name`, `device_type`, `time_range` (µs), `is_user_annotation`, `cpu_children`
+and `id`. On a GPU, kineto also emits each record_function range as a GPU-side span (device CUDA,
+`is_user_annotation`) around the kernels launched inside it: that span attributes eager kernels.
+A kernel and the runtime call that launched it share an `id` (CUPTI's correlation id), the fallback.
+Triton kernels are launched outside any ATen op, so the CPU op a kernel links to cannot be used.
 """
 from __future__ import annotations
 
@@ -52,6 +54,8 @@ PATTERNS: tuple[tuple[str, str], ...] = (
     ("layout copy", r"tensorTransformGeneric"),
     # CPU profiles: the same copies as ATen ops.
     ("layout copy", r"^aten::(copy_|contiguous|clone|_to_copy)$"),
+    # cuDNN kernels that are no convolution: batch norm (bn_fw_inf), attention (sdpa).
+    ("other", r"bn_fw|bn_bw|batch_?norm|sdpa"),
     # cuDNN and cutlass convolutions: implicit-GEMM forward props, Winograd, depthwise, ATen's convs.
     ("library conv", r"conv(?!ert)|fprop|implicit_gemm|cudnn|winograd|depthwise"),
     # cuBLAS, cuBLASLt and cutlass GEMMs: sm90_xmma_gemm, nvjet_*, ampere_sgemm, gemv, split-K reductions.
@@ -274,10 +278,11 @@ def profile_executable(exe: Executable, feeds: Mapping[str, Any], reps: int = 30
 
 
 def _split_range(ev: Any, own_kind: str | None) -> list[tuple[str, str, float]]:
-    """A host range -> (name, kind, µs): its direct child ops, and the rest under the range's name.
+    """A host range -> (name, kind, µs): its direct child ops, and the rest of its time as "(host)".
 
     `own_kind` set: the range runs a generated kernel in Triton's interpreter, whose own torch calls
-    are the interpreter's, not the model's; only library children keep their names."""
+    are the interpreter's, not the model's; only library children keep their names, and the rest
+    goes under the range's (plan kernel's) name with that kind."""
     out, rest = [], ev.time_range.elapsed_us()
     for c in ev.cpu_children:
         kind = kernel_kind(c.name)
@@ -367,8 +372,8 @@ def format_profile(p: Profile, top: int = 15) -> str:
     if p.device != "cuda":
         lines.append("  (a CPU/interpreter profile: where host time goes, not how fast it runs on a GPU)")
     lines.append(f"  wall {p.wall_us:.1f} us per call, {unit} {p.total_us:.1f} us per call")
-    share = lambda us: f"{100 * us / p.total_us:.0f}%" if p.total_us > 0 else "-"  # noqa: E731
-    lines.append("  by kind: " + ", ".join(f"{k} {us:.1f} us ({share(us)})" for k, us in p.by_kind.items() if us))
+    shares = {k: f"{100 * us / p.total_us:.0f}%" if p.total_us > 0 else "-" for k, us in p.by_kind.items()}
+    lines.append("  by kind: " + ", ".join(f"{k} {us:.1f} us ({shares[k]})" for k, us in p.by_kind.items() if us))
     lines.append(f"  layout copies {p.layout_copy_us:.1f} us, misaligned GEMMs (align1/align2) "
                  f"{p.misaligned_gemm_us:.1f} us" + (f", unattributed {p.unattributed_us:.1f} us" if p.plan else ""))
     lines.append(f"  top kernels ({unit} us per call):")
