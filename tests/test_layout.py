@@ -263,3 +263,30 @@ def test_storage_shape_and_strides():
     one = TensorType((1, 3, 1, 1), t.dtype, NHWC)
     assert one.plain and "@" not in str(one)  # size-1 dims: the same memory in every order
     assert np.prod(t.storage_shape) == t.numel
+
+
+def test_pointwise_convolutions_channels_last_run_as_one_gemm(monkeypatch):
+    """A 1x1 convolution on NHWC storage is a GEMM of leading dimension C (bias and ReLU in its
+    epilogue), not a cuDNN call: counted through the GEMM helper, checked against onnxruntime."""
+    from tessera.runtime import torch_prims
+
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["a"]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c", "w3", "b3"], ["out"])]
+    model = graph_model(nodes, {"x": rand(1, 8, 9, 9), "w1": Const(rand(16, 8, 1, 1, seed=1)),
+                                "b1": Const(rand(16, seed=2)), "w2": Const(rand(16, 16, 3, 3, seed=3)),
+                                "w3": Const(rand(24, 16, 1, 1, seed=4)), "b3": Const(rand(24, seed=5))},
+                        ["out"], opset=13)
+    result = compile_model(model, CompileOptions(cost="analytical", layout="nhwc"))
+    calls = []
+    real = torch_prims.pointwise_conv_as_gemm
+
+    def spy(node, args, *a, **k):
+        y = real(node, args, *a, **k)
+        calls.append(y is not None)
+        return y
+
+    monkeypatch.setattr(executable, "pointwise_conv_as_gemm", spy)
+    assert _check(result) < TOLERANCE["fp32"]
+    assert sorted(calls) == [False, True, True]  # the two 1x1 convolutions; the 3x3 goes to cuDNN

@@ -24,7 +24,7 @@ from tessera.codegen.triton_ops import Unsupported
 from tessera.errors import ShapeError, TesseraError
 from tessera.ir.graph import Graph, Node
 from tessera.runtime.buffers import BufferPool, Lifetime, as_layout
-from tessera.runtime.torch_prims import TORCH_DTYPES, run_linear_fused, run_node
+from tessera.runtime.torch_prims import TORCH_DTYPES, pointwise_conv_as_gemm, run_linear_fused, run_node
 
 
 class KernelBuildError(TesseraError):
@@ -245,7 +245,12 @@ class Executable:
         assert root is not None
         names = [t for t in root.inputs if t]
         args = [env[t] for t in names]
-        if impl.bias:
+        gemm = pointwise_conv_as_gemm(root, args, self._bias.get(impl.name), impl.relu) \
+            if not self.graph.types[root.outputs[0]].plain else None
+        if gemm is not None:
+            last = impl.fused[-1].outputs[0] if impl.bias else root.outputs[0]
+            env[last] = self._settle(last, gemm)
+        elif impl.bias:
             last = impl.fused[-1].outputs[0]
             y = run_linear_fused(root, args, self.graph.types[last], self._bias[impl.name], impl.relu)
             env[last] = self._settle(last, y)

@@ -312,6 +312,30 @@ def run_linear_fused(node: Node, args: Sequence[torch.Tensor], out: TensorType, 
     return _conform(node, y, out)
 
 
+def pointwise_conv_as_gemm(node: Node, args: Sequence[torch.Tensor], bias: torch.Tensor | None = None,
+                           relu: bool = False) -> torch.Tensor | None:
+    """A 1x1 convolution (stride 1, no padding, one group) on channels-last data is one GEMM over the
+    storage: [N*H*W, C] @ [C, O], leading dimension C, with the bias and ReLU in cuBLASLt's epilogue.
+    cuDNN's NHWC path for such small convolutions costs more (setup kernels beside the GEMM), and
+    its NCHW path is a GEMM of leading dimension H*W, which only unaligned kernels take. Returns the
+    result channels-last, or None where this does not apply."""
+    x, w = args[0], args[1]
+    a = node.attrs
+    if node.op != Prim.CONV.value or x.dim() != 4 or tuple(w.shape[2:]) != (1, 1) or a.get("group", 1) != 1 \
+            or any(int(v) != 1 for v in a["strides"]) or any(int(v) != 0 for v in a["pads"]) \
+            or not x.is_contiguous(memory_format=torch.channels_last) or x.shape[1] < 2:
+        return None
+    n, c, h, wd = x.shape
+    o = w.shape[0]
+    x2 = x.permute(0, 2, 3, 1).reshape(n * h * wd, c)  # a view of the NHWC storage
+    w2 = w.reshape(o, c).t()
+    if bias is None:
+        y2 = torch.relu(x2 @ w2) if relu else x2 @ w2
+    else:
+        y2 = torch._addmm_activation(bias, x2, w2) if relu else torch.addmm(bias, x2, w2)
+    return y2.view(n, h, wd, o).permute(0, 3, 1, 2)
+
+
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
