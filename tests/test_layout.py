@@ -15,7 +15,7 @@ import tessera.runtime.executable as executable
 from tessera.compiler import CompileOptions, compile_model, plan_document
 from tessera.cost.measured import Job, Record
 from tessera.ir.dtype import DType
-from tessera.ir.graph import Graph, TensorType
+from tessera.ir.graph import Graph, GraphKind, TensorType
 from tessera.orchestrate.layout import NHWC, is_conversion
 from tessera.runtime.executable import Executable
 from tessera.tolerance import TOLERANCE, rel_l2
@@ -290,3 +290,16 @@ def test_pointwise_convolutions_channels_last_run_as_one_gemm(monkeypatch):
     monkeypatch.setattr(executable, "pointwise_conv_as_gemm", spy)
     assert _check(result) < TOLERANCE["fp32"]
     assert sorted(calls) == [False, True, True]  # the two 1x1 convolutions; the 3x3 goes to cuDNN
+
+
+def test_kernels_are_timed_on_inputs_already_in_their_layout():
+    # The profiler's inputs are stored in each kernel's layout, so the timed launch converts
+    # nothing. (They were once row-major, and every channels-last kernel was timed with a copy.)
+    from tessera.cost.profiler import _inputs
+    from tessera.runtime.buffers import as_layout
+
+    g = Graph("k", GraphKind.PRIMITIVE, inputs=["x", "y"], outputs=[],
+              types={"x": TensorType((1, 3, 4, 5), DType.FLOAT16, NHWC), "y": TensorType((2, 3), DType.FLOAT32)})
+    feeds = _inputs(g, "cpu", 0)
+    assert feeds["x"].stride() == (60, 1, 15, 3) and as_layout(feeds["x"], NHWC) is feeds["x"]
+    assert as_layout(feeds["y"], ()) is feeds["y"]

@@ -108,6 +108,7 @@ def _fail(phase: str, e: Exception) -> tuple[float, str]:
 def _inputs(graph: Graph, device: str, seed: int) -> dict[str, Any]:
     import torch
 
+    from tessera.runtime.buffers import inverse_perm
     from tessera.runtime.torch_prims import TORCH_DTYPES
 
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -116,9 +117,11 @@ def _inputs(graph: Graph, device: str, seed: int) -> dict[str, Any]:
         ty = graph.types[t]
         dt = TORCH_DTYPES[ty.dtype]
         if ty.dtype.is_float:  # drawn on the GPU: a host draw of a large input costs more than its timing
-            out[t] = torch.randn(ty.shape, generator=gen, device=device).to(dt)
+            x = torch.randn(ty.storage_shape, generator=gen, device=device).to(dt)
         else:  # indices: 0 is valid for every gather; masks: any bits
-            out[t] = torch.zeros(ty.shape, dtype=dt, device=device)
+            x = torch.zeros(ty.storage_shape, dtype=dt, device=device)
+        # Stored in the kernel's layout already: the timed launch must not convert its inputs.
+        out[t] = x.permute(*inverse_perm(ty.layout)) if ty.layout else x
     return out
 
 

@@ -66,7 +66,7 @@ class BufferPool:
             t = types[lt.tensor]
             flat = self.slabs[where[lt.tensor]][:lt.nbytes].view(TORCH_DTYPES[t.dtype])
             # Memory holds the tensor in its storage order; the view shows the logical dims.
-            self.views[lt.tensor] = flat.view(t.storage_shape).permute(*_inverse(t.layout)) if t.layout \
+            self.views[lt.tensor] = flat.view(t.storage_shape).permute(*inverse_perm(t.layout)) if t.layout \
                 else flat.view(t.shape)
 
     @property
@@ -74,7 +74,8 @@ class BufferPool:
         return sum(s.numel() for s in self.slabs)
 
 
-def _inverse(perm: Sequence[int]) -> list[int]:
+def inverse_perm(perm: Sequence[int]) -> list[int]:
+    """The permutation that undoes `perm`: storage dims back to logical dims."""
     inv = [0] * len(perm)
     for pos, d in enumerate(perm):
         inv[d] = pos
@@ -98,5 +99,5 @@ def as_layout(x: torch.Tensor, layout: Sequence[int]) -> torch.Tensor:
     want = _strides(tuple(x.shape), tuple(layout))
     if all(a == b or n == 1 for a, b, n in zip(x.stride(), want, x.shape)):
         return x
-    y = torch.empty([x.shape[d] for d in layout], dtype=x.dtype, device=x.device).permute(*_inverse(layout))
+    y = torch.empty([x.shape[d] for d in layout], dtype=x.dtype, device=x.device).permute(*inverse_perm(layout))
     return y.copy_(x)
