@@ -303,3 +303,25 @@ def test_kernels_are_timed_on_inputs_already_in_their_layout():
     feeds = _inputs(g, "cpu", 0)
     assert feeds["x"].stride() == (60, 1, 15, 3) and as_layout(feeds["x"], NHWC) is feeds["x"]
     assert as_layout(feeds["y"], ()) is feeds["y"]
+
+
+def test_long_reductions_over_few_strided_rows_split_in_two_levels(monkeypatch):
+    # InstanceNorm of an NHWC tensor: N*C rows, each H*W long and C apart. With few rows a row
+    # kernel has no parallelism, so each reduction becomes a partial reduction over (s, H/s)
+    # splits and a small second level. Same values; candy at 224x224 splits 8 reductions.
+    import tessera.orchestrate.layout as layout
+
+    monkeypatch.setattr(layout, "MIN_ROW", 64)
+    monkeypatch.setattr(layout, "TARGET_ROWS", 96)
+    monkeypatch.setattr(layout, "MIN_PART", 8)
+    model = graph_model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                         helper.make_node("InstanceNormalization", ["c", "s", "b"], ["n"]),
+                         helper.make_node("Relu", ["n"], ["r"]),
+                         helper.make_node("ReduceMax", ["r"], ["out"], axes=[2, 3])],
+                        {"x": rand(1, 4, 12, 10), "w": Const(rand(24, 4, 3, 3, seed=1)),
+                         "s": Const(rand(24, seed=2)), "b": Const(rand(24, seed=3))}, ["out"], opset=13)
+    result = compile_model(model, CompileOptions(cost="analytical", layout="nhwc"))
+    assert result.layouts.split_reductions == 3  # the norm's mean and variance, the max
+    partial = [n for n in result.graph.nodes if n.name.endswith("/partial")]
+    assert partial and all(result.graph.types[n.inputs[0]].rank == 5 for n in partial)
+    assert _check(result, seed=5) < TOLERANCE["fp32"]

@@ -34,6 +34,7 @@ Legality and profitability stay apart: this module never imports `cost/`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -91,6 +92,7 @@ class Region:
 class LayoutResult:
     graph: Graph
     regions: list[Region] = field(default_factory=list)
+    split_reductions: int = 0  # reductions over strided rows split in two levels (`_split_strided_reductions`)
 
     @property
     def conversions(self) -> int:
@@ -101,6 +103,7 @@ class LayoutResult:
         return {"regions": len(self.regions), "channels_last_regions": len(cl),
                 "convs_channels_last": sum(len(r.convs) for r in cl), "convs_padded": sum(r.padded for r in cl),
                 "convs": sum(len(r.convs) for r in self.regions), "conversions": self.conversions,
+                "split_reductions": self.split_reductions,
                 "detail": [r.to_json() for r in self.regions]}
 
 
@@ -237,8 +240,9 @@ def assign_layouts(graph: Graph, pricer: LayoutPricer | None, policy: str = "aut
             g.types[t] = TensorType(ty.shape, ty.dtype, r.layout)
         r.conversions = _convert_conv_operands(g, r)
         r.padded = _pad_conv_channels(g, r)
+    split = _split_strided_reductions(g)
     g.validate()
-    return LayoutResult(g, found)
+    return LayoutResult(g, found, split)
 
 
 def _convert_conv_operands(g: Graph, region: Region) -> int:
@@ -328,3 +332,76 @@ def _pad_conv_channels(g: Graph, region: Region) -> int:
     g.nodes = nodes
     g.remove_dead()  # weights that only the padded copies replaced
     return count
+
+
+# A reduction over strided rows (H and W of an NHWC tensor) is fast only with many rows side by
+# side in a block, and InstanceNorm has N*C rows (32 in candy): one or two programs for the whole
+# GPU. Below MIN_ROWS rows such a reduction is split in two levels.
+MIN_ROWS = 2048
+MIN_ROW = 8192  # elements per row worth splitting
+TARGET_ROWS = 4096  # rows of the first level
+MIN_PART = 64  # elements each first-level row still reduces
+
+
+def _split_strided_reductions(g: Graph) -> int:
+    """Split each long reduction over strided rows with few rows: the outermost reduced dim in
+    storage order, D, becomes (s, D/s); a first reduction leaves s partial results per row (many
+    rows, each still read coalesced across its neighbours), a second reduces those. Sums, maxima
+    and minima are associative, so the result is the same up to rounding order."""
+    nodes: list[Node] = []
+    count = 0
+    for n in g.nodes:
+        plan = _split_plan(g, n)
+        if plan is None:
+            nodes.append(n)
+            continue
+        d, s = plan
+        x, y = n.inputs[0], n.outputs[0]
+        xt = g.types[x]
+        shape5 = xt.shape[:d] + (s, xt.shape[d] // s) + xt.shape[d + 1:]
+        # Dims after d move up by one; d's storage slot holds (s, D/s) in that order.
+        order = []
+        for dim in xt.layout:
+            order += [d, d + 1] if dim == d else [dim if dim < d else dim + 1]
+        axes = sorted(a if a < d else a + 1 for a in n.attrs["axes"] if a != d) + [d + 1]
+        axes = sorted(axes)
+        xs = f"{x}/{n.name}/split"
+        part = f"{y}/partial"
+        whole = f"{y}/split"
+        g.types[xs] = TensorType(shape5, xt.dtype, tuple(order))
+        part_shape = tuple(1 if i in axes else v for i, v in enumerate(shape5))
+        g.types[part] = TensorType(part_shape, xt.dtype, tuple(order))
+        g.types[whole] = TensorType(tuple(1 if i in axes or i == d else v for i, v in enumerate(shape5)), xt.dtype,
+                                    tuple(order))
+        nodes += [
+            Node(f"{n.name}/split", Prim.RESHAPE.value, (x,), (xs,), {"shape": shape5}, source=n.source),
+            Node(f"{n.name}/partial", n.op, (xs,), (part,), {**n.attrs, "axes": tuple(axes)}, source=n.source),
+            Node(f"{n.name}/whole", n.op, (part,), (whole,), {**n.attrs, "axes": tuple(sorted({d, *axes}))},
+                 source=n.source),
+            Node(n.name, Prim.RESHAPE.value, (whole,), (y,), {"shape": g.types[y].shape}, source=n.source)]
+        count += 1
+    g.nodes = nodes
+    return count
+
+
+def _split_plan(g: Graph, n: Node) -> tuple[int, int] | None:
+    """(dim to split, parts) for a reduction worth splitting, else None."""
+    if n.op not in {p.value for p in REDUCTIONS}:
+        return None
+    t = g.types[n.inputs[0]]
+    if t.plain or not t.dtype.is_float:
+        return None
+    axes = [a for a in n.attrs["axes"] if t.shape[a] != 1]
+    order = [dim for dim in t.layout if t.shape[dim] != 1]
+    if not axes or set(order[len(order) - len(axes):]) == set(axes):
+        return None  # rows are contiguous: the ordinary row kernel reads them well
+    row = math.prod(t.shape[a] for a in axes)
+    rows = t.numel // row
+    if rows >= MIN_ROWS or row < MIN_ROW:
+        return None
+    d = next(dim for dim in order if dim in axes)  # the outermost reduced dim in storage
+    size = t.shape[d]
+    for s in range(2, size + 1):
+        if size % s == 0 and rows * s >= TARGET_ROWS:
+            return (d, s) if row // s >= MIN_PART else None
+    return None
