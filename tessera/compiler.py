@@ -27,6 +27,7 @@ from tessera.errors import TesseraError
 from tessera.fission import FissionResult, fission
 from tessera.frontend import LoadedModel, load
 from tessera.ir.graph import Graph
+from tessera.log import logger
 from tessera.orchestrate import DEFAULT_SOLVER, CandidateRules, OGraph, Plan, build_ograph, orchestrate
 from tessera.orchestrate.candidates import MAX_KERNEL_NODES
 from tessera.orchestrate.layout import NHWC, LayoutResult, assign_layouts, regions
@@ -96,6 +97,7 @@ def compile_model(source: Any, options: CompileOptions | None = None,
         now = time.perf_counter()
         timings[name] = now - t
         t = now
+        logger.info("pass %-11s %7.2f s", name, timings[name])
 
     loaded = load(source, opt.input_shapes)
     done("load")
@@ -140,6 +142,8 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
     except ValueError as e:
         raise TesseraError(str(e)) from None
     graph = lay.graph
+    if lay.regions:
+        logger.info("layout: %s", {k: v for k, v in lay.summary().items() if k != "detail"})
     done("layout")
     og = build_ograph(graph)
     done("ograph")
@@ -158,6 +162,11 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
                        solver=opt.solver, time_limit=opt.time_limit, max_states=opt.max_states,
                        model=loaded.label, device=device_name, precision=opt.precision, cost_model=cost_kind,
                        progress=progress)
+    logger.info("orchestrate: %d kernels from %d primitives in %d subgraph(s), %d cut(s); estimated %.1f us",
+                len(plan.kernels), plan.primitives, len(plan.subgraphs), len(plan.cuts), plan.estimated_total_s * 1e6)
+    for sg in plan.subgraphs:
+        logger.debug("  subgraph %d: %d nodes, %d states, %d candidates -> %d kernels; solver %s", sg.index, sg.nodes,
+                     sg.states, sg.candidates, sg.kernels, sg.solver)
     done("orchestrate")
     if isinstance(cost, MeasuredCost):
         t0 = time.perf_counter()

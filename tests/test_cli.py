@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tessera.cli.main import main
 
 MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
@@ -66,3 +68,32 @@ def test_compile_bad_gpu_is_a_user_error(tmp_path, capsys):
     capsys.readouterr()
     assert main(["compile", str(MODELS / "nope.onnx"), "-o", str(tmp_path)]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_version_and_help_defaults(capsys):
+    from tessera.version import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and f"tessera {__version__}" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["compile", "--help"])
+    text = capsys.readouterr().out
+    assert "(default: auto)" in text and "(default: 60.0)" in text
+
+
+def test_verbose_logs_the_passes_to_stderr(tmp_path, capsys, monkeypatch):
+    import logging
+
+    models = Path(__file__).resolve().parents[2] / "shared" / "models"
+    monkeypatch.delenv("TESSERA_LOG", raising=False)
+    assert main(["compile", str(models / "attn_s7.onnx"), "-o", str(tmp_path / "a"), "--cost", "analytical"]) == 0
+    assert "pass orchestrate" not in capsys.readouterr().err  # quiet by default
+    try:
+        assert main(["-v", "compile", str(models / "attn_s7.onnx"), "-o", str(tmp_path / "b"), "--cost",
+                     "analytical"]) == 0
+        err = capsys.readouterr().err
+        assert all(f"pass {p}" in err for p in ("load", "fission", "layout", "orchestrate", "codegen"))
+        assert "orchestrate: 4 kernels" in err
+    finally:
+        logging.getLogger("tessera").setLevel(logging.WARNING)

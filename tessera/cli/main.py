@@ -27,6 +27,8 @@ from tessera.runtime.artifact import read_meta
 from tessera.runtime.profile import format_profile, profile_executable
 from tessera.tolerance import TOLERANCE, passes, rel_l2
 from tessera.verify import STAGES, random_inputs, run_onnxruntime, verify
+from tessera.log import configure as configure_logging
+from tessera.version import __version__
 
 
 def parse_input_shapes(specs: Sequence[str] | None) -> dict[str, tuple[int, ...]]:
@@ -53,6 +55,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tessera", description="A compiler for deep-learning inference on NVIDIA GPUs.")
+    parser.add_argument("--version", action="version", version=f"tessera {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log the passes, partitions, solver and tuning to stderr (-vv: more); or TESSERA_LOG=info")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("inspect", help="operator and primitive counts, opaque ops, folded constants")
@@ -283,8 +288,18 @@ COMMANDS = {"inspect": cmd_inspect, "verify": cmd_verify, "compile": cmd_compile
             "profile": cmd_profile}
 
 
+def _show_defaults(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Every command's --help states each option's default."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for p in action.choices.values():
+                p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _show_defaults(build_parser()).parse_args(argv)
+    configure_logging(args.verbose)
     try:
         return COMMANDS[args.command](args)
     except TesseraError as e:

@@ -98,12 +98,17 @@ class TuningDB:
             return None
         return Record(key, math.inf if row[0] is None else float(row[0]), row[1])
 
-    def put(self, key: Key, seconds: float, reason: str = "") -> None:
-        """Record one measurement (committed on return). A key is measured once: a second put is an error."""
+    def put(self, key: Key, seconds: float, reason: str = "") -> bool:
+        """Record one measurement (committed on return); False if the key was there already.
+
+        Two compiles sharing a database (two terminals, two CI shards) may measure the same
+        kernel at once: the first row written stays, the later one is dropped, and each caller
+        reads back what the database holds (`tune`), so both plans use the same number."""
         value = None if not math.isfinite(seconds) else float(seconds)
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        self.conn.execute("INSERT INTO measurements VALUES (?, ?, ?, ?, ?, ?, ?)",
-                          (key.device, key.versions, key.signature, key.schedule, value, reason, now))
+        cur = self.conn.execute("INSERT INTO measurements VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                                (key.device, key.versions, key.signature, key.schedule, value, reason, now))
+        return cur.rowcount == 1
 
     def best(self, device: str, versions: str, signature: str) -> Record | None:
         """The fastest measured schedule of a kernel (None if none was measured or all failed)."""

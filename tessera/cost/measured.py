@@ -21,6 +21,7 @@ from tessera.codegen.select import prologue_of
 from tessera.cost.db import Key, TuningDB
 from tessera.cost.devices import Device
 from tessera.ir.graph import Graph, Node
+from tessera.log import logger
 from tessera.orchestrate.candidates import Candidate
 from tessera.orchestrate.graphview import OGraph, bits
 
@@ -100,7 +101,9 @@ def tune(jobs: Sequence[Job], profiler: Profiler, db: TuningDB,
 
     def record(i: int, seconds: float, why: str) -> None:
         nonlocal done
-        db.put(todo[i].key, seconds, why)
+        if not db.put(todo[i].key, seconds, why):  # another compile measured it meanwhile: theirs stands
+            rec = db.get(todo[i].key)
+            seconds = rec.seconds if rec is not None else seconds
         out[todo[i].key] = seconds
         done += 1
         if progress:
@@ -191,6 +194,8 @@ class MeasuredCost:
         self.stats["measured"] += len(self.db) - before
         self.stats["failed"] += sum(1 for j in jobs if not math.isfinite(got[j.key]))
         self.stats["seconds"] += time.perf_counter() - t0
+        logger.info("tuning: %d candidates, %d measured now, %.1f s", len(new), len(self.db) - before,
+                    time.perf_counter() - t0)
 
     def known(self, c: Candidate) -> bool:
         """Measured already (in this run or in the database)?"""

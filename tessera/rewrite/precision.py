@@ -10,6 +10,8 @@ around them.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node, TensorType
 from tessera.ir.prims import Prim
@@ -32,7 +34,7 @@ def convert_precision(graph: Graph, precision: str) -> Graph:
 
     wide = {name for name, t in graph.types.items() if t.dtype is DType.FLOAT32}
     g.types = {name: narrow(t) for name, t in graph.types.items()}
-    g.constants = {name: (v.astype(to.to_numpy()) if name in wide else v) for name, v in graph.constants.items()}
+    g.constants = {name: (_narrow_constant(v, to) if name in wide else v) for name, v in graph.constants.items()}
     nodes: list[Node] = []
     for n in graph.nodes:
         attrs = dict(n.attrs)
@@ -65,7 +67,47 @@ def convert_precision(graph: Graph, precision: str) -> Graph:
         nodes.append(Node(n.name, n.op, tuple(ins), tuple(outs), attrs, n.domain, n.source))
         nodes.extend(casts)
     g.nodes = nodes
+    _keep_boundary_types(g, graph, wide, to)
     return g
+
+
+def _narrow_constant(v: np.ndarray, to: DType) -> np.ndarray:
+    """A float32 constant in the narrow type. Values past float16's range (GPT-2's attention mask
+    holds float32's lowest value) are clamped to its largest finite value rather than turned into
+    infinities: a mask of -65504 still zeroes a softmax term, and -inf * 0 = NaN cannot arise from
+    a finite constant. Constants that are infinite already stay so."""
+    if to is DType.FLOAT16:
+        big = float(np.finfo(np.float16).max)
+        v = np.where(np.isfinite(v), np.clip(v, -big, big), v)  # infinities and NaN stay what they are
+    return v.astype(to.to_numpy())
+
+
+def _keep_boundary_types(g: Graph, declared: Graph, wide: set[str], to: DType) -> None:
+    """Graph inputs and outputs keep the dtypes the model declares, whatever the internal
+    precision: a cast after each float32 input and before each float32 output (each fuses into
+    the kernel next to it), so users pass and get float32 as they would from onnxruntime."""
+    rename: dict[str, str] = {}
+    head: list[Node] = []
+    for t in g.inputs:
+        if t in wide:
+            narrow = f"{t}/{to.value}"
+            g.types[t], g.types[narrow] = declared.types[t], g.types[t]
+            head.append(Node(f"{t}/cast_in", Prim.CAST.value, (t,), (narrow,), {"dtype": to.value}))
+            rename[t] = narrow
+    tail: list[Node] = []
+    for t in g.outputs:
+        if t in wide and t not in g.inputs and t not in g.constants:
+            narrow = f"{t}/{to.value}"
+            g.types[t], g.types[narrow] = declared.types[t], g.types[t]
+            tail.append(Node(f"{t}/cast_out", Prim.CAST.value, (narrow,), (t,), {"dtype": DType.FLOAT32.value}))
+            rename[t] = narrow
+    if not rename:
+        return
+    body = [Node(n.name, n.op, tuple(rename.get(t, t) for t in n.inputs), tuple(rename.get(t, t) for t in n.outputs),
+                 dict(n.attrs), n.domain, n.source) for n in g.nodes]
+    # The input casts read the declared inputs; the output casts write the declared outputs.
+    # Readers of an output inside the graph take the narrow value, as its producer writes it.
+    g.nodes = head + body + tail
 
 
 def narrow_dtype(precision: str) -> DType | None:
