@@ -23,6 +23,10 @@ class ShapeError(TesseraError):
     """A shape is unknown, symbolic without an override, or contradicts another."""
 
 
+class ResourceError(TesseraError):
+    """The model needs more memory than the device has."""
+
+
 class UnsupportedError(TesseraError):
     """A feature that tessera does not handle and cannot route to a fallback."""
 

@@ -21,16 +21,13 @@ from tessera.frontend import LoadedModel, load
 from tessera.ir import interp
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph
+from tessera.ir.indices import index_bounds
 from tessera.ir.onnx_export import to_onnx
 from tessera.tolerance import TOLERANCE, passes, rel_l2
 
 STAGES = ("frontend", "fission")
 
 # Ops through which an integer tensor keeps its meaning as an index.
-_INDEX_PRESERVING = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand",
-                     "Slice", "Transpose", "Concat", "Tile"}
-
-
 @dataclass
 class OutputCheck:
     name: str
@@ -59,32 +56,6 @@ class VerifyReport:
                 "outputs": [{"name": o.name, "shape": list(o.shape), "rel_l2": o.rel_l2, "passed": o.passed}
                             for o in self.outputs],
                 "opaque": [{"node": o.node, "op": o.op_type, "reason": o.reason} for o in self.opaque]}
-
-
-def index_bounds(graph: Graph) -> dict[str, int]:
-    """For each integer graph input used as gather indices, the size it indexes."""
-    consumers = graph.consumers()
-    bounds: dict[str, int] = {}
-    for name in graph.inputs:
-        if graph.types[name].dtype.is_float or graph.types[name].dtype is DType.BOOL:
-            continue
-        best: int | None = None
-        todo, seen = [name], set()
-        while todo:
-            t = todo.pop()
-            if t in seen:
-                continue
-            seen.add(t)
-            for n in consumers.get(t, []):
-                if n.op in ("Gather", "GatherElements") and len(n.inputs) > 1 and n.inputs[1] == t:
-                    data = graph.types[n.inputs[0]]
-                    axis = int(n.attrs.get("axis", 0)) % max(data.rank, 1)
-                    best = data.shape[axis] if best is None else min(best, data.shape[axis])
-                elif n.op in _INDEX_PRESERVING:
-                    todo.extend(o for o in n.outputs if o)
-        if best is not None:
-            bounds[name] = best
-    return bounds
 
 
 def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Sequence
 
@@ -18,6 +20,7 @@ from tessera.cost import DEVICES, PRECISIONS
 from tessera.cost.db import TuningDB, default_db_path
 from tessera.errors import TesseraError
 from tessera.frontend import load as frontend_load
+from tessera.ir.indices import check_feeds
 from tessera.orchestrate import DEFAULT_SOLVER, SOLVERS, STRATEGIES
 from tessera.orchestrate.candidates import MAX_KERNEL_NODES
 from tessera.orchestrate.layout import LAYOUT_POLICIES
@@ -53,6 +56,23 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="fix an input's shape, e.g. x=1x3x224x224 (repeatable)")
 
 
+def _count(lowest: int):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> int:
+        v = int(text)
+        if v < lowest:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {lowest}, not {text}")
+        return v
+    parse.__name__ = "int"
+    return parse
+
+
+def _positive(text: str) -> float:
+    v = float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {text}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tessera", description="A compiler for deep-learning inference on NVIDIA GPUs.")
     parser.add_argument("--version", action="version", version=f"tessera {__version__}")
@@ -67,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="compare a stage with onnxruntime on random inputs")
     _add_model_args(p)
     p.add_argument("--stage", choices=STAGES, default="fission")
-    p.add_argument("--seed", type=int, help="random seed (default: fresh)")
+    p.add_argument("--seed", type=_count(0), help="random seed (default: fresh)")
     p.add_argument("--precision", choices=sorted(TOLERANCE), default="fp32", help="tolerance to apply")
     p.add_argument("--json", action="store_true", help="print JSON")
     p = sub.add_parser("compile", help="split a model and choose its kernels; writes OUT/plan.json and OUT/report.html")
@@ -76,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost", choices=["auto", "analytical", "measured"], default="auto",
                    help="cost model: measured on a GPU (tuning), analytical otherwise (auto picks)")
     p.add_argument("--db", help="tuning database (default: $TESSERA_CACHE/tuning.db, ~/.cache/tessera/tuning.db)")
-    p.add_argument("--tune-workers", type=int, help="parallel kernel builds while tuning (default: cores - 2)")
+    p.add_argument("--tune-workers", type=_count(1), help="parallel kernel builds while tuning (default: cores - 2)")
     p.add_argument("--tune", choices=["all", "lazy"], default="all",
                    help="measure every candidate, or only those the solver picks (re-solving until exact)")
     p.add_argument("--gpu", default="h100", choices=sorted(DEVICES), help="device preset for the cost model")
@@ -85,9 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", choices=LAYOUT_POLICIES, default="auto",
                    help="storage layouts: auto (by cost), nchw (all row-major), nhwc (conv regions channels-last)")
     p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
-    p.add_argument("--time-limit", type=float, default=60.0, help="seconds per subgraph solve")
-    p.add_argument("--max-states", type=int, default=2000, help="execution states per subgraph")
-    p.add_argument("--max-kernel-nodes", type=int, default=MAX_KERNEL_NODES, help="primitives per candidate kernel")
+    p.add_argument("--time-limit", type=_positive, default=60.0, help="seconds per subgraph solve")
+    p.add_argument("--max-states", type=_count(1), default=2000, help="execution states per subgraph")
+    p.add_argument("--max-kernel-nodes", type=_count(1), default=MAX_KERNEL_NODES, help="primitives per candidate kernel")
     p = sub.add_parser("bench", help="time tessera against PyTorch eager and torch.compile, same process and inputs")
     p.add_argument("model", help="an ONNX file (tessera alone) or zoo:NAME (the PyTorch peers too)")
     p.add_argument("--precision", choices=PRECISIONS, default="tf32")
@@ -98,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", help="tuning database")
     p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_count(0), default=0)
     p.add_argument("--json", type=Path, help="also write the results to this JSON file")
     p.add_argument("--profile", action="store_true",
                    help="also profile each contender's kernels by kind (extra.run_profile in --json)")
@@ -110,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("artifact", type=Path, help="directory written by tessera compile -o")
     p.add_argument("--check", action="store_true", help="compare every output with onnxruntime")
     p.add_argument("--inputs", type=Path, help=".npz file of inputs by name (default: fresh random inputs)")
-    p.add_argument("--seed", type=int, help="seed for random inputs (default: fresh)")
+    p.add_argument("--seed", type=_count(0), help="seed for random inputs (default: fresh)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--save-outputs", type=Path, help="write the outputs to this .npz file")
     p = sub.add_parser("profile", help="what really runs: each CUDA kernel's time per call, by kind and plan kernel")
@@ -124,13 +144,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise TesseraError("--device cuda: no GPU is visible to torch here; run with --device cpu")
     meta = read_meta(args.artifact)
     exe = load(args.artifact, args.device)
     model = frontend_load(args.artifact / "model.onnx", meta["input_shapes"])
     seed = int.from_bytes(os.urandom(4), "little") if args.seed is None else args.seed
     if args.inputs:
-        with np.load(args.inputs) as data:
-            feeds = {k: data[k] for k in data.files}
+        try:
+            with np.load(args.inputs) as data:
+                feeds = {k: data[k] for k in data.files}
+        except (ValueError, OSError, zipfile.BadZipFile) as e:
+            if isinstance(e, OSError) and e.errno is not None:
+                raise
+            raise TesseraError(f"{args.inputs}: not a .npz file of named arrays (numpy.savez writes one)") from None
+        check_feeds(model.graph, feeds)
+        # The declared dtypes (float64 arrays for float32 inputs, say), as onnxruntime wants them.
+        feeds = {k: v.astype(model.graph.types[k].dtype.to_numpy()) if k in model.graph.types else v
+                 for k, v in feeds.items()}
     else:
         feeds = random_inputs(model.graph, seed)
     outs = {k: v.cpu().numpy() for k, v in exe.run(**feeds).items()}
@@ -304,6 +335,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except TesseraError as e:
         print(f"tessera: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a path the user gave: missing, a directory, unwritable, on a read-only disk
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"tessera: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except sqlite3.DatabaseError as e:
+        print(f"tessera: error: the tuning database cannot be read ({e}); pass another with --db", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("tessera: interrupted", file=sys.stderr)

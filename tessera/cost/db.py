@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from tessera.errors import TesseraError
+
 def default_db_path() -> Path:
     """$TESSERA_CACHE/tuning.db (default ~/.cache/tessera/tuning.db)."""
     root = Path(os.environ.get("TESSERA_CACHE", Path.home() / ".cache" / "tessera"))
@@ -74,6 +76,14 @@ class TuningDB:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        if self.path.is_dir():
+            raise TesseraError(f"{self.path}: a directory, not a tuning database; pass a file path with --db")
+        if self.path.is_file() and self.path.stat().st_size > 0:
+            with open(self.path, "rb") as f:
+                head = f.read(16)
+            if head != b"SQLite format 3\x00":  # SQLite would take over a tiny file of someone else's
+                raise TesseraError(f"{self.path}: not a tessera tuning database (an SQLite file); "
+                                   "pass another path with --db")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # Autocommit: every put is its own durable transaction.
         self.conn = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
@@ -141,15 +151,23 @@ class TuningDB:
         """Add the rows of an export; rows already present are kept. Returns how many were added."""
         added = 0
         self.conn.execute("BEGIN")  # one transaction: all rows or none
-        with open(src) as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                r = json.loads(line)
-                cur = self.conn.execute(
-                    "INSERT OR IGNORE INTO measurements VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (r["device"], r["versions"], r["signature"], r["schedule"], r["seconds"], r.get("reason", ""),
-                     r["measured_at"]))
-                added += cur.rowcount
+        try:
+            with open(src) as f:
+                for number, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        r = json.loads(line)
+                        row = (str(r["device"]), str(r["versions"]), str(r["signature"]), str(r["schedule"]),
+                               None if r["seconds"] is None else float(r["seconds"]), str(r.get("reason", "")),
+                               str(r["measured_at"]))
+                    except (ValueError, KeyError, TypeError) as e:
+                        raise TesseraError(f"{src}, line {number}: not a tuning row written by tessera db export "
+                                           f"({type(e).__name__}: {e}); nothing was imported") from None
+                    added += self.conn.execute("INSERT OR IGNORE INTO measurements VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                               row).rowcount
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
         self.conn.execute("COMMIT")
         return added

@@ -8,6 +8,7 @@ import onnx
 
 from tessera.frontend.infer import FoldSummary, fold_and_infer
 from tessera.frontend.reader import check_model, read_model, to_operator_graph
+from tessera.errors import ShapeError
 from tessera.ir.graph import Graph
 
 
@@ -33,6 +34,10 @@ def load(source: Any, input_shapes: Mapping[str, Sequence[int]] | None = None) -
     graph, declared = to_operator_graph(model, label, input_shapes)
     summary = fold_and_infer(graph, declared, label, check_declared=not input_shapes)
     graph.validate()
+    empty = next((t for t, ty in graph.types.items() if ty.numel == 0), None)
+    if empty is not None:
+        raise ShapeError(f"{label}: tensor '{empty}' has shape {list(graph.types[empty].shape)}, with no elements; "
+                         "tessera compiles no zero-sized tensors")
     shapes = {i: graph.types[i].shape for i in graph.inputs}
     return LoadedModel(graph, model, label, summary, shapes)
 

@@ -46,6 +46,11 @@ def check_model(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
     _check_structure(model.graph, label)
+    newest = onnx.defs.onnx_opset_version()
+    for op in model.opset_import:
+        if op.domain in ("", "ai.onnx") and op.version > newest:
+            raise UnsupportedError(f"{label}: opset {op.version} is newer than the newest this onnx knows "
+                                   f"({newest}); export the model at opset {newest} or lower")
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
@@ -68,6 +73,12 @@ def _check_structure(g: onnx.GraphProto, label: str) -> None:
                 raise MalformedModelError(
                     f"{label}: {node_ref(n.name, n.op_type)} reads tensor '{i}', "
                     "which no node, graph input or initializer produces")
+    if not g.output:
+        raise MalformedModelError(f"{label}: the graph has no outputs, so there is nothing to compute")
+    names = [o.name for o in g.output]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise MalformedModelError(f"{label}: graph output(s) {twice} are listed more than once")
     for o in g.output:
         if o.name not in available and o.name not in produced:
             raise MalformedModelError(f"{label}: graph output '{o.name}' is never produced")
@@ -141,6 +152,14 @@ def static_input_type(vi: onnx.ValueInfoProto, override: Sequence[int] | None, l
         if dims != [None] and len(dims) != len(override):
             raise ShapeError(f"{label}: --input-shape for '{vi.name}' has rank {len(override)}, "
                              f"but the model declares rank {len(dims)} ({_fmt_dims(dims)})")
+        clash = [(i, d, int(o)) for i, (d, o) in enumerate(zip(dims, override)) if isinstance(d, int) and d != int(o)]
+        if clash:
+            i, d, o = clash[0]
+            raise ShapeError(f"{label}: --input-shape {vi.name} gives {o} at axis {i}, where the model fixes "
+                             f"{d} ({_fmt_dims(dims)}); only symbolic dims can be set")
+        if any(int(o) <= 0 for o in override):
+            raise ShapeError(f"{label}: --input-shape {vi.name}: every dim must be at least 1, not "
+                             f"{'x'.join(map(str, override))}")
         return TensorType(tuple(int(d) for d in override), dtype)
     if dims == [None]:
         raise ShapeError(f"{label}: graph input '{vi.name}' has no shape; pass --input-shape {vi.name}=DIMS")

@@ -13,6 +13,7 @@ from typing import Mapping, Sequence
 
 import torch
 
+from tessera.errors import ResourceError
 from tessera.ir.graph import TensorType
 from tessera.runtime.torch_prims import TORCH_DTYPES
 
@@ -60,7 +61,11 @@ class BufferPool:
 
     def __init__(self, lifetimes: Sequence[Lifetime], types: Mapping[str, TensorType], device: torch.device) -> None:
         sizes, where = assign(lifetimes)
-        self.slabs = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
+        try:
+            self.slabs = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
+        except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+            raise ResourceError(f"the plan's buffers need {sum(sizes) / 2**30:.1f} GiB on {device}, "
+                                f"which cannot be allocated ({str(e).splitlines()[0][:120]})") from None
         self.views: dict[str, torch.Tensor] = {}
         for lt in lifetimes:
             t = types[lt.tensor]

@@ -23,6 +23,7 @@ from tessera.codegen.select import KernelImpl, implement
 from tessera.codegen.triton_ops import Unsupported
 from tessera.errors import ShapeError, TesseraError
 from tessera.ir.graph import Graph, Node
+from tessera.ir.indices import check_feeds
 from tessera.runtime.buffers import BufferPool, Lifetime, as_layout
 from tessera.runtime.torch_prims import TORCH_DTYPES, pointwise_conv_as_gemm, run_linear_fused, run_node
 
@@ -157,6 +158,9 @@ class Executable:
         named = dict(zip(self.graph.inputs, args)) if args else dict(kwargs)
         if len(args) > len(self.graph.inputs) or set(named) != set(self.graph.inputs):
             raise ShapeError(f"the model takes inputs {self.graph.inputs}, got {list(named) or len(args)}")
+        # Kinds and index ranges, as onnxruntime checks them (a GPU gather would read past the end).
+        check_feeds(self.graph, {k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
+                                 for k, v in named.items()})
         feeds = {}
         for name, v in named.items():
             t = self.graph.types[name]

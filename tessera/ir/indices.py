@@ -1,0 +1,72 @@
+"""What a graph's integer inputs may hold: the index ranges its gathers imply.
+
+Works on operator graphs (ONNX op types) and primitive graphs (`Prim` values) alike. A token id
+past an embedding's size is no error to a GPU gather, which reads whatever memory is there
+(GPT-2 then returns NaN); onnxruntime rejects it, and so does tessera, before running.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from tessera.errors import ShapeError
+from tessera.ir.dtype import DType
+from tessera.ir.graph import Graph
+
+_GATHERS = {"Gather", "GatherElements", "gather", "gather_elements"}
+# Ops whose output holds the same index values as their input, rearranged.
+_INDEX_PRESERVING = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand", "Slice",
+                     "Transpose", "Concat", "Tile", "cast", "reshape", "slice", "transpose", "concat", "broadcast"}
+
+
+def index_bounds(graph: Graph) -> dict[str, int]:
+    """For each integer graph input used as gather indices, the size it indexes (the smallest if several)."""
+    consumers = graph.consumers()
+    bounds: dict[str, int] = {}
+    for name in graph.inputs:
+        if graph.types[name].dtype.is_float or graph.types[name].dtype is DType.BOOL:
+            continue
+        best: int | None = None
+        todo, seen = [name], set()
+        while todo:
+            t = todo.pop()
+            if t in seen:
+                continue
+            seen.add(t)
+            for n in consumers.get(t, []):
+                if n.op in _GATHERS and len(n.inputs) > 1 and n.inputs[1] == t:
+                    data = graph.types[n.inputs[0]]
+                    axis = int(n.attrs.get("axis", 0)) % max(data.rank, 1)
+                    best = data.shape[axis] if best is None else min(best, data.shape[axis])
+                elif n.op in _INDEX_PRESERVING:
+                    todo.extend(o for o in n.outputs if o)
+        if best is not None:
+            bounds[name] = best
+    return bounds
+
+
+def check_feeds(graph: Graph, feeds: Mapping[str, np.ndarray]) -> None:
+    """Raise ShapeError for an input of the wrong kind (floats for integer indices, integers for
+    floats, anything for booleans but booleans) or holding an index out of its gather's range."""
+    unknown = sorted(set(feeds) - set(graph.inputs))
+    missing = [t for t in graph.inputs if t not in feeds]
+    if unknown or missing:
+        raise ShapeError(f"the model takes inputs {list(graph.inputs)}; "
+                         + (f"unknown: {unknown}" if unknown else "") + ("; " if unknown and missing else "")
+                         + (f"missing: {missing}" if missing else ""))
+    for name, v in feeds.items():
+        want = graph.types[name].dtype
+        got = np.asarray(v).dtype
+        kind = "float" if want.is_float else "bool" if want is DType.BOOL else "integer"
+        have = "float" if got.kind == "f" else "bool" if got.kind == "b" else "integer" if got.kind in "iu" else got.kind
+        if have != kind:
+            raise ShapeError(f"input '{name}' holds {got} values; the model takes {want.value}")
+    for name, n in index_bounds(graph).items():
+        if name not in feeds:
+            continue
+        v = np.asarray(feeds[name])
+        if v.size and (v.min() < -n or v.max() >= n):
+            bad = int(v.max()) if v.max() >= n else int(v.min())
+            raise ShapeError(f"input '{name}' holds index {bad}, outside [{-n}, {n}): the size of the dim it "
+                             f"gathers from")
