@@ -23,6 +23,8 @@ from typing import Callable
 
 import torch
 
+from tessera.errors import TesseraError
+
 
 def resnet50() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     import torchvision
@@ -163,7 +165,11 @@ def make(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Tensor,
     if name not in ZOO:
         raise KeyError(f"no zoo model {name!r}; the zoo has {', '.join(ZOO)}")
     torch.manual_seed(seed)
-    model, args = ZOO[name]()
+    try:
+        model, args = ZOO[name]()
+    except ImportError as e:  # torchvision, transformers or timm
+        raise TesseraError(f"zoo model {name} is built with {e.name or 'a package'} that is not installed; "
+                           "pip install -e '.[models]' installs the model-building packages") from None
     return model.eval(), args
 
 
@@ -172,7 +178,11 @@ def build(name: str, out: Path, seed: int = 0) -> Path:
     model, args = make(name, seed)
     path = out / f"{name}.onnx"
     with torch.no_grad():
-        prog = torch.onnx.export(model, args, dynamo=True, optimize=True, verbose=False)
+        try:
+            prog = torch.onnx.export(model, args, dynamo=True, optimize=True, verbose=False)
+        except ImportError as e:  # onnxscript, which the dynamo exporter needs
+            raise TesseraError(f"exporting zoo model {name} needs {e.name or 'onnxscript'}; "
+                               "pip install -e '.[models]' installs it") from None
     prog.save(str(path), external_data=False)
     return path
 

@@ -216,3 +216,21 @@ def test_no_traceback_reaches_the_terminal(place):
     r = subprocess.run([sys.executable, "-m", "tessera", "run", str(place / "gpt2_tiny"), "--inputs",
                         _feeds(place, "g", x=np.full((1, 128), 5000))], capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_zoo_without_model_packages_says_what_to_install(monkeypatch):
+    import builtins
+
+    from tessera import zoo
+    from tessera.errors import TesseraError
+
+    real = builtins.__import__
+
+    def no_torchvision(name, *a, **k):
+        if name.startswith("torchvision"):
+            raise ModuleNotFoundError("No module named 'torchvision'", name="torchvision")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_torchvision)
+    with pytest.raises(TesseraError, match=r"torchvision .*pip install -e '\.\[models\]'"):
+        zoo.make("resnet50")

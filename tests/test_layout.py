@@ -168,8 +168,13 @@ def test_the_cli_says_what_the_layout_pass_chose(tmp_path, capsys):
     from tessera.cli.main import main
 
     onnx.save(conv_model(), tmp_path / "convs.onnx")
-    assert main(["compile", str(tmp_path / "convs.onnx"), "-o", str(tmp_path / "out"), "--cost", "analytical",
+    # fp16: the cast of the float32 input (the model's declared type) writes NHWC itself.
+    assert main(["compile", str(tmp_path / "convs.onnx"), "-o", str(tmp_path / "half"), "--cost", "analytical",
                  "--precision", "fp16"]) == 0
+    assert "layout: 3 of 3 convolutions channels-last (1 of 1 regions), 0 conversions" in capsys.readouterr().out
+    # fp32 forced channels-last: the first convolution reads the input through one conversion kernel.
+    assert main(["compile", str(tmp_path / "convs.onnx"), "-o", str(tmp_path / "out"), "--cost", "analytical",
+                 "--layout", "nhwc"]) == 0
     assert "layout: 3 of 3 convolutions channels-last (1 of 1 regions), 1 conversions" in capsys.readouterr().out
     html = (tmp_path / "out" / "report.html").read_text()
     assert "[0, 2, 3, 1]" in html and "<mark>conversion</mark>" in html  # the report shows both

@@ -1,6 +1,11 @@
 """HiGHS (highspy) backend of the binary program."""
 from __future__ import annotations
 
+import os
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
 import highspy
 import numpy as np
 
@@ -10,7 +15,8 @@ from tessera.orchestrate.blp import INF, Problem, build_rows, full_solution
 def solve_problem(p: Problem, warm: list[int] | None, time_limit: float) -> tuple[list[int], str, float]:
     rows, ycol, lower, upper = build_rows(p)
     n, ncol = len(p.candidates), len(lower)
-    h = highspy.Highs()
+    with _quiet_stdout():  # HiGHS 1.16 prints its banner in the constructor, before any option is set
+        h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit))
     h.setOptionValue("mip_rel_gap", 0.0)
@@ -39,3 +45,18 @@ def solve_problem(p: Problem, warm: list[int] | None, time_limit: float) -> tupl
     x = h.getSolution().col_value
     gap = h.getInfo().mip_gap
     return [c for c in range(n) if x[c] > 0.5], ("optimal" if status == "Optimal" else "time_limit"), gap
+
+
+@contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """Silence file descriptor 1 (C++ writes past Python's sys.stdout) for the block."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
