@@ -92,8 +92,8 @@ def _garbage_plan(a: Path) -> None:
     (a / "plan.json").write_text("[1, 2")
 
 
-def _truncated_graph(a: Path) -> None:
-    g = a / "graph.pkl"
+def _truncated_model(a: Path) -> None:
+    g = a / "model.onnx"
     g.write_bytes(g.read_bytes()[:100])
 
 
@@ -143,10 +143,11 @@ def _cases(p: Path) -> list[tuple[str, list[str], str]]:
         ("--save-outputs into a missing dir", ["run", attn, "--save-outputs", str(p / "nodir" / "o.npz")], "nodir"),
         ("truncated artifact.json", ["run", str(_damaged(p, "attn_s7", _truncate_meta))], "artifact.json is damaged"),
         ("another artifact format", ["run", str(_damaged(p, "attn_s7", _old_format))], "format 0"),
-        ("plan without kernels", ["run", str(_damaged(p, "attn_s7", _no_kernels))], "writes the outputs"),
-        ("plan naming foreign primitives", ["run", str(_damaged(p, "attn_s7", _foreign_prims))], "no_such_primitive"),
-        ("plan.json garbage", ["run", str(_damaged(p, "attn_s7", _garbage_plan))], "damaged"),
-        ("graph truncated", ["run", str(_damaged(p, "attn_s7", _truncated_graph))], "damaged"),
+        ("plan without kernels", ["run", str(_damaged(p, "attn_s7", _no_kernels))], "plan.json was changed"),
+        ("plan naming foreign primitives", ["run", str(_damaged(p, "attn_s7", _foreign_prims))],
+         "plan.json was changed"),
+        ("plan.json garbage", ["run", str(_damaged(p, "attn_s7", _garbage_plan))], "plan.json was changed"),
+        ("model truncated", ["run", str(_damaged(p, "attn_s7", _truncated_model))], "model.onnx was changed"),
         ("not an artifact", ["run", str(p)], "not a tessera artifact"),
         ("db stats on a text file", ["db", "stats", "--db", str(p / "afile")], "not a tessera tuning database"),
         ("db import of a bad line", ["db", "import", str(p / "afile"), "--db", str(p / "t.db")], "line 1"),
@@ -234,3 +235,37 @@ def test_zoo_without_model_packages_says_what_to_install(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_torchvision)
     with pytest.raises(TesseraError, match=r"torchvision .*pip install -e '\.\[models\]'"):
         zoo.make("resnet50")
+
+
+def test_every_file_of_an_artifact_edited_in_turn_is_refused(place, capsys, monkeypatch):
+    """Acceptance: edit or remove each file of an artifact in turn; each time a clear error, never a
+    run. And loading unpickles nothing."""
+    import pickle
+
+    def no_pickle(*a, **k):
+        raise AssertionError("an artifact must not be unpickled")
+
+    monkeypatch.setattr(pickle, "load", no_pickle)
+    monkeypatch.setattr(pickle, "loads", no_pickle)
+    import tessera
+
+    tessera.load(place / "attn_s7")  # the good one loads
+    files = sorted(f.relative_to(place / "attn_s7") for f in (place / "attn_s7").rglob("*") if f.is_file())
+    assert {"plan.json", "model.onnx", "artifact.json", "report.html"} <= {str(f) for f in files}
+    assert any(str(f).startswith("kernels/") for f in files)
+    for rel in files:
+        for how in ("edit", "truncate", "remove"):
+            a = place / f"edited_{how}"
+            if a.exists():
+                shutil.rmtree(a)
+            shutil.copytree(place / "attn_s7", a)
+            f = a / rel
+            if how == "edit":
+                f.write_bytes(f.read_bytes().replace(b"1", b"2", 1) if b"1" in f.read_bytes() else f.read_bytes() + b" ")
+            elif how == "truncate":
+                f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+            else:
+                f.unlink()
+            assert main(["run", str(a)]) == 2, (rel, how)
+            err = capsys.readouterr().err
+            assert err.startswith("tessera: error:") and err.count("\n") == 1 and "Traceback" not in err, (rel, how, err)

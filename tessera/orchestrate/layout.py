@@ -95,6 +95,11 @@ class LayoutResult:
     split_reductions: int = 0  # reductions over strided rows split in two levels (`_split_strided_reductions`)
 
     @property
+    def choices(self) -> list[bool]:
+        """Which regions went channels-last, in order: what `assign_layouts(replay=...)` repeats."""
+        return [bool(r.layout) for r in self.regions]
+
+    @property
     def conversions(self) -> int:
         return sum(r.conversions for r in self.regions)
 
@@ -213,22 +218,27 @@ def price(graph: Graph, region: Region, pricer: LayoutPricer) -> float:
     return gain
 
 
-def assign_layouts(graph: Graph, pricer: LayoutPricer | None, policy: str = "auto") -> LayoutResult:
+def assign_layouts(graph: Graph, pricer: LayoutPricer | None, policy: str = "auto",
+                   replay: list[bool] | None = None) -> LayoutResult:
     """`graph` with a storage layout on every tensor (a new graph when anything changes).
 
     policy "auto" prices each region; "nhwc" stores every region with a convolution channels-last;
-    "nchw" keeps everything row-major.
+    "nchw" keeps everything row-major. `replay` (one flag per region, in `regions` order, as
+    `LayoutResult.choices` gives them) repeats an earlier choice without pricing: how an artifact
+    rebuilds its graph.
     """
     if policy not in LAYOUT_POLICIES:
         raise ValueError(f"layout policy must be one of {LAYOUT_POLICIES}, got {policy!r}")
     found = regions(graph)
-    if policy == "nchw" or not found:
+    if replay is not None and len(replay) != len(found):
+        raise ValueError(f"the saved layout choice covers {len(replay)} regions, the graph has {len(found)}")
+    if (policy == "nchw" and replay is None) or not found:
         return LayoutResult(graph, found)
-    if policy == "auto" and pricer is None:
+    if policy == "auto" and pricer is None and replay is None:
         raise ValueError("layout policy 'auto' needs a pricer")
-    for r in found:
-        r.gain_s = price(graph, r, pricer) if pricer is not None else 0.0
-        if policy == "nhwc" or r.gain_s > 0:
+    for i, r in enumerate(found):
+        r.gain_s = price(graph, r, pricer) if pricer is not None and replay is None else 0.0
+        if (replay[i] if replay is not None else policy == "nhwc" or r.gain_s > 0):
             r.layout = NHWC
     chosen = [r for r in found if r.layout]
     if not chosen:

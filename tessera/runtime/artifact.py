@@ -2,36 +2,88 @@
 
     OUT/plan.json      the plan (kernels, order, buffers, solver statistics)
     OUT/report.html    the plan for a person
-    OUT/graph.pkl      the primitive graph with its constants
-    OUT/model.onnx     the source model, the reference for `tessera run --check`
-    OUT/artifact.json  format version, tessera version, precision, input shapes
+    OUT/kernels/*.py   the generated Triton source, to read
+    OUT/model.onnx     the source model: the weights (stored once) and the reference for --check
+    OUT/artifact.json  format, tessera version, precision, input shapes, the layout choice,
+                       a digest of the primitive graph, and a SHA-256 of every other file
 
-Loading re-plans nothing: the executable is built from the saved graph and plan.
+Nothing in an artifact can run code when loaded: there is no pickle. Loading re-runs the
+deterministic passes from model.onnx (frontend, fission, precision, the layout choice replayed)
+to rebuild the primitive graph, checks it against the digest, and builds the executable from
+plan.json; it re-plans and re-measures nothing. An edited or truncated file, or an artifact
+another tessera built, is refused with the reason, never run.
 """
 from __future__ import annotations
 
+import hashlib
 import json
-import pickle
 from pathlib import Path
 from typing import Any
 
 import onnx
 import torch
 
-from tessera.errors import ModelLoadError
+from tessera.errors import ModelLoadError, TesseraError
+from tessera.fission import fission
+from tessera.frontend import load as frontend_load
 from tessera.ir.graph import Graph
+from tessera.orchestrate.layout import assign_layouts
+from tessera.rewrite import convert_precision
 from tessera.runtime.executable import Executable
+from tessera.version import __version__
 
-FORMAT = 1
+FORMAT = 2  # 2: no pickle; the graph is rebuilt from model.onnx (1 held graph.pkl)
 
 
-def save_artifact(out: Path, graph: Graph, model: onnx.ModelProto, meta: dict[str, Any]) -> None:
-    """Write what `load_artifact` needs beside plan.json (which the caller wrote)."""
+def graph_digest(graph: Graph) -> str:
+    """SHA-256 of everything that defines a primitive graph: nodes, types (with layouts), constants."""
+    h = hashlib.sha256()
+    h.update(json.dumps([graph.inputs, graph.outputs, sorted(graph.opsets.items())]).encode())
+    for n in graph.nodes:
+        h.update(f"{n.name}|{n.op}|{n.inputs}|{n.outputs}|{sorted((k, repr(v)) for k, v in n.attrs.items())}".encode())
+    for t in sorted(graph.types):
+        h.update(f"{t}:{graph.types[t]}".encode())
+    for t in sorted(graph.constants):
+        v = graph.constants[t]
+        h.update(f"{t}:{v.dtype}:{v.shape}".encode())
+        h.update(v.tobytes())
+    return h.hexdigest()
+
+
+def _artifact_files(out: Path) -> list[Path]:
+    """The files a compile writes (other files in the folder are the user's business)."""
+    return [f for f in [out / "plan.json", out / "report.html", out / "model.onnx",
+                        *sorted((out / "kernels").glob("*.py"))] if f.is_file()]
+
+
+def _file_hashes(out: Path) -> dict[str, str]:
+    return {str(f.relative_to(out)): hashlib.sha256(f.read_bytes()).hexdigest() for f in _artifact_files(out)}
+
+
+def rebuild_graph(model_path: Path, meta: dict[str, Any]) -> Graph:
+    """The primitive graph a compile ran, from its source model and the choices it recorded."""
+    loaded = frontend_load(model_path, {k: tuple(v) for k, v in meta["input_shapes"].items()})
+    graph = convert_precision(fission(loaded.graph).graph, meta["precision"])
+    return assign_layouts(graph, None, "nchw", replay=list(meta["layout_choices"])).graph
+
+
+def save_artifact(out: Path, graph: Graph, model: onnx.ModelProto, meta: dict[str, Any],
+                  layout_choices: list[bool]) -> None:
+    """Write model.onnx and artifact.json beside what the caller wrote (plan.json, report, kernels)."""
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "graph.pkl", "wb") as f:
-        pickle.dump(graph, f, protocol=4)
+    stale = out / "graph.pkl"  # format 1's pickle, from an older compile into this folder
+    if stale.exists():
+        stale.unlink()
     onnx.save(model, str(out / "model.onnx"))
-    (out / "artifact.json").write_text(json.dumps({"format": FORMAT, **meta}, indent=1))
+    doc = {"format": FORMAT, **meta, "layout_choices": layout_choices, "graph_digest": graph_digest(graph),
+           "files": _file_hashes(out)}
+    doc["seal"] = _seal(doc)
+    (out / "artifact.json").write_text(json.dumps(doc, indent=1))
+
+
+def _seal(doc: dict[str, Any]) -> str:
+    """A hash of artifact.json's own fields, so an edit to it is caught like an edit to any file."""
+    return hashlib.sha256(json.dumps({k: v for k, v in doc.items() if k != "seal"}, sort_keys=True).encode()).hexdigest()
 
 
 def read_meta(path: Path) -> dict[str, Any]:
@@ -44,20 +96,44 @@ def read_meta(path: Path) -> dict[str, Any]:
         raise ModelLoadError(f"{path}: artifact.json is damaged ({e}); compile the model again") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         got = meta.get("format") if isinstance(meta, dict) else None
-        raise ModelLoadError(f"{path}: artifact format {got} is not {FORMAT}; compile it again")
+        raise ModelLoadError(f"{path}: artifact format {got} is not {FORMAT} (an older tessera wrote it); "
+                             "compile it again")
+    if meta.get("seal") != _seal(meta):
+        raise ModelLoadError(f"{path}: artifact.json was changed after the compile wrote it; compile it again")
+    need = ("precision", "input_shapes", "layout_choices", "graph_digest", "files")
+    if any(k not in meta for k in need):
+        raise ModelLoadError(f"{path}: artifact.json lacks {[k for k in need if k not in meta]}; compile it again")
     return meta
+
+
+def verify_files(path: Path, meta: dict[str, Any]) -> None:
+    """Every file the compile wrote is there and unedited."""
+    if not isinstance(meta["files"], dict) or "plan.json" not in meta["files"] or "model.onnx" not in meta["files"]:
+        raise ModelLoadError(f"{path}: artifact.json lists no files; the artifact is damaged, compile it again")
+    for name, digest in meta["files"].items():
+        f = path / name
+        if not f.is_file():
+            raise ModelLoadError(f"{path}: {name} is missing; the artifact is damaged, compile it again")
+        if hashlib.sha256(f.read_bytes()).hexdigest() != digest:
+            raise ModelLoadError(f"{path}: {name} was changed after the compile wrote it; the artifact is "
+                                 "damaged, compile it again")
 
 
 def load_artifact(path: str | Path, device: str | torch.device = "cpu") -> Executable:
     """The executable saved in `path`, on `device`."""
     path = Path(path)
-    read_meta(path)
+    meta = read_meta(path)
+    verify_files(path, meta)
     try:
-        with open(path / "graph.pkl", "rb") as f:
-            graph = pickle.load(f)
         plan = json.loads((path / "plan.json").read_text())
-    except (OSError, pickle.UnpicklingError, json.JSONDecodeError, EOFError) as e:
+        graph = rebuild_graph(path / "model.onnx", meta)
+    except (OSError, json.JSONDecodeError, ValueError, KeyError, TypeError) as e:
         raise ModelLoadError(f"{path}: the artifact is damaged ({e}); compile it again") from None
+    except TesseraError as e:
+        raise ModelLoadError(f"{path}: model.onnx no longer compiles as it did ({e}); compile it again") from None
+    if graph_digest(graph) != meta["graph_digest"]:
+        raise ModelLoadError(f"{path}: this tessera ({__version__}) rebuilds another graph than the one tessera "
+                             f"{meta.get('tessera')} planned; compile the model again")
     _check_plan(path, graph, plan)
     try:
         return Executable(graph, plan, device)
