@@ -34,10 +34,13 @@ def load(source: Any, input_shapes: Mapping[str, Sequence[int]] | None = None) -
     graph, declared = to_operator_graph(model, label, input_shapes)
     summary = fold_and_infer(graph, declared, label, check_declared=not input_shapes)
     graph.validate()
-    empty = next((t for t, ty in graph.types.items() if ty.numel == 0), None)
+    # An empty input makes every kernel empty (grids of zero programs, divisions by a zero
+    # extent). Empty constants (Resize's unused roi, ReduceSum's empty axes) and an empty slice
+    # in the middle of a graph (it runs as opaque) are fine.
+    empty = next((t for t in graph.inputs if graph.types[t].numel == 0), None)
     if empty is not None:
-        raise ShapeError(f"{label}: tensor '{empty}' has shape {list(graph.types[empty].shape)}, with no elements; "
-                         "tessera compiles no zero-sized tensors")
+        raise ShapeError(f"{label}: input '{empty}' has shape {list(graph.types[empty].shape)}, with no elements; "
+                         "tessera compiles no zero-sized inputs")
     shapes = {i: graph.types[i].shape for i in graph.inputs}
     return LoadedModel(graph, model, label, summary, shapes)
 
