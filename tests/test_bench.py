@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from tessera.bench import bench
 from tessera.cli.main import main
@@ -18,6 +19,7 @@ def test_bench_zoo_model_against_eager(tmp_path, capsys):
     assert all(e["passed"] and e["ms"] > 0 for e in doc["entries"])
     assert doc["entries"][-1]["vs_best_peer"] == 1.0
     assert {"torch", "onnxruntime"} <= set(doc["versions"]) and doc["date"]
+    assert ("note" in doc) == (not torch.cuda.is_available())  # a CPU run says it is no benchmark
     prof = doc["entries"][0]["extra"]["profile"]  # where the plan's time goes, kernel by kernel
     assert prof["top"] and prof["total_cost_us"] >= prof["total_roofline_us"] > 0
     assert sum(b["kernels"] for b in prof["by_backend"].values()) == doc["entries"][0]["extra"]["kernels"]
@@ -63,3 +65,11 @@ def test_zoo_segformer_is_the_shared_segformer_network(tmp_path):
     assert Counter(n.op for n in ours.nodes) == Counter(n.op for n in shared.nodes)
     assert [ours.types[t] for t in ours.inputs] == [shared.types[t] for t in shared.inputs]
     assert [ours.types[t] for t in ours.outputs] == [shared.types[t] for t in shared.outputs]
+
+
+def test_a_cpu_bench_says_it_is_no_benchmark():
+    from tessera.bench import CPU_NOTE, format_table
+
+    doc = {"model": "m", "precision": "fp32", "device": "x86_64", "date": "2026-11-23", "note": CPU_NOTE,
+           "entries": [{"name": "tessera-optimal", "ms": 1.0, "vs_best_peer": None, "rel_l2": 0.0, "passed": True}]}
+    assert format_table(doc).splitlines()[-1] == CPU_NOTE and "not a benchmark" in CPU_NOTE
