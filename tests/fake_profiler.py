@@ -1,7 +1,7 @@
 """A profiler for tests: deterministic fake costs, a log of every measurement, optional slowness.
 
 Run as a script it tunes and plans one model (what a killed-and-resumed tuning run does):
-    python tests/fake_profiler.py MODEL DB LOG  -> prints the plan's kernels as JSON
+    python tests/fake_profiler.py MODEL DB LOG [DELAY [START]]  -> prints the plan's kernels as JSON
 """
 from __future__ import annotations
 
@@ -59,4 +59,6 @@ def plan_with(model: str, db_path: str, log: str | None, delay: float) -> list[l
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 5:  # a start time (epoch seconds): several processes begin tuning together
+        time.sleep(max(0.0, float(sys.argv[5]) - time.time()))
     print(json.dumps(plan_with(sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]) if len(sys.argv) > 4 else 0)))
