@@ -9,7 +9,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -73,12 +73,20 @@ def _positive(text: str) -> float:
     return v
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """Every command's --help states each option's default."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tessera", description="A compiler for deep-learning inference on NVIDIA GPUs.")
     parser.add_argument("--version", action="version", version=f"tessera {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log the passes, partitions, solver and tuning to stderr (-vv: more); or TESSERA_LOG=info")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
 
     p = sub.add_parser("inspect", help="operator and primitive counts, opaque ops, folded constants")
     _add_model_args(p)
@@ -319,17 +327,8 @@ COMMANDS = {"inspect": cmd_inspect, "verify": cmd_verify, "compile": cmd_compile
             "profile": cmd_profile}
 
 
-def _show_defaults(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Every command's --help states each option's default."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for p in action.choices.values():
-                p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
-    return parser
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _show_defaults(build_parser()).parse_args(argv)
+    args = build_parser().parse_args(argv)
     configure_logging(args.verbose)
     try:
         return COMMANDS[args.command](args)

@@ -405,9 +405,8 @@ def rows_strided(graph: Graph, nodes: Sequence[Node]) -> bool:
     if red is None:
         return False
     t = graph.types[red.inputs[0]]
-    order = [d for d in (t.layout or range(t.rank)) if t.shape[d] != 1]
-    axes = {d for d in red.attrs["axes"] if t.shape[d] != 1}
-    return bool(axes) and set(order[len(order) - len(axes):]) != axes
+    axes = red.attrs["axes"]
+    return any(t.shape[d] != 1 for d in axes) and not t.rows_contiguous(axes)
 
 
 def kind_of(nodes: Sequence[Node]) -> str:

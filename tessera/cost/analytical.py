@@ -11,9 +11,10 @@ float tensors move half the bytes and matrix work runs at the fp16 rate.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from tessera.cost.devices import PRECISIONS, Device
-from tessera.ir.graph import Node
+from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import Category, Prim
 from tessera.orchestrate.candidates import Candidate
 from tessera.orchestrate.graphview import OGraph, bits
@@ -48,14 +49,11 @@ class AnalyticalCost:
         self.extra = [self._nchw_conversions(n) for n in og.nodes]
 
     def _nchw_conversions(self, n: Node) -> float:
-        g, d = self.og.graph, self.device
+        g = self.og.graph
         if n.op != Prim.CONV.value or g.types[n.inputs[0]].rank != 4 or not g.types[n.inputs[0]].plain:
             return 0.0
-        if self.precision not in ("tf32", "fp16", "bf16") or g.types[n.inputs[1]].shape[1] < 8:
-            return 0.0
-        moved = g.types[n.inputs[0]].nbytes * self._scale(n.inputs[0]) + g.types[n.outputs[0]].nbytes * \
-            self._scale(n.outputs[0])
-        return 2 * d.launch + 2 * moved / d.bandwidth
+        return cudnn_nchw_conversions(g, n, self.device, self.precision,
+                                      lambda t: g.types[t].nbytes * self._scale(t))
 
     def _flops(self, n: Node) -> tuple[float, float]:
         """(vector FLOPs, matrix-unit FLOPs) of one primitive."""
@@ -108,3 +106,20 @@ class AnalyticalCost:
         compute = vec / self.device.fp32 + mat / self.matrix_rate
         extra = sum(self.extra[i] for i in members)
         return self.device.launch + max((read + written) / self.device.bandwidth, compute) + extra
+
+
+def tensor_cores(graph: Graph, conv: Node, precision: str) -> bool:
+    """Does a library convolution run on the tensor cores? Under tf32/fp16/bf16 math, unless it
+    has fewer than 8 input channels per group (depthwise convolutions run on CUDA cores)."""
+    return precision in ("tf32", "fp16", "bf16") and graph.types[conv.inputs[1]].shape[1] >= 8
+
+
+def cudnn_nchw_conversions(graph: Graph, conv: Node, device: Device, precision: str,
+                           nbytes: Callable[[str], float] | None = None) -> float:
+    """What cuDNN adds around a tensor-core convolution handed NCHW tensors: its kernels are NHWC,
+    so it converts the input before and the result after (two launches, a read and a write of
+    each; `nchwToNhwcKernel` / `nhwcToNchwKernel` in the H100 profile of issue 12)."""
+    if not tensor_cores(graph, conv, precision):
+        return 0.0
+    size = nbytes or (lambda t: float(graph.types[t].nbytes))
+    return 2 * device.launch + 2 * (size(conv.inputs[0]) + size(conv.outputs[0])) / device.bandwidth

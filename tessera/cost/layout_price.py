@@ -18,6 +18,7 @@ import math
 from dataclasses import replace
 from typing import Callable, Sequence
 
+from tessera.cost.analytical import cudnn_nchw_conversions, tensor_cores
 from tessera.cost.db import Key, TuningDB
 from tessera.cost.devices import Device
 from tessera.cost.measured import FAILED_S, Job, Profiler, kernel_signature, math_mode, tune
@@ -26,11 +27,6 @@ from tessera.ir.graph import Graph, Node, TensorType
 
 def _bytes(graph: Graph, t: str) -> float:
     return float(graph.types[t].nbytes)
-
-
-def _tensor_cores(graph: Graph, node: Node, precision: str) -> bool:
-    w = graph.types[node.inputs[1]].shape
-    return precision in ("tf32", "fp16", "bf16") and w[1] >= 8
 
 
 class AnalyticalLayoutPrice:
@@ -44,13 +40,11 @@ class AnalyticalLayoutPrice:
         x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
         ws = graph.types[w].shape
         flops = 2.0 * graph.types[y].numel * ws[1] * math.prod(ws[2:])
-        cores = _tensor_cores(graph, node, self.precision)
+        cores = tensor_cores(graph, node, self.precision)
         rate = (d.tf32 if self.precision == "tf32" else d.fp16) if cores else d.fp32
         moved = _bytes(graph, x) + _bytes(graph, w) + _bytes(graph, y)
         t = d.launch + max(moved / d.bandwidth, flops / rate)
-        if cores and not layout:  # cuDNN converts NCHW operands around its NHWC kernel
-            t += 2 * d.launch + 2 * (_bytes(graph, x) + _bytes(graph, y)) / d.bandwidth
-        return t
+        return t if layout else t + cudnn_nchw_conversions(graph, node, d, self.precision)
 
     def conversion(self, graph: Graph, tensor: str) -> float:
         return self.device.launch + 2 * _bytes(graph, tensor) / self.device.bandwidth

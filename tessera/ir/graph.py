@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -45,13 +45,14 @@ class TensorType:
     @property
     def strides(self) -> tuple[int, ...]:
         """Element strides of each logical dim."""
-        order = self.layout or tuple(range(self.rank))
-        out = [0] * self.rank
-        step = 1
-        for d in reversed(order):
-            out[d] = step
-            step *= self.shape[d]
-        return tuple(out)
+        return layout_strides(self.shape, self.layout)
+
+    def rows_contiguous(self, axes: Iterable[int]) -> bool:
+        """Are the reduced `axes` the innermost dims of the storage order (each row of a
+        reduction over them one contiguous run)? Size-1 dims do not count."""
+        order = [d for d in (self.layout or range(self.rank)) if self.shape[d] != 1]
+        red = {d for d in axes if self.shape[d] != 1}
+        return set(order[len(order) - len(red):]) == red
 
     @property
     def plain(self) -> bool:
@@ -69,6 +70,16 @@ class TensorType:
     def __str__(self) -> str:
         lay = "" if self.plain else "@" + "".join(map(str, self.layout))
         return f"{self.dtype.value}[{'x'.join(map(str, self.shape))}]{lay}"
+
+
+def layout_strides(shape: Sequence[int], layout: Sequence[int] = ()) -> tuple[int, ...]:
+    """Element strides of each logical dim of `shape` stored in the dim order `layout` (row-major when empty)."""
+    out = [0] * len(shape)
+    step = 1
+    for d in reversed(tuple(layout) or range(len(shape))):
+        out[d] = step
+        step *= shape[d]
+    return tuple(out)
 
 
 def _same_memory_order(shape: tuple[int, ...], layout: tuple[int, ...]) -> bool:

@@ -6,7 +6,7 @@ past an embedding's size is no error to a GPU gather, which reads whatever memor
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -46,7 +46,7 @@ def index_bounds(graph: Graph) -> dict[str, int]:
     return bounds
 
 
-def check_feeds(graph: Graph, feeds: Mapping[str, np.ndarray]) -> None:
+def check_feeds(graph: Graph, feeds: Mapping[str, Any]) -> None:
     """Raise ShapeError for an input of the wrong kind (floats for integer indices, integers for
     floats, anything for booleans but booleans) or holding an index out of its gather's range."""
     unknown = sorted(set(feeds) - set(graph.inputs))
@@ -57,16 +57,38 @@ def check_feeds(graph: Graph, feeds: Mapping[str, np.ndarray]) -> None:
                          + (f"missing: {missing}" if missing else ""))
     for name, v in feeds.items():
         want = graph.types[name].dtype
-        got = np.asarray(v).dtype
         kind = "float" if want.is_float else "bool" if want is DType.BOOL else "integer"
-        have = "float" if got.kind == "f" else "bool" if got.kind == "b" else "integer" if got.kind in "iu" else got.kind
-        if have != kind:
-            raise ShapeError(f"input '{name}' holds {got} values; the model takes {want.value}")
+        if _kind(v) != kind:
+            raise ShapeError(f"input '{name}' holds {_dtype_name(v)} values; the model takes {want.value}")
     for name, n in index_bounds(graph).items():
-        if name not in feeds:
+        v = feeds.get(name)
+        if v is None or not _numel(v):
             continue
-        v = np.asarray(feeds[name])
-        if v.size and (v.min() < -n or v.max() >= n):
-            bad = int(v.max()) if v.max() >= n else int(v.min())
+        # Only the index inputs are read back (min and max: two numbers, also from a GPU tensor).
+        lo, hi = int(v.min()), int(v.max())
+        if lo < -n or hi >= n:
+            bad = hi if hi >= n else lo
             raise ShapeError(f"input '{name}' holds index {bad}, outside [{-n}, {n}): the size of the dim it "
                              f"gathers from")
+
+
+def _dtype(v: Any) -> Any:
+    return v.dtype if hasattr(v, "dtype") else np.asarray(v).dtype
+
+
+def _dtype_name(v: Any) -> str:
+    return str(_dtype(v)).replace("torch.", "")
+
+
+def _kind(v: Any) -> str:
+    """float, integer or bool, for a NumPy array or a torch tensor, without copying it."""
+    dt = _dtype(v)
+    if isinstance(dt, np.dtype):
+        return {"f": "float", "b": "bool", "i": "integer", "u": "integer"}.get(dt.kind, dt.kind)
+    if dt.is_floating_point or dt.is_complex:  # a torch.dtype (ir does not import torch)
+        return "float" if dt.is_floating_point else "complex"
+    return "bool" if str(dt) == "torch.bool" else "integer"
+
+
+def _numel(v: Any) -> int:
+    return int(v.numel()) if callable(getattr(v, "numel", None)) else int(np.asarray(v).size)

@@ -25,7 +25,7 @@ How the choice is made:
    on the other side. The pricer is the cost stage's (`cost/layout_price.py`):
    analytical without a GPU, measured convolutions with one.
 3. *Apply.* Region tensors get the layout in their types; conversions are
-   identity TRANSPOSE primitives (`CONVERSION_PERM`) whose output layout
+   identity TRANSPOSE primitives (`is_conversion`) whose output layout
    differs from their input's. Orchestration fuses them into neighbouring
    kernels like any primitive; one left alone is marked a conversion kernel in
    the plan.
@@ -179,40 +179,54 @@ def regions(graph: Graph) -> list[Region]:
     return sorted(out, key=lambda r: order.get(r.tensors[0], -1))
 
 
-def _boundary(graph: Graph, region: Region) -> tuple[list[str], list[str], list[str]]:
+@dataclass
+class _Wiring:
+    """The graph's producer and consumer maps, built once for all regions."""
+
+    consumers: dict[str, list[Node]]
+    producers: dict[str, Node]
+    by_name: dict[str, Node]
+
+    @staticmethod
+    def of(graph: Graph) -> "_Wiring":
+        return _Wiring(graph.consumers(), graph.producers(), {n.name: n for n in graph.nodes})
+
+
+def _boundary(graph: Graph, region: Region, wiring: _Wiring | None = None) -> tuple[list[str], list[str], list[str]]:
     """(tensors needing an explicit conversion, tensors whose view becomes a copy, tensors read or
     written out of order by a generated kernel) if `region` were stored channels-last."""
+    w = wiring or _Wiring.of(graph)
     inside = set(region.tensors)
-    consumers = graph.consumers()
-    producers = graph.producers()
-    convert, unview, strided = [], [], []
-    by_name = {n.name: n for n in graph.nodes}
+    convert: dict[str, None] = {}
+    strided: dict[str, None] = {}
+    unview: list[str] = []
     for c in region.convs:
-        n = by_name[c]
-        convert += [t for t in (n.inputs[0], n.outputs[0]) if t not in inside and t not in convert]
+        n = w.by_name[c]
+        convert.update((t, None) for t in (n.inputs[0], n.outputs[0]) if t not in inside)
     for t in region.tensors:
-        for c in consumers.get(t, []):
+        for c in w.consumers.get(t, []):
             if c.op == Prim.RESHAPE.value and not TensorType(graph.types[t].shape, graph.types[t].dtype, NHWC).plain:
                 unview.append(t)
-            elif c.op not in _AGNOSTIC and not _conv2d(graph, c) and t not in strided:
-                strided.append(t)
-        p = producers.get(t)
-        if p is not None and p.op not in _AGNOSTIC and not _conv2d(graph, p) and t not in strided:
-            strided.append(t)
-    # Row-major tensors that region primitives read (other than the convolutions' own) are read
-    # out of order too.
-    for n in graph.nodes:
-        if n.op in _AGNOSTIC and any(o in inside for o in n.outputs):
-            strided += [t for t in n.inputs if t and t not in inside and t not in graph.constants
-                        and graph.types[t].rank == 4 and graph.types[t].numel > 1 and t not in strided]
-    return convert, unview, strided
+            elif c.op not in _AGNOSTIC and not _conv2d(graph, c):
+                strided[t] = None
+        p = w.producers.get(t)
+        if p is None:
+            continue
+        if p.op not in _AGNOSTIC and not _conv2d(graph, p):
+            strided[t] = None
+        elif p.op in _AGNOSTIC:
+            # Row-major tensors that region primitives read (other than the convolutions' own) are
+            # read out of order too.
+            strided.update((u, None) for u in p.inputs if u and u not in inside and u not in graph.constants
+                           and graph.types[u].rank == 4 and graph.types[u].numel > 1)
+    return list(convert), unview, list(strided)
 
 
-def price(graph: Graph, region: Region, pricer: LayoutPricer) -> float:
+def price(graph: Graph, region: Region, pricer: LayoutPricer, wiring: _Wiring | None = None) -> float:
     """Seconds saved by storing `region` channels-last (negative: it costs)."""
-    by_name = {n.name: n for n in graph.nodes}
-    gain = sum(pricer.conv(graph, by_name[c], ()) - pricer.conv(graph, by_name[c], NHWC) for c in region.convs)
-    convert, unview, strided = _boundary(graph, region)
+    w = wiring or _Wiring.of(graph)
+    gain = sum(pricer.conv(graph, w.by_name[c], ()) - pricer.conv(graph, w.by_name[c], NHWC) for c in region.convs)
+    convert, unview, strided = _boundary(graph, region, w)
     gain -= sum(pricer.conversion(graph, t) for t in convert + unview)
     gain -= sum(pricer.strided(graph, t) for t in strided)
     return gain
@@ -236,8 +250,9 @@ def assign_layouts(graph: Graph, pricer: LayoutPricer | None, policy: str = "aut
         return LayoutResult(graph, found)
     if policy == "auto" and pricer is None and replay is None:
         raise ValueError("layout policy 'auto' needs a pricer")
+    wiring = _Wiring.of(graph)
     for i, r in enumerate(found):
-        r.gain_s = price(graph, r, pricer) if pricer is not None and replay is None else 0.0
+        r.gain_s = price(graph, r, pricer, wiring) if pricer is not None and replay is None else 0.0
         if (replay[i] if replay is not None else policy == "nhwc" or r.gain_s > 0):
             r.layout = NHWC
     chosen = [r for r in found if r.layout]
@@ -269,24 +284,28 @@ def _convert_conv_operands(g: Graph, region: Region) -> int:
         x, y = n.inputs[0], n.outputs[0]
         ins, outs = list(n.inputs), list(n.outputs)
         after: list[Node] = []
-        if x not in inside:
-            xc = f"{x}/{n.name}/nhwc"
-            g.types[xc] = TensorType(g.types[x].shape, g.types[x].dtype, region.layout)
-            nodes.append(Node(f"{n.name}/to_nhwc", Prim.TRANSPOSE.value, (x,), (xc,), {"perm": (0, 1, 2, 3)},
-                              source=n.source))
-            ins[0] = xc
+        if x not in inside:  # x -> x/conv/nhwc, read by the convolution
+            ins[0] = f"{x}/{n.name}/nhwc"
+            nodes.append(_conversion(g, f"{n.name}/to_nhwc", x, ins[0], g.types[x], region.layout, n.source))
             count += 1
-        if y not in inside:
-            yc = f"{y}/nhwc"
-            g.types[yc] = TensorType(g.types[y].shape, g.types[y].dtype, region.layout)
-            after.append(Node(f"{n.name}/from_nhwc", Prim.TRANSPOSE.value, (yc,), (y,), {"perm": (0, 1, 2, 3)},
-                              source=n.source))
-            outs[0] = yc
+        if y not in inside:  # the convolution writes y/nhwc -> y
+            outs[0] = f"{y}/nhwc"
+            after.append(_conversion(g, f"{n.name}/from_nhwc", outs[0], y, g.types[y], region.layout, n.source))
             count += 1
         nodes.append(Node(n.name, n.op, tuple(ins), tuple(outs), dict(n.attrs), n.domain, n.source))
         nodes.extend(after)
     g.nodes = nodes
     return count
+
+
+def _conversion(g: Graph, name: str, src: str, dst: str, logical: TensorType, layout: tuple[int, ...],
+                source: tuple[str, ...]) -> Node:
+    """An identity TRANSPOSE between `src` and `dst`; the new one of the two (not yet typed) is
+    stored in `layout`, the other keeps its row-major type."""
+    for t in (src, dst):
+        if t not in g.types:
+            g.types[t] = TensorType(logical.shape, logical.dtype, layout)
+    return Node(name, Prim.TRANSPOSE.value, (src,), (dst,), {"perm": tuple(range(logical.rank))}, source=source)
 
 
 ALIGN_BYTES = 16  # what cuBLAS and cuDNN want of a leading dimension for their aligned tensor-core kernels
@@ -402,9 +421,9 @@ def _split_plan(g: Graph, n: Node) -> tuple[int, int] | None:
     if t.plain or not t.dtype.is_float:
         return None
     axes = [a for a in n.attrs["axes"] if t.shape[a] != 1]
-    order = [dim for dim in t.layout if t.shape[dim] != 1]
-    if not axes or set(order[len(order) - len(axes):]) == set(axes):
+    if not axes or t.rows_contiguous(axes):
         return None  # rows are contiguous: the ordinary row kernel reads them well
+    order = [dim for dim in t.layout if t.shape[dim] != 1]
     row = math.prod(t.shape[a] for a in axes)
     rows = t.numel // row
     if rows >= MIN_ROWS or row < MIN_ROW:

@@ -60,9 +60,10 @@ def _file_hashes(out: Path) -> dict[str, str]:
     return {str(f.relative_to(out)): hashlib.sha256(f.read_bytes()).hexdigest() for f in _artifact_files(out)}
 
 
-def rebuild_graph(model_path: Path, meta: dict[str, Any]) -> Graph:
-    """The primitive graph a compile ran, from its source model and the choices it recorded."""
-    loaded = frontend_load(model_path, {k: tuple(v) for k, v in meta["input_shapes"].items()})
+def rebuild_graph(model: Path | bytes, meta: dict[str, Any]) -> Graph:
+    """The primitive graph a compile ran, from its source model (a path or its bytes) and the
+    choices it recorded."""
+    loaded = frontend_load(model, {k: tuple(v) for k, v in meta["input_shapes"].items()})
     graph = convert_precision(fission(loaded.graph).graph, meta["precision"])
     return assign_layouts(graph, None, "nchw", replay=list(meta["layout_choices"])).graph
 
@@ -106,28 +107,31 @@ def read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
-def verify_files(path: Path, meta: dict[str, Any]) -> None:
-    """Every file the compile wrote is there and unedited."""
+def verify_files(path: Path, meta: dict[str, Any]) -> dict[str, bytes]:
+    """Every file the compile wrote is there and unedited; returns their contents, read once."""
     if not isinstance(meta["files"], dict) or "plan.json" not in meta["files"] or "model.onnx" not in meta["files"]:
         raise ModelLoadError(f"{path}: artifact.json lists no files; the artifact is damaged, compile it again")
+    contents = {}
     for name, digest in meta["files"].items():
         f = path / name
         if not f.is_file():
             raise ModelLoadError(f"{path}: {name} is missing; the artifact is damaged, compile it again")
-        if hashlib.sha256(f.read_bytes()).hexdigest() != digest:
+        contents[name] = f.read_bytes()
+        if hashlib.sha256(contents[name]).hexdigest() != digest:
             raise ModelLoadError(f"{path}: {name} was changed after the compile wrote it; the artifact is "
                                  "damaged, compile it again")
+    return contents
 
 
 def load_artifact(path: str | Path, device: str | torch.device = "cpu") -> Executable:
     """The executable saved in `path`, on `device`."""
     path = Path(path)
     meta = read_meta(path)
-    verify_files(path, meta)
+    files = verify_files(path, meta)
     try:
-        plan = json.loads((path / "plan.json").read_text())
-        graph = rebuild_graph(path / "model.onnx", meta)
-    except (OSError, json.JSONDecodeError, ValueError, KeyError, TypeError) as e:
+        plan = json.loads(files["plan.json"])
+        graph = rebuild_graph(files["model.onnx"], meta)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError and UnicodeDecodeError too
         raise ModelLoadError(f"{path}: the artifact is damaged ({e}); compile it again") from None
     except TesseraError as e:
         raise ModelLoadError(f"{path}: model.onnx no longer compiles as it did ({e}); compile it again") from None

@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 import torch
 
 from tessera.errors import ResourceError
-from tessera.ir.graph import TensorType
+from tessera.ir.graph import TensorType, layout_strides
 from tessera.runtime.torch_prims import TORCH_DTYPES
 
 ALIGN = 256  # bytes; what cudaMalloc guarantees and vectorized loads like
@@ -87,21 +87,12 @@ def inverse_perm(perm: Sequence[int]) -> list[int]:
     return inv
 
 
-def _strides(shape: tuple[int, ...], layout: tuple[int, ...]) -> list[int]:
-    out = [0] * len(shape)
-    step = 1
-    for d in reversed(layout):
-        out[d] = step
-        step *= shape[d]
-    return out
-
-
 def as_layout(x: torch.Tensor, layout: Sequence[int]) -> torch.Tensor:
     """`x` with the strides of `layout` (row-major when empty): itself when it has them already,
     else a copy. Size-1 dims are ignored, as their stride never moves an address."""
     if not layout:
         return x if x.is_contiguous() else x.contiguous()
-    want = _strides(tuple(x.shape), tuple(layout))
+    want = layout_strides(tuple(x.shape), tuple(layout))
     if all(a == b or n == 1 for a, b, n in zip(x.stride(), want, x.shape)):
         return x
     y = torch.empty([x.shape[d] for d in layout], dtype=x.dtype, device=x.device).permute(*inverse_perm(layout))

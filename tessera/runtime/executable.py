@@ -159,7 +159,7 @@ class Executable:
         if len(args) > len(self.graph.inputs) or set(named) != set(self.graph.inputs):
             raise ShapeError(f"the model takes inputs {self.graph.inputs}, got {list(named) or len(args)}")
         # Kinds and index ranges, as onnxruntime checks them (a GPU gather would read past the end).
-        check_feeds(self.graph, {k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
+        check_feeds(self.graph, {k: v if isinstance(v, (torch.Tensor, np.ndarray)) else np.asarray(v)
                                  for k, v in named.items()})
         feeds = {}
         for name, v in named.items():
