@@ -18,9 +18,10 @@ import json
 import math
 import os
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from tessera.errors import TesseraError
 
@@ -56,6 +57,21 @@ CREATE TABLE IF NOT EXISTS measurements (
 """
 
 
+def _when_unlocked(step: Callable[[], object], wait_s: float = 60.0) -> None:
+    """Run `step`, retrying while another process holds the database. Switching a new file to WAL
+    takes an exclusive lock and SQLite answers "database is locked" at once, without its busy
+    timeout, so two compiles that open one new database together need this (tests/test_tuning.py)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            step()
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 @dataclass(frozen=True)
 class Key:
     device: str
@@ -87,9 +103,9 @@ class TuningDB:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # Autocommit: every put is its own durable transaction.
         self.conn = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
-        self.conn.execute("PRAGMA journal_mode=WAL")
+        _when_unlocked(lambda: self.conn.execute("PRAGMA journal_mode=WAL"))
         self.conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL survives a killed process
-        self.conn.execute(_SCHEMA)
+        _when_unlocked(lambda: self.conn.execute(_SCHEMA))
 
     def close(self) -> None:
         self.conn.close()
