@@ -73,3 +73,36 @@ def test_a_cpu_bench_says_it_is_no_benchmark():
     doc = {"model": "m", "precision": "fp32", "device": "x86_64", "date": "2026-11-23", "note": CPU_NOTE,
            "entries": [{"name": "tessera-optimal", "ms": 1.0, "vs_best_peer": None, "rel_l2": 0.0, "passed": True}]}
     assert format_table(doc).splitlines()[-1] == CPU_NOTE and "not a benchmark" in CPU_NOTE
+
+
+def test_zoo_batchnorms_get_the_statistics_of_their_activations():
+    # Random weights with default BatchNorm statistics let activations drift layer by layer (fp16
+    # MobileNet-V2 underflowed to 0, Inception-V3 overflowed): calibrated, each BatchNorm's output
+    # on fresh inputs has about zero mean and unit variance per channel, as in a trained network.
+    import torch
+
+    from tessera.zoo import calibrate_batchnorm
+
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for i in range(6):
+        conv = torch.nn.Conv2d(8, 8, 3, padding=1)
+        torch.nn.init.normal_(conv.weight, std=2.0)  # each layer grows activations about 17x
+        layers += [conv, torch.nn.BatchNorm2d(8), torch.nn.ReLU()]
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), *layers).eval()
+    seen: list[torch.Tensor] = []
+    for m in model:
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.register_forward_hook(lambda mod, inp, out: seen.append(out))
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        model(x)
+    assert max(float(o.abs().max()) for o in seen) > 1e4  # uncalibrated: the drift is real
+    assert calibrate_batchnorm(model, (x,)) == 6
+    assert not model.training and not any(m.training for m in model.modules())
+    seen.clear()
+    with torch.no_grad():
+        model(torch.randn(1, 3, 32, 32))
+    for o in seen:
+        mean, std = o.mean(dim=(0, 2, 3)), o.std(dim=(0, 2, 3))
+        assert float(mean.abs().max()) < 0.5 and 0.5 < float(std.mean()) < 1.5

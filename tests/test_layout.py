@@ -313,7 +313,7 @@ def test_kernels_are_timed_on_inputs_already_in_their_layout():
 def test_long_reductions_over_few_strided_rows_split_in_two_levels(monkeypatch):
     # InstanceNorm of an NHWC tensor: N*C rows, each H*W long and C apart. With few rows a row
     # kernel has no parallelism, so each reduction becomes a partial reduction over (s, H/s)
-    # splits and a small second level. Same values; candy at 224x224 splits 8 reductions.
+    # splits and a small second level. Same values; candy at 224x224 splits 30 reductions.
     import tessera.orchestrate.layout as layout
 
     monkeypatch.setattr(layout, "MIN_ROW", 64)
@@ -330,3 +330,38 @@ def test_long_reductions_over_few_strided_rows_split_in_two_levels(monkeypatch):
     partial = [n for n in result.graph.nodes if n.name.endswith("/partial")]
     assert partial and all(result.graph.types[n.inputs[0]].rank == 5 for n in partial)
     assert _check(result, seed=5) < TOLERANCE["fp32"]
+
+
+def test_strided_rows_are_numbered_in_storage_order():
+    # Rows of a reduction over H and W of an NHWC tensor are its channels: a block of rows is a run
+    # of neighbouring channels only if row x+1 sits next to row x in memory. Numbered in the
+    # logical order (n, c, h of a split norm) neighbours were H*W*C apart and no load coalesced.
+    import re
+
+    import tessera.orchestrate.layout as layout
+
+    for split in (False, True):
+        model = graph_model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                             helper.make_node("InstanceNormalization", ["c", "s", "b"], ["out"])],
+                            {"x": rand(1, 4, 12, 10), "w": Const(rand(24, 4, 3, 3, seed=1)),
+                             "s": Const(rand(24, seed=2)), "b": Const(rand(24, seed=3))}, ["out"], opset=13)
+        with pytest.MonkeyPatch.context() as mp:
+            if split:
+                mp.setattr(layout, "MIN_ROW", 64)
+                mp.setattr(layout, "TARGET_ROWS", 96)
+                mp.setattr(layout, "MIN_PART", 8)
+            result = compile_model(model, CompileOptions(cost="analytical", layout="nhwc"))
+        assert result.layouts.split_reductions == (2 if split else 0)
+        reds = [impl for impl in result.kernels if impl.triton and impl.triton.strided]
+        assert reds
+        for impl in reds:
+            src = impl.triton.source
+            exprs = dict(re.findall(r"^\s*(i\d+) = (.*)$", src, re.M))
+            loads = re.findall(r"tl\.load\(in\d+ \+ (i\d+)", src)
+            strided = [exprs[i] for i in loads if i in exprs and "rindex" in exprs[i]]
+            assert strided, src
+            for e in strided:
+                r = {k: 0 for k in re.findall(r"rindex\d+", e)}
+                at = [eval(e, {}, {"xindex": x, **r}) for x in (0, 1)]  # noqa: S307 - our own generated index
+                assert at[1] - at[0] == 1, (impl.name, e)
+        assert _check(result, seed=7) < TOLERANCE["fp32"]

@@ -35,7 +35,8 @@ from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import REDUCTIONS, Prim
 
 # Bump when generated code changes: it is part of every tuning-database key.
-CODEGEN_VERSION = 3  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts
+CODEGEN_VERSION = 4  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts;
+# 4: reduction rows numbered in storage order
 
 # Elements one program holds in registers per value (fp32: 16 KiB).
 BLOCK_ELEMENTS = 4096
@@ -262,10 +263,17 @@ def _reduction(k: _Kernel, sched: Schedule) -> tuple[list[str], int, int]:
     header = ["pid = tl.program_id(0)", "xindex = pid * XBLOCK + tl.arange(0, XBLOCK)[:, None]",
               f"xmask = xindex < {xnumel}"]
     em.cond_deps["xmask"] = xdep
-    xc = ix.unravel(Ix("xindex", None, xnumel, xdep), [shape[d] for d in outer])
+    # Rows are numbered in the storage order of the reduced tensor, so that neighbouring rows of
+    # a block are neighbours in memory: over strided rows (H and W of NHWC) that is what makes a
+    # [XBLOCK, RBLOCK] load coalesced. Row-major tensors number them as before.
+    xorder = _row_order(g, reds, outer)
+    xc = ix.unravel(Ix("xindex", None, xnumel, xdep), [shape[d] for d in xorder])
     row_index = [Ix.of(0)] * len(shape)
-    for d, c in zip(outer, xc):
+    for d, c in zip(xorder, xc):
         row_index[d] = c
+    # The row's number in the logical (row-major) order, which per-row outputs are indexed by.
+    logical_row = (Ix("xindex", None, xnumel, xdep) if xorder == outer
+                   else ix.ravel([row_index[d] for d in outer], [shape[d] for d in outer]))
     natural = tuple(i.expr for i in row_index)
 
     def open_row(tag: str) -> tuple[list[Ix], str]:
@@ -356,12 +364,20 @@ def _reduction(k: _Kernel, sched: Schedule) -> tuple[list[str], int, int]:
         if o in per_element or o in planes:
             continue
         t = g.types[o]
-        row = Ix("xindex", None, xnumel, xdep)
+        row = logical_row
         coords = ix.unravel(row, t.shape)
-        at = row if t.plain else em.index_var(ix.ravel_stored(coords, t.shape, t.layout))
+        at = row if t.plain and xorder == outer else em.index_var(ix.ravel_stored(coords, t.shape, t.layout))
         v = em.value(o, coords, frozenset({"xmask"}))
         k.store(o, at, v, frozenset({"xmask"}), "[XBLOCK, 1]", xdep)
     return header, xnumel, rnumel
+
+
+def _row_order(g: Graph, reds: Sequence[Node], outer: list[int]) -> list[int]:
+    """The kept dims in the storage order of the first reduction's input (logical order if plain)."""
+    t = g.types[reds[0].inputs[0]]
+    if t.plain:
+        return list(outer)
+    return [d for d in t.layout if d in outer]
 
 
 def _reduce_ancestors(n: Node, k: _Kernel, by_out: dict[str, Node]) -> list[str]:

@@ -366,10 +366,12 @@ def _pad_conv_channels(g: Graph, region: Region) -> int:
 # A reduction over strided rows (H and W of an NHWC tensor) is fast only with many rows side by
 # side in a block, and InstanceNorm has N*C rows (32 in candy): one or two programs for the whole
 # GPU. Below MIN_ROWS rows such a reduction is split in two levels.
+# Thresholds from candy fp16 on the H100 (scripts/results/layout_probe/): splitting its 56x56 norms
+# too (MIN_ROW 8192 -> 2048, MIN_PART 64 -> 32) took its generated kernels from 202 to 141 µs.
 MIN_ROWS = 2048
-MIN_ROW = 8192  # elements per row worth splitting
+MIN_ROW = 2048  # elements per row worth splitting
 TARGET_ROWS = 4096  # rows of the first level
-MIN_PART = 64  # elements each first-level row still reduces
+MIN_PART = 32  # elements each first-level row still reduces
 
 
 def _split_strided_reductions(g: Graph) -> int:
