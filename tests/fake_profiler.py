@@ -5,6 +5,7 @@ Run as a script it tunes and plans one model (what a killed-and-resumed tuning r
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -42,6 +43,41 @@ class FakeProfiler:
             else:
                 record(i, 1e-6 + (int(j.key.signature[:6], 16) % 1000) * 1e-8 * len(j.prims), "")
             self._write(f"end {j.key.signature}")
+
+
+def fake_seconds(job: tuple[str, int, bool]) -> tuple[float, str, int]:
+    """FakeProfiler's cost of one job (signature, primitive count, fails), computed where it runs:
+    returns (seconds, why, the pid of the process that computed it)."""
+    signature, prims, fails = job
+    if fails:
+        return math.inf, "fake failure", os.getpid()
+    return 1e-6 + (int(signature[:6], 16) % 1000) * 1e-8 * prims, "", os.getpid()
+
+
+class PooledFakeProfiler(FakeProfiler):
+    """FakeProfiler's costs, each computed in a worker of a `tessera.cost.worker` pool: the path
+    GpuProfiler's workers start by, without a GPU. `worker_pids` names the processes that measured."""
+
+    def __init__(self, workers: int = 2, log: str | None = None, fail: frozenset[str] = frozenset()) -> None:
+        from tessera.cost.worker import WorkerPool
+
+        super().__init__(log, 0.0, fail)
+        self.pool = WorkerPool(workers)
+        self.worker_pids: set[int] = set()
+
+    def measure(self, jobs: Sequence[Job], record: Record) -> None:
+        payloads = [(j.key.signature, len(j.prims), j.key.signature in self.fail) for j in jobs]
+        with contextlib.closing(self.pool.run(fake_seconds, payloads, timeout_s=60)) as outcomes:
+            for o in outcomes:
+                if not o.ok:
+                    raise RuntimeError(f"job {o.index}: {o.error or o.died}")
+                seconds, why, pid = o.value
+                self.calls += 1
+                self.worker_pids.add(pid)
+                record(o.index, seconds, why)
+
+    def close(self) -> None:
+        self.pool.close()
 
 
 def plan_with(model: str, db_path: str, log: str | None, delay: float) -> list[list[str]]:

@@ -18,25 +18,27 @@ processes so that a crash or GPU fault kills a worker, not the compile:
    graph measures the GPU work, not Python's launch latency (DESIGN.md,
    "Measuring performance").
 
-A worker that dies takes its batch with it; the batch is re-run one job per
-fresh worker, so only the job that kills a worker alone is marked failed.
-A job that outlives `timeout_s` is marked failed and its worker killed.
+The workers are `cost/worker.py`'s processes, started from tessera's own code:
+unlike multiprocessing's "spawn" workers they never import the user's
+`__main__`, so a script without `if __name__ == "__main__":` can tune.
+A worker holds one job at a time. A worker that dies (a crash, or `_check_context`
+finding the CUDA context poisoned) or outlives `timeout_s` (it is killed) takes
+that job with it, and a fresh worker takes its place for the rest of the batch;
+the job is re-run alone in another fresh worker, so only a job that kills a
+worker (or times out) alone is marked failed.
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import contextlib
 import fcntl
 import math
-import multiprocessing as mp
 import os
 import tempfile
-import threading
 import time
-from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from tessera.cost.measured import Job
+from tessera.cost.worker import WorkerPool
 from tessera.ir.graph import Graph, GraphKind
 
 LAUNCHES = 20
@@ -251,33 +253,26 @@ def visible_gpus(count: int) -> list[str]:
     return listed[:count] if len(listed) >= count else [str(i) for i in range(count)]
 
 
-def _exit_with_parent() -> None:
-    """Exit when the compile that started this worker is gone. A compile killed with SIGKILL
-    cannot stop its pool, and the workers' queues never report the loss (each worker holds
-    both ends), so orphans would keep their CUDA contexts and host memory indefinitely."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="tessera-parent-watch", daemon=True).start()
-
-
-def _init_worker(gpu_queue: Any, lock_dir: str | None) -> None:
+def _init_worker(gpu: str | None, lock_dir: str | None) -> None:
+    """Per worker: its GPU (the pool also sets CUDA_VISIBLE_DEVICES before the worker starts) and,
+    for timing workers, that GPU's lock."""
     global _LOCK_PATH, _GPU
-    _exit_with_parent()
     # Measured kernels are compiled for the GPU, whatever the parent chose for itself.
     os.environ.pop("TRITON_INTERPRET", None)
-    if gpu_queue is not None:
-        _GPU = gpu_queue.get()
-        os.environ["CUDA_VISIBLE_DEVICES"] = _GPU
+    if gpu is not None:
+        _GPU = gpu
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     else:
         _GPU = visible_gpus(1)[0]
     if lock_dir is not None:
         # Named by the machine's number: compiles that see the GPUs differently still share its lock.
         _LOCK_PATH = os.path.join(lock_dir, f"gpu{_GPU}.lock")
+
+
+def worker_env(gpu: str | None) -> dict[str, str | None]:
+    """A worker's environment changes: never Triton's interpreter (it is read when kernels are
+    defined, so it must be gone before tessera is imported), and its GPU where there are several."""
+    return {"TRITON_INTERPRET": None, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
 
 
 class GpuProfiler:
@@ -293,88 +288,80 @@ class GpuProfiler:
         self.gpus = max(1, torch.cuda.device_count())
         self.workers = build_workers(workers)
         self.timeout_s = timeout_s
-        self.ctx = mp.get_context("spawn")
-        self._pools: dict[str, cf.ProcessPoolExecutor] = {}
+        self._pools: dict[str, WorkerPool] = {}
         # One lock per GPU for the whole machine: two compiles tuning at once also take turns.
         self._lock_dir = os.path.join(tempfile.gettempdir(), "tessera-gpu-locks")
         os.makedirs(self._lock_dir, exist_ok=True)
         self.stats: dict[str, float] = {}
 
-    def _pool(self, kind: str, n: int) -> cf.ProcessPoolExecutor:
+    def _new_pool(self, kind: str, n: int) -> WorkerPool:
+        """n workers, round robin over the GPUs by slot (a replaced worker keeps its GPU)."""
+        gpus = visible_gpus(self.gpus)
+
+        def gpu(slot: int) -> str | None:
+            return gpus[slot % self.gpus] if self.gpus > 1 else None
+
+        lock_dir = self._lock_dir if kind == "time" else None
+        return WorkerPool(n, _init_worker, lambda slot: (gpu(slot), lock_dir), env=lambda slot: worker_env(gpu(slot)))
+
+    def _pool(self, kind: str, n: int) -> WorkerPool:
         if kind not in self._pools:
-            queue = None
-            if self.gpus > 1:
-                queue = self.ctx.Queue()
-                gpus = visible_gpus(self.gpus)
-                for i in range(n):
-                    queue.put(gpus[i % self.gpus])
-            lock_dir = self._lock_dir if kind == "time" else None
-            self._pools[kind] = cf.ProcessPoolExecutor(n, mp_context=self.ctx, initializer=_init_worker,
-                                                       initargs=(queue, lock_dir))
+            self._pools[kind] = self._new_pool(kind, n)
         return self._pools[kind]
 
     def _kill(self, kind: str) -> None:
         pool = self._pools.pop(kind, None)
         if pool is not None:
-            for p in list(getattr(pool, "_processes", {}).values()):
-                p.kill()
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.kill()
 
     def close(self) -> None:
         for kind in list(self._pools):
-            self._kill(kind)
+            self._pools.pop(kind).close()
 
     def _add(self, stages: dict[str, float]) -> None:
         for k, v in stages.items():
             self.stats[k] = self.stats.get(k, 0.0) + v
 
-    def _run(self, kind: str, fn: Any, jobs: Sequence[Payload], workers: int,
-             on_result: Any) -> None:
+    def _run(self, kind: str, fn: Callable[[Payload], Result], jobs: Sequence[Payload], workers: int,
+             on_result: Callable[[int, tuple[float, str]], None]) -> None:
         """Run fn over jobs; on_result(i, (seconds, why)) per job in completion order."""
         t0 = time.perf_counter()
-        pending = list(range(len(jobs)))
-        while pending:
-            pool = self._pool(kind, workers)
-            futs = {pool.submit(fn, jobs[i]): i for i in pending}
-            pending = []
-            broken = False
-            try:
-                for f in cf.as_completed(futs, timeout=self.timeout_s * max(1, len(futs) / workers)):
-                    i = futs[f]
-                    try:
-                        seconds, why, stages = f.result()
-                    except BrokenProcessPool:
-                        broken = True
-                        pending.append(i)
-                        continue
-                    self._add(stages)
-                    on_result(i, (seconds, why))
-            except cf.TimeoutError:
-                broken = True
-                pending += [i for f, i in futs.items() if not f.done()]
-            if broken:
-                self._kill(kind)
-                # What a dead or stuck worker took down is retried one job per fresh worker:
-                # only the job that kills a worker alone is marked failed.
-                for i in pending:
-                    on_result(i, self._alone(fn, jobs[i]))
-                pending = []
+        lost: list[int] = []
+        try:
+            with contextlib.closing(self._pool(kind, workers).run(fn, jobs, self.timeout_s)) as outcomes:
+                for o in outcomes:
+                    if o.died is not None:
+                        lost.append(o.index)
+                    elif o.error is not None:  # fn itself failed (it catches the candidate's errors)
+                        on_result(o.index, (math.inf, f"{kind}: {type(o.error).__name__}: {o.error}"[:500]))
+                    else:
+                        seconds, why, stages = o.value
+                        self._add(stages)
+                        on_result(o.index, (seconds, why))
+        except BaseException:
+            self._kill(kind)  # workers may hold jobs no one waits for
+            raise
+        # What a dead or stuck worker took down is retried one job per fresh worker:
+        # only the job that kills a worker alone is marked failed.
+        for i in lost:
+            on_result(i, self._alone(kind, fn, jobs[i]))
         self._add({f"{kind}_phase": time.perf_counter() - t0})
 
-    def _alone(self, fn: Any, job: Payload) -> tuple[float, str]:
-        pool = cf.ProcessPoolExecutor(1, mp_context=self.ctx, initializer=_init_worker, initargs=(None, None))
+    def _alone(self, kind: str, fn: Callable[[Payload], Result], job: Payload) -> tuple[float, str]:
+        pool = self._new_pool(kind, 1)
         try:
-            seconds, why, stages = pool.submit(fn, job).result(timeout=self.timeout_s)
-            self._add(stages)
-            return seconds, why
-        except cf.TimeoutError:
-            return math.inf, f"timeout after {self.timeout_s:.0f}s"
-        except BrokenProcessPool:
-            return math.inf, "the worker died measuring it (a GPU fault or a crash)"
+            (o,) = list(pool.run(fn, [job], self.timeout_s))
         finally:
-            for p in list(getattr(pool, "_processes", {}).values()):
-                p.kill()
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.kill()
+        if o.timed_out:
+            return math.inf, f"timeout after {self.timeout_s:.0f}s"
+        if o.died is not None:
+            return math.inf, f"the worker died measuring it (a GPU fault or a crash; {o.died})"
+        if o.error is not None:
+            return math.inf, f"{kind}: {type(o.error).__name__}: {o.error}"[:500]
+        seconds, why, stages = o.value
+        self._add(stages)
+        return seconds, why
 
     def measure(self, jobs: Sequence[Job], record: Any) -> None:
         payloads = [kernel_graph(j) for j in jobs]  # small: only the kernel's own constants travel
