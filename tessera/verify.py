@@ -1,16 +1,33 @@
 """Verification against onnxruntime: the model vs what a tessera stage computes.
 
-`verify(model, stage="fission")` runs the original model in onnxruntime and the
-primitive graph in the float64 reference interpreter on the same fresh random
-inputs, and reports the relative L2 error of every output.
+`verify(model, stage="fission", precision=P)` runs the original model in onnxruntime and the
+primitive graph in the reference interpreter at precision P on the same fresh random inputs,
+and reports the relative L2 error of every output against P's tolerance. What runs at each P
+(`ARITHMETIC`):
+- fp32: the primitive graph in float64 (the exact reference; float32's rounding is far below
+  the fp32 tolerance);
+- tf32: float64, with the operands of every conv and matmul rounded to TF32 (10 mantissa bits),
+  as tensor cores read them;
+- fp16: the graph after the precision pass (`rewrite/precision.py`), every tensor it stores in
+  float16 held in float16 (sums and products accumulate in float32). That rounds every
+  intermediate value, where a compiled kernel keeps the values inside it in float32: it is
+  the precision's floor for this model, stricter than any plan;
+- bf16: likewise in bfloat16 (values computed in float32, every stored tensor rounded).
+
+`verify_kernels(exe, feeds)` checks a compiled executable kernel by kernel (`tessera verify
+ARTIFACT --per-kernel`): every kernel's outputs against the float64 reference interpreter's
+values of the same tensors, in plan order, naming the first kernel that diverges.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -18,14 +35,27 @@ import onnxruntime as ort
 from tessera.errors import TesseraError
 from tessera.fission import OpaqueOp, fission
 from tessera.frontend import LoadedModel, load
-from tessera.ir import interp
+from tessera.ir import interp, interp_linear
 from tessera.ir.dtype import DType
-from tessera.ir.graph import Graph
+from tessera.ir.graph import Graph, Node
 from tessera.ir.indices import index_bounds
 from tessera.ir.onnx_export import to_onnx
+from tessera.ir.prims import Prim
+from tessera.rewrite import convert_precision
 from tessera.tolerance import TOLERANCE, passes, rel_l2
 
+if TYPE_CHECKING:
+    from tessera.runtime.executable import Executable
+
 STAGES = ("frontend", "fission")
+
+# What the reference interpreter computes at each --precision (see the module doc).
+ARITHMETIC = {
+    "fp32": "float64 (exact reference)",
+    "tf32": "float64, conv/matmul operands rounded to TF32",
+    "fp16": "float16 storage after the precision pass: every stored tensor rounded to float16",
+    "bf16": "bfloat16 storage after the precision pass: every stored tensor rounded to bfloat16",
+}
 
 # Ops through which an integer tensor keeps its meaning as an index.
 @dataclass
@@ -45,6 +75,7 @@ class VerifyReport:
     outputs: list[OutputCheck] = field(default_factory=list)
     opaque: list[OpaqueOp] = field(default_factory=list)
     seconds: float = 0.0
+    arithmetic: str = ""  # what computed the stage's outputs
 
     @property
     def passed(self) -> bool:
@@ -52,6 +83,7 @@ class VerifyReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {"model": self.model, "stage": self.stage, "precision": self.precision, "seed": self.seed,
+                "arithmetic": self.arithmetic,
                 "tolerance": TOLERANCE[self.precision], "passed": self.passed, "seconds": round(self.seconds, 3),
                 "outputs": [{"name": o.name, "shape": list(o.shape), "rel_l2": o.rel_l2, "passed": o.passed}
                             for o in self.outputs],
@@ -88,9 +120,15 @@ def run_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> 
 
 def verify(source: Any, stage: str = "fission", input_shapes: Mapping[str, Sequence[int]] | None = None,
            seed: int | None = None, precision: str = "fp32") -> VerifyReport:
-    """Compare one stage's output with onnxruntime on fresh random inputs."""
+    """Compare one stage's output with onnxruntime on fresh random inputs; the fission stage runs
+    at `precision` (see the module doc), the frontend stage in onnxruntime (fp32 only)."""
     if stage not in STAGES:
         raise TesseraError(f"unknown stage '{stage}'; choose one of {', '.join(STAGES)}")
+    if precision not in TOLERANCE:
+        raise TesseraError(f"unknown precision '{precision}'; choose one of {', '.join(TOLERANCE)}")
+    if stage == "frontend" and precision != "fp32":
+        raise TesseraError(f"--precision {precision} runs the primitive graph at {precision} (--stage fission); "
+                           "--stage frontend runs the operator graph in onnxruntime at the model's own dtypes")
     start = time.perf_counter()
     loaded = source if isinstance(source, LoadedModel) else load(source, input_shapes)
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
@@ -98,13 +136,207 @@ def verify(source: Any, stage: str = "fission", input_shapes: Mapping[str, Seque
     ref = run_onnxruntime(loaded.model, feeds)
     report = VerifyReport(model=loaded.label, stage=stage, precision=precision, seed=seed)
     if stage == "frontend":
+        report.arithmetic = "onnxruntime (the folded operator graph)"
         got = run_onnxruntime(to_onnx(loaded.graph), feeds)
     else:
         result = fission(loaded.graph)
         report.opaque = result.opaque
-        got = interp.run(result.graph, feeds, exact=True)
+        report.arithmetic = ARITHMETIC[precision]
+        got = run_at_precision(result.graph, feeds, precision)
     for name in loaded.graph.outputs:
         err = rel_l2(got[name], ref[name])
         report.outputs.append(OutputCheck(name, tuple(np.shape(ref[name])), err, passes(err, precision)))
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def run_at_precision(graph: Graph, feeds: Mapping[str, np.ndarray], precision: str) -> dict[str, np.ndarray]:
+    """The outputs of a primitive graph (before the precision pass) computed at `precision` by the
+    reference interpreter, as `ARITHMETIC` says."""
+    if precision == "fp32":
+        return interp.run(graph, feeds, exact=True)
+    if precision == "tf32":
+        with _tf32_operands():
+            return interp.run(graph, feeds, exact=True)
+    narrow = convert_precision(graph, precision)
+    if precision == "bf16":
+        narrow = _round_bf16_storage(narrow)
+    return interp.run(narrow, feeds, exact=False)
+
+
+def to_tf32(a: np.ndarray) -> np.ndarray:
+    """Values rounded to TF32 (float32 with 10 mantissa bits; to nearest, ties away), as float64."""
+    b = np.asarray(a, np.float32).copy().view(np.uint32)
+    b += np.uint32(0x1000)
+    b &= np.uint32(0xFFFFE000)
+    return b.view(np.float32).astype(np.float64)
+
+
+_LINEAR_SWAP = threading.Lock()
+
+
+@contextlib.contextmanager
+def _tf32_operands() -> Iterator[None]:
+    """The interpreter's conv and matmul kernels read their operands rounded to TF32 (one caller
+    at a time: the kernels are module functions)."""
+    conv, conv_t, matmul = interp_linear.conv, interp_linear.conv_transpose, interp_linear.matmul
+    with _LINEAR_SWAP:
+        interp_linear.conv = lambda x, w, *a: conv(to_tf32(x), to_tf32(w), *a)
+        interp_linear.conv_transpose = lambda x, w, *a: conv_t(to_tf32(x), to_tf32(w), *a)
+        interp_linear.matmul = lambda x, w: matmul(to_tf32(x), to_tf32(w))
+        try:
+            yield
+        finally:
+            interp_linear.conv, interp_linear.conv_transpose, interp_linear.matmul = conv, conv_t, matmul
+
+
+def _round_bf16_storage(graph: Graph) -> Graph:
+    """The interpreter holds bfloat16 tensors in float32 and rounds only at a CAST: give every
+    node that writes a bfloat16 tensor a rounding CAST after it, and round the constants, so each
+    stored value is one bfloat16 can hold (as in the executable's memory)."""
+    g = graph.clone()
+    bf16 = DType.BFLOAT16
+    g.constants = {t: (v.astype(ml_dtypes.bfloat16).astype(np.float32) if g.types[t].dtype is bf16 else v)
+                   for t, v in g.constants.items()}
+    nodes: list[Node] = []
+    for n in graph.nodes:
+        rounds = n.op == Prim.CAST.value and n.attrs.get("dtype") == bf16.value
+        raw = {t: f"{t}/unrounded" for t in n.outputs if t and not rounds and g.types[t].dtype is bf16}
+        nodes.append(Node(n.name, n.op, n.inputs, tuple(raw.get(t, t) for t in n.outputs), n.attrs, n.domain,
+                          n.source))
+        for t, r in raw.items():
+            g.types[r] = g.types[t]
+            nodes.append(Node(f"{n.name}/round_bf16/{t}", Prim.CAST.value, (r,), (t,), {"dtype": bf16.value},
+                              source=n.source))
+    g.nodes = nodes
+    return g
+
+
+# ---- kernel by kernel (`tessera verify ARTIFACT --per-kernel`) ------------------------------
+@dataclass
+class TensorCheck:
+    name: str
+    rel_l2: float
+    passed: bool
+
+
+@dataclass
+class KernelCheck:
+    index: int
+    name: str
+    backend: str
+    prims: list[str]
+    source_nodes: list[str]
+    tensors: list[TensorCheck] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(t.passed for t in self.tensors)
+
+    @property
+    def worst(self) -> TensorCheck | None:
+        """The output furthest from the reference (a failing one first)."""
+        if not self.tensors:
+            return None
+        return max(self.tensors, key=lambda t: (not t.passed, t.rel_l2 if np.isfinite(t.rel_l2) else np.inf))
+
+
+@dataclass
+class KernelReport:
+    model: str
+    precision: str
+    seed: int | None
+    propagate: bool
+    device: str
+    kernels: list[KernelCheck] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return all(k.passed for k in self.kernels)
+
+    @property
+    def first_failure(self) -> KernelCheck | None:
+        return next((k for k in self.kernels if not k.passed), None)
+
+    @property
+    def tolerance(self) -> float:
+        return TOLERANCE[self.precision]
+
+    @property
+    def mode(self) -> str:
+        return "propagated" if self.propagate else "isolated"
+
+    def as_dict(self) -> dict[str, Any]:
+        first = self.first_failure
+        return {"model": self.model, "precision": self.precision, "seed": self.seed, "mode": self.mode,
+                "device": self.device, "tolerance": self.tolerance, "passed": self.passed,
+                "seconds": round(self.seconds, 3),
+                "first_failure": None if first is None else first.name,
+                "kernels": [{"index": k.index, "name": k.name, "backend": k.backend, "prims": k.prims,
+                             "source_nodes": k.source_nodes, "passed": k.passed,
+                             "max_rel_l2": None if k.worst is None else k.worst.rel_l2,
+                             "tensors": [{"name": t.name, "rel_l2": t.rel_l2, "passed": t.passed}
+                                         for t in k.tensors]} for k in self.kernels]}
+
+
+def _host(x: Any) -> np.ndarray:
+    """A torch tensor as a NumPy array (floats in float64) that owns its memory."""
+    import torch
+
+    x = x.detach()
+    if x.dtype.is_floating_point:
+        return x.to("cpu", torch.float64).numpy()
+    return x.cpu().numpy().copy()
+
+
+def verify_kernels(exe: "Executable", feeds: Mapping[str, np.ndarray], precision: str | None = None,
+                   propagate: bool = False, model: str = "", seed: int | None = None) -> KernelReport:
+    """Run `exe` kernel by kernel in plan order and compare every kernel's outputs with the float64
+    reference interpreter's values of the same tensors (`exe.graph`, the primitive graph the plan
+    was made for, precision casts and storage layouts included).
+
+    Isolated (the default): each kernel reads the reference's values of its inputs, stored in the
+    dtypes and layouts the plan gives them, so only a kernel that computes wrongly diverges.
+    Propagated: each kernel reads what the executable's earlier kernels wrote, as in a run, so
+    errors accumulate as they would. Tolerance: the plan's precision, as `run --check` applies it.
+    """
+    import torch
+
+    from tessera.runtime.buffers import as_layout
+    from tessera.runtime.torch_prims import TORCH_DTYPES
+
+    start = time.perf_counter()
+    precision = precision or exe.plan.get("precision", "fp32")
+    graph = exe.graph
+    ref = interp.run(graph, feeds, exact=True, keep_all=True)
+
+    def stored(t: str, v: np.ndarray) -> torch.Tensor:
+        ty = graph.types[t]
+        x = torch.from_numpy(np.ascontiguousarray(v)).to(exe.device, TORCH_DTYPES[ty.dtype])
+        return as_layout(x, ty.layout)
+
+    report = KernelReport(model=model, precision=precision, seed=seed, propagate=propagate, device=str(exe.device))
+    plan_kernels = {k["name"]: k for k in exe.plan["kernels"]}
+    env: dict[str, torch.Tensor] = {**exe.constants, **{t: stored(t, np.asarray(feeds[t])) for t in graph.inputs}}
+    with exe._precision():
+        for i, step in enumerate(exe.steps):
+            impl = step.impl
+            if not propagate:  # the reference's inputs: only this kernel's own error shows
+                env = dict(exe.constants)
+                for t in exe._reads(step):
+                    if t not in env:
+                        env[t] = stored(t, ref[t])
+            exe._step(step, env)
+            k = plan_kernels.get(impl.name, {})
+            check = KernelCheck(i, impl.name, impl.backend, [n.name for n in impl.prims],
+                                list(k.get("source_nodes", [])))
+            for t in impl.outputs:
+                err = rel_l2(_host(env[t]), ref[t])
+                check.tensors.append(TensorCheck(t, err, passes(err, precision)))
+            report.kernels.append(check)
+            if propagate:
+                for t in exe._free_after[i]:
+                    env.pop(t, None)
     report.seconds = time.perf_counter() - start
     return report

@@ -97,3 +97,68 @@ def test_verbose_logs_the_passes_to_stderr(tmp_path, capsys, monkeypatch):
         assert "orchestrate: 4 kernels" in err
     finally:
         logging.getLogger("tessera").setLevel(logging.WARNING)
+
+
+class _RecordingBar:
+    """Stands in for tqdm: records every total a bar is given and every count it reaches."""
+    made: list["_RecordingBar"] = []
+
+    def __init__(self, total=None, **kwargs):
+        self.totals = [total]
+        self.n = 0
+        self.closed = False
+        _RecordingBar.made.append(self)
+
+    def __setattr__(self, name, value):
+        if name == "total":
+            self.totals.append(value)
+        object.__setattr__(self, name, value)
+
+    def update(self, k=1):
+        assert not self.closed
+        self.n += k
+
+    def refresh(self):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+def test_compile_progress_total_is_known_before_it_starts(tmp_path, monkeypatch, capsys):
+    """The orchestration bar counts primitives, a total fixed once the graph is partitioned, even
+    when subgraphs with too many candidates are split while solving (forced here)."""
+    cli = sys.modules["tessera.cli.main"]  # the module (tessera.cli.main is also the name of its function)
+    from tessera.orchestrate import orchestrator
+    from tessera.orchestrate.candidates import TooManyCandidates
+
+    real = orchestrator.enumerate_candidates
+
+    def small_only(og, members, *args, **kwargs):
+        if members.bit_count() > 3:
+            raise TooManyCandidates("forced by the test")
+        return real(og, members, *args, **kwargs)
+
+    _RecordingBar.made = []
+    monkeypatch.setattr(cli, "tqdm", _RecordingBar)
+    monkeypatch.setattr(orchestrator, "enumerate_candidates", small_only)
+    assert main(["compile", str(MODELS / "attn_s7.onnx"), "-o", str(tmp_path / "a"), "--cost", "analytical"]) == 0
+    capsys.readouterr()
+    plan = json.loads((tmp_path / "a" / "plan.json").read_text())
+    assert len(plan["subgraphs"]) >= 3  # split while solving
+    (bar,) = _RecordingBar.made  # analytical cost: no tuning bar
+    assert bar.totals == [plan["orchestrated_nodes"]]  # given once, at the start, never changed
+    assert bar.n == plan["orchestrated_nodes"] and bar.closed
+
+
+def test_progress_bar_per_batch_keeps_its_total(monkeypatch):
+    cli = sys.modules["tessera.cli.main"]  # the module (tessera.cli.main is also the name of its function)
+
+    _RecordingBar.made = []
+    monkeypatch.setattr(cli, "tqdm", _RecordingBar)
+    with cli._Bar("tune", "kernel", quiet=True) as progress:
+        for total in (5, 3, 3, 1, 1):  # batches of measurements, as tune() reports them
+            for done in range(1, total + 1):
+                progress(done, total)
+    assert [b.totals for b in _RecordingBar.made] == [[5], [3], [3], [1], [1]]
+    assert all(b.n == b.totals[0] and b.closed for b in _RecordingBar.made)

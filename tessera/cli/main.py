@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from tessera import cache
 from tessera.compiler import CompileOptions, compile_model, write_artifacts
 from tessera.cost import DEVICES, PRECISIONS
 from tessera.cost.db import TuningDB, default_db_path
@@ -29,7 +30,7 @@ from tessera.runtime.artifact import load_artifact as load
 from tessera.runtime.artifact import read_meta
 from tessera.runtime.profile import format_profile, profile_executable
 from tessera.tolerance import TOLERANCE, passes, rel_l2
-from tessera.verify import STAGES, random_inputs, run_onnxruntime, verify
+from tessera.verify import STAGES, random_inputs, run_onnxruntime, verify, verify_kernels
 from tessera.log import configure as configure_logging
 from tessera.version import __version__
 
@@ -73,11 +74,21 @@ def _positive(text: str) -> float:
     return v
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends each option's default, except None: those options say in words what happens
+    without them ("default: fresh")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 class _CommandParser(argparse.ArgumentParser):
     """Every command's --help states each option's default."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
         super().__init__(*args, **kwargs)
 
 
@@ -92,11 +103,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.add_argument("--json", action="store_true", help="print JSON")
 
-    p = sub.add_parser("verify", help="compare a stage with onnxruntime on random inputs")
-    _add_model_args(p)
-    p.add_argument("--stage", choices=STAGES, default="fission")
+    p = sub.add_parser("verify", help="compare a stage with onnxruntime on random inputs; --per-kernel: a compiled "
+                       "artifact's kernels one by one against the reference interpreter")
+    p.add_argument("model", help="an .onnx file; with --per-kernel also an artifact directory (tessera compile -o)")
+    p.add_argument("--input-shape", action="append", metavar="NAME=DIMS",
+                   help="fix an input's shape, e.g. x=1x3x224x224 (repeatable)")
+    p.add_argument("--stage", choices=STAGES, help="frontend: the folded operator graph in onnxruntime; fission: the "
+                   "primitive graph in the reference interpreter (default: fission)")
     p.add_argument("--seed", type=_count(0), help="random seed (default: fresh)")
-    p.add_argument("--precision", choices=sorted(TOLERANCE), default="fp32", help="tolerance to apply")
+    p.add_argument("--precision", choices=PRECISIONS,
+                   help="run the primitive graph at this precision and apply its tolerance: fp32 computes in float64; "
+                   "tf32 rounds conv/matmul operands to TF32; fp16/bf16 round every stored tensor to that type after "
+                   "the precision pass (default: fp32; with --per-kernel, the artifact's precision)")
+    p.add_argument("--per-kernel", action="store_true",
+                   help="run a compiled artifact (or the model compiled with the defaults) kernel by kernel and "
+                   "compare each kernel's outputs with the float64 reference; names the first kernel that diverges")
+    p.add_argument("--propagate", action="store_true",
+                   help="with --per-kernel: feed each kernel the executable's own earlier outputs (errors accumulate) "
+                   "instead of the reference's values (each kernel isolated)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="with --per-kernel: where the kernels run")
     p.add_argument("--json", action="store_true", help="print JSON")
     p = sub.add_parser("compile", help="split a model and choose its kernels; writes OUT/plan.json and OUT/report.html")
     _add_model_args(p)
@@ -148,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, help="also write the profile to this JSON file")
     p.add_argument("--precision", choices=PRECISIONS, help="compile an .onnx file at this precision (default fp32)")
     p.add_argument("--top", type=int, default=15, help="kernels and plan kernels to list")
+    p = sub.add_parser("cache", help="the kernel cache: where, how big, its cap; clear it")
+    p.add_argument("action", choices=["info", "clear"])
+    p.add_argument("--triton", action="store_true",
+                   help="clear: also empty Triton's cache of compiled kernels (never capped by tessera)")
+    p.add_argument("--json", action="store_true", help="info: print JSON")
     return parser
 
 
@@ -225,24 +256,49 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Bar:
+    """A progress callback `(done, total)` that draws a tqdm bar on stderr. A bar is opened when its
+    total is first known and never changes it, so its rate and ETA are right from the start; a call
+    whose count restarts or whose total differs (the next batch of measurements) opens a new bar."""
+
+    def __init__(self, desc: str, unit: str, quiet: bool) -> None:
+        self.desc, self.unit, self.quiet = desc, unit, quiet
+        self.bar: Any = None
+        self.batches = 0
+        self.done = self.total = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        # A new batch: the first call, another total, a count that restarts, or a finished bar counting on.
+        if self.bar is None or total != self.total or done < self.done or (self.done >= self.total and done > 0):
+            self.close()
+            self.batches += 1
+            desc = self.desc if self.batches == 1 else f"{self.desc} ({self.batches})"
+            self.bar = tqdm(total=total, desc=desc, unit=self.unit, file=sys.stderr, leave=False, disable=self.quiet)
+            self.done, self.total = 0, total
+        self.bar.update(done - self.done)
+        self.done = done
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self) -> "_Bar":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     opts = CompileOptions(strategy=args.strategy, cost=args.cost, gpu=args.gpu, precision=args.precision,
                           solver=args.solver, time_limit=args.time_limit, max_states=args.max_states,
                           max_kernel_nodes=args.max_kernel_nodes, input_shapes=parse_input_shapes(args.input_shape),
                           db=args.db, tune_workers=args.tune_workers, tune=args.tune, layout=args.layout)
     quiet = not sys.stderr.isatty()
-    with tqdm(total=1, desc="orchestrate", unit="subgraph", file=sys.stderr, leave=False, disable=quiet) as bar, \
-            tqdm(total=0, desc="tune", unit="kernel", file=sys.stderr, leave=False, disable=quiet) as tbar:
-        def progress(done: int, total: int) -> None:
-            bar.total = total
-            bar.n = done
-            bar.refresh()
-
-        def tune_progress(done: int, total: int) -> None:  # one batch of measurements (ETA per batch)
-            tbar.total = total
-            tbar.n = done
-            tbar.refresh()
-
+    # Each bar opens once its total is known and keeps it: orchestration counts primitives (known
+    # once partitioned; a split subgraph changes no total), tuning one bar per batch of measurements.
+    with _Bar("orchestrate", "prim", quiet) as progress, _Bar("tune", "kernel", quiet) as tune_progress:
         result = compile_model(args.model, opts, progress, tune_progress)
     write_artifacts(result, args.out)
     plan = result.plan
@@ -279,13 +335,21 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    r = verify(args.model, stage=args.stage, input_shapes=parse_input_shapes(args.input_shape),
-               seed=args.seed, precision=args.precision)
+    if args.per_kernel:
+        return _verify_per_kernel(args)
+    if args.propagate:
+        raise TesseraError("--propagate applies to --per-kernel")
+    if Path(args.model).is_dir():
+        raise TesseraError(f"{args.model} is a directory; to check an artifact's kernels pass --per-kernel")
+    precision = args.precision or "fp32"
+    r = verify(args.model, stage=args.stage or "fission", input_shapes=parse_input_shapes(args.input_shape),
+               seed=args.seed, precision=precision)
     if args.json:
         print(json.dumps(r.as_dict(), indent=2))
     else:
         print(f"{r.model}: stage {r.stage} vs onnxruntime, seed {r.seed}, "
               f"tolerance {TOLERANCE[r.precision]:g} ({r.precision}), {r.seconds:.1f}s")
+        print(f"  computed in {r.arithmetic}")
         for o in r.outputs:
             print(f"  {o.name:<24} {str(list(o.shape)):<20} rel L2 {o.rel_l2:.3e}  {'PASS' if o.passed else 'FAIL'}")
         if r.opaque:
@@ -293,6 +357,103 @@ def cmd_verify(args: argparse.Namespace) -> int:
                   + ", ".join(f"{o.node} ({o.op_type})" for o in r.opaque))
         print("PASS" if r.passed else "FAIL")
     return 0 if r.passed else 1
+
+
+def _verify_per_kernel(args: argparse.Namespace) -> int:
+    """`verify TARGET --per-kernel`: TARGET is an artifact, or a model compiled first with the defaults."""
+    target = Path(args.model)
+    if args.stage:
+        raise TesseraError("--stage does not apply to --per-kernel, which checks a compiled plan's kernels")
+    if not target.exists():
+        raise TesseraError(f"{target}: no such artifact directory or model file")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise TesseraError("--device cuda: no GPU is visible to torch here; run with --device cpu")
+    with tempfile.TemporaryDirectory(prefix="tessera-verify-") as tmp:
+        if target.is_dir():
+            meta = read_meta(target)
+            if args.input_shape:
+                raise TesseraError(f"{target} was compiled for input shapes {meta['input_shapes']}; "
+                                   "--input-shape applies to an .onnx file")
+            if args.precision and args.precision != meta.get("precision", "fp32"):
+                raise TesseraError(f"{target} was compiled for {meta.get('precision', 'fp32')}; "
+                                   "--precision applies to an .onnx file, compile again to change it")
+            artifact = target
+        else:
+            artifact = Path(tmp) / "artifact"
+            opts = CompileOptions(precision=args.precision or "fp32", input_shapes=parse_input_shapes(args.input_shape))
+            write_artifacts(compile_model(target, opts), artifact)
+            meta = read_meta(artifact)
+        exe = load(artifact, args.device)
+        model = frontend_load(artifact / "model.onnx", meta["input_shapes"])
+        seed = int.from_bytes(os.urandom(4), "little") if args.seed is None else args.seed
+        r = verify_kernels(exe, random_inputs(model.graph, seed), meta.get("precision", "fp32"), args.propagate,
+                           str(target), seed)
+    if args.json:
+        print(json.dumps(r.as_dict(), indent=2))
+        return 0 if r.passed else 1
+    feeding = ("each kernel reads the executable's own earlier outputs" if r.propagate
+               else "each kernel reads the reference's inputs")
+    print(f"{r.model}: {len(r.kernels)} kernels vs the float64 reference interpreter on {r.device}, seed {r.seed}, "
+          f"tolerance {r.tolerance:g} ({r.precision}); {r.mode}: {feeding}; {r.seconds:.1f}s")
+    width = max([len(k.name) for k in r.kernels] + [6])
+    for k in r.kernels:
+        w = k.worst
+        err = "-" if w is None else f"{w.rel_l2:.3e}"
+        where = "" if w is None or len(k.tensors) == 1 else f"  ({w.name})"
+        print(f"  {k.index:>4}  {k.name:<{width}}  {k.backend:<6}  {len(k.prims):>3} prims  max rel L2 {err:>9}  "
+              f"{'PASS' if k.passed else 'FAIL'}{where}")
+    first = r.first_failure
+    if first is None:
+        print(f"PASS: every kernel's outputs within {r.tolerance:g} of the reference")
+        return 0
+    w = first.worst
+    assert w is not None
+    failing = sum(1 for k in r.kernels if not k.passed)
+    print(f"FAIL: first diverging kernel {first.name} (#{first.index}, {first.backend}): tensor '{w.name}' "
+          f"rel L2 {w.rel_l2:.3e} >= tolerance {r.tolerance:g}; {failing} kernel(s) fail in all")
+    print(f"  its primitives: {', '.join(first.prims)}")
+    print(f"  its ONNX nodes: {', '.join(first.source_nodes) or '-'}")
+    return 1
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    if args.action == "clear":
+        if args.json:
+            raise TesseraError("--json applies to tessera cache info")
+        d = cache.kernel_dir(create=False)
+        files, freed = cache.clear()
+        print(f"cleared {d}: removed {files} kernel files, freed {_size(freed)} (the tuning database is kept)")
+        if args.triton:
+            files, freed = cache.clear_triton()
+            print(f"cleared Triton's cache {cache.triton_cache_dir()}: removed {files} files, freed {_size(freed)}")
+        return 0
+    if args.triton:
+        raise TesseraError("--triton applies to tessera cache clear (info always reports Triton's cache)")
+    u = cache.usage()
+    tdir, tfiles, tbytes = cache.triton_usage()
+    db = cache.cache_root() / "tuning.db"
+    if args.json:
+        print(json.dumps({"dir": str(u.directory), "files": u.files, "bytes": u.nbytes, "cap_bytes": u.cap,
+                          "triton": {"dir": str(tdir), "files": tfiles, "bytes": tbytes},
+                          "tuning_db": {"path": str(db), "bytes": db.stat().st_size if db.is_file() else 0}},
+                         indent=2))
+        return 0
+    cap = "none (TESSERA_CACHE_MAX_MB=0)" if u.cap is None else f"{_size(u.cap)} (TESSERA_CACHE_MAX_MB; least " \
+        "recently used files go first)"
+    print(f"kernel cache   {u.directory}")
+    print(f"  {u.files} files, {_size(u.nbytes)}; cap {cap}")
+    print(f"triton cache   {tdir}")
+    print(f"  {tfiles} files, {_size(tbytes)}; not capped by tessera (tessera cache clear --triton empties it)")
+    print(f"tuning db      {db}" + (f"  ({_size(db.stat().st_size)}; kept by cache clear)" if db.is_file() else
+                                    "  (none yet)"))
+    return 0
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -324,13 +485,15 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"inspect": cmd_inspect, "verify": cmd_verify, "compile": cmd_compile, "run": cmd_run, "db": cmd_db, "bench": cmd_bench,
-            "profile": cmd_profile}
+            "profile": cmd_profile, "cache": cmd_cache}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)
     try:
+        if args.command in ("compile", "run", "bench", "profile", "cache") or getattr(args, "per_kernel", False):
+            cache.cap_bytes()  # TESSERA_CACHE_MAX_MB, checked before any kernel is written
         return COMMANDS[args.command](args)
     except TesseraError as e:
         print(f"tessera: error: {e}", file=sys.stderr)

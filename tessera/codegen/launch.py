@@ -1,18 +1,26 @@
 """Turning generated source into a launchable kernel.
 
-Triton's `@jit` reads a kernel's source from its file, so each kernel is
-written to a cache directory under a content hash and imported from there.
+Triton's `@jit` reads a kernel's source through `inspect` (at decoration on a GPU, at the first
+launch in the interpreter), and names it by file and line. Each kernel is written to the kernel
+cache (`tessera/cache.py`: a content hash names the file; the folder is capped, least recently
+used files evicted) and run from the source held in memory, registered in `linecache` under the
+file's name: a file that another process evicts or clears, even before this one loaded it, breaks
+nothing, and the next load writes it again.
 """
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import linecache
 import os
+import threading
+import types
+import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from tessera import cache
 from tessera.codegen.kernels import KernelSource
 
 
@@ -34,11 +42,33 @@ def use_interpreter(device: torch.device) -> None:
 
 
 def cache_dir() -> Path:
-    """Where generated kernel files live: $TESSERA_CACHE or ~/.cache/tessera."""
-    root = Path(os.environ.get("TESSERA_CACHE", Path.home() / ".cache" / "tessera"))
-    d = root / "kernels"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    """Where generated kernel files live: $TESSERA_CACHE/kernels (default ~/.cache/tessera/kernels)."""
+    return cache.kernel_dir()
+
+
+# Sources registered in linecache, by file name, with the number of live kernels that need them:
+# the entry goes when the last kernel loaded from it does (tuning workers load thousands).
+_lines_lock = threading.Lock()
+_lines_refs: dict[str, int] = {}
+
+
+def _hold_source(filename: str, source: str) -> None:
+    with _lines_lock:
+        _lines_refs[filename] = _lines_refs.get(filename, 0) + 1
+        # mtime None: linecache.checkcache never drops it for a missing or changed file.
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+
+
+def _release_source(filename: str) -> None:
+    with _lines_lock:
+        n = _lines_refs.get(filename, 0) - 1
+        if n > 0:
+            _lines_refs[filename] = n
+            return
+        _lines_refs.pop(filename, None)
+        entry = linecache.cache.get(filename)
+        if entry is not None and len(entry) == 4 and entry[1] is None:
+            del linecache.cache[filename]
 
 
 class KernelCompileError(Exception):
@@ -51,17 +81,15 @@ class TritonKernel:
     def __init__(self, ks: KernelSource, directory: Path | None = None) -> None:
         self.ks = ks
         digest = hashlib.sha1(ks.source.encode()).hexdigest()[:12]
-        path = (directory or cache_dir()) / f"{ks.name}_{digest}.py"
-        if not path.exists():
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(ks.source)
-            tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+        path = cache.store(f"{ks.name}_{digest}.py", ks.source, directory)
         self.path = path
-        spec = importlib.util.spec_from_file_location(f"tessera_kernels.{path.stem}", path)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
+        filename = str(path)
+        module = types.ModuleType(f"tessera_kernels.{path.stem}")
+        module.__file__ = filename
+        _hold_source(filename, ks.source)
+        weakref.finalize(self, _release_source, filename)
         try:
-            spec.loader.exec_module(module)
+            exec(compile(ks.source, filename, "exec"), module.__dict__)
         except Exception as e:  # a generator bug: name the kernel and what it computes
             raise KernelCompileError(f"kernel {ks.name} ({', '.join(ks.prims)}) failed to load: {e}") from e
         self.fn = getattr(module, ks.name)

@@ -91,8 +91,10 @@ def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: C
                 progress: Callable[[int, int], None] | None = None) -> Plan:
     """Choose the kernels of `og` and return the plan.
 
-    `progress(done, total)` is called after each subgraph (the total grows
-    when a subgraph with too many candidates is split).
+    `progress(done, total)` counts orchestrated primitives: called with 0 once the graph is
+    partitioned, then after each subgraph with the primitives solved so far. The total is fixed
+    from the start (a subgraph split for too many candidates keeps its primitives), so a progress
+    bar's rate and ETA hold.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}")
@@ -100,6 +102,8 @@ def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: C
     rules = rules or CandidateRules()
     legality = legality or StructuralLegality()
     subs, cuts = partition(og, max_states)
+    if progress:
+        progress(0, og.n)
     chosen: list[tuple[int, Candidate, float]] = []
     reports: list[SubgraphReport] = []
     k = 0
@@ -113,7 +117,7 @@ def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: C
         reports.append(rep)
         k += 1
         if progress:
-            progress(k, len(subs))
+            progress(subs[k - 1].hi, og.n)
     greedy_total = _greedy_total(og, rules, legality, cost)
     kernels = _kernels(og, chosen)
     return Plan(model=model, strategy=strategy, device=device, precision=precision, cost_model=cost_model,
