@@ -170,8 +170,16 @@ def make(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Tensor,
     except ImportError as e:  # torchvision, transformers or timm
         raise TesseraError(f"zoo model {name} is built with {e.name or 'a package'} that is not installed; "
                            "pip install -e '.[models]' installs the model-building packages") from None
-    calibrate_batchnorm(model, args)
+    if name in CALIBRATED:
+        calibrate_batchnorm(model, args)
     return model.eval(), args
+
+
+# Models whose BatchNorms get calibrated statistics: with the default ones their fp16 activations
+# left fp16's range for every contender (MobileNet-V2's logits underflowed to 0, Inception-V3's
+# overflowed). EfficientViT-B0 is left alone: calibrated, its checks failed for every contender
+# (rel L2 4e-2 in fp16, 1.5e-2 in tf32; H100, 2026-11-23), where its default statistics pass.
+CALIBRATED = ("mobilenet_v2", "inception_v3")
 
 
 CALIBRATION_BATCHES = 8
