@@ -215,6 +215,7 @@ def _time(payload: Payload) -> Result:
         import torch
 
         from tessera.runtime.executable import Executable
+        from tessera.runtime.graphs import quiet_capture
 
         mini, plan = payload
         exe = Executable(mini, plan, "cuda", cuda_graph=False)  # Python work: outside the GPU lock
@@ -233,7 +234,7 @@ def _time(payload: Payload) -> Result:
             torch.cuda.synchronize()
             st("load")
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with quiet_capture(), torch.cuda.graph(graph):  # a kernel of views captures nothing
                 for i in range(LAUNCHES):
                     exe._launch(feeds[i % copies])
             st("capture")

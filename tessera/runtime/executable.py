@@ -25,6 +25,7 @@ from tessera.errors import ShapeError, TesseraError
 from tessera.ir.graph import Graph, Node
 from tessera.ir.indices import check_feeds
 from tessera.runtime.buffers import BufferPool, Lifetime, as_layout
+from tessera.runtime.graphs import quiet_capture
 from tessera.runtime.torch_prims import TORCH_DTYPES, pointwise_conv_as_gemm, run_linear_fused, run_node
 
 
@@ -195,7 +196,7 @@ class Executable:
             self._launch(self._static_in)  # compiles every kernel before capture
         torch.cuda.current_stream().wait_stream(stream)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        with quiet_capture(), torch.cuda.graph(g):
             self._static_out = self._launch(self._static_in)
         self._graph = g
 
