@@ -365,3 +365,30 @@ def test_strided_rows_are_numbered_in_storage_order():
                 at = [eval(e, {}, {"xindex": x, **r}) for x in (0, 1)]  # noqa: S307 - our own generated index
                 assert at[1] - at[0] == 1, (impl.name, e)
         assert _check(result, seed=7) < TOLERANCE["fp32"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_library_matmuls_get_aligned_leading_dimensions(monkeypatch, precision):
+    # EfficientViT's linear attention multiplies by values with a row of ones appended (n = 17):
+    # cuBLAS then runs align1/align2 kernels. Such an n, and a k like it, are zero-padded to 16
+    # bytes (a PAD on computed operands, a padded copy of a constant), and the result is sliced
+    # back: the same values, every library operand aligned.
+    ones = np.ones((1, 2, 9, 1), np.float32)
+    model = graph_model([helper.make_node("Concat", ["v", "one"], ["v1"], axis=3),
+                         helper.make_node("MatMul", ["q", "v1"], ["kv"]),
+                         helper.make_node("MatMul", ["kv", "w"], ["out"])],
+                        {"q": rand(1, 2, 7, 9), "v": rand(1, 2, 9, 16), "one": Const(ones),
+                         "w": Const(rand(17, 13, seed=4))}, ["out"], opset=13)
+    result = compile_model(model, CompileOptions(cost="analytical", precision=precision))
+    assert result.layouts.padded_matmuls == 2
+    seen: list[torch.Tensor] = []
+    real = executable.run_linear_fused, executable.run_node
+    monkeypatch.setattr(executable, "run_linear_fused", lambda node, args, *a, **k: (
+        seen.extend(args[:2] if node.op == "matmul" else ()), real[0](node, args, *a, **k))[1])
+    monkeypatch.setattr(executable, "run_node", lambda node, args, *a, **k: (
+        seen.extend(args[:2] if node.op == "matmul" else ()), real[1](node, args, *a, **k))[1])
+    assert _check(result, seed=13) < TOLERANCE[precision]
+    assert len(seen) == 4
+    for x in seen:
+        x2 = x if x.dim() >= 2 else x[None]
+        assert x2.data_ptr() % 16 == 0 and (x2.shape[-1] * x2.element_size()) % 16 == 0, x.shape

@@ -93,6 +93,7 @@ class LayoutResult:
     graph: Graph
     regions: list[Region] = field(default_factory=list)
     split_reductions: int = 0  # reductions over strided rows split in two levels (`_split_strided_reductions`)
+    padded_matmuls: int = 0  # matmuls whose k or n was padded to the library's alignment (`_pad_matmuls`)
 
     @property
     def choices(self) -> list[bool]:
@@ -108,7 +109,7 @@ class LayoutResult:
         return {"regions": len(self.regions), "channels_last_regions": len(cl),
                 "convs_channels_last": sum(len(r.convs) for r in cl), "convs_padded": sum(r.padded for r in cl),
                 "convs": sum(len(r.convs) for r in self.regions), "conversions": self.conversions,
-                "split_reductions": self.split_reductions,
+                "split_reductions": self.split_reductions, "matmuls_padded": self.padded_matmuls,
                 "detail": [r.to_json() for r in self.regions]}
 
 
@@ -246,18 +247,16 @@ def assign_layouts(graph: Graph, pricer: LayoutPricer | None, policy: str = "aut
     found = regions(graph)
     if replay is not None and len(replay) != len(found):
         raise ValueError(f"the saved layout choice covers {len(replay)} regions, the graph has {len(found)}")
-    if (policy == "nchw" and replay is None) or not found:
-        return LayoutResult(graph, found)
-    if policy == "auto" and pricer is None and replay is None:
+    if policy == "auto" and pricer is None and replay is None and found:
         raise ValueError("layout policy 'auto' needs a pricer")
-    wiring = _Wiring.of(graph)
+    wiring = _Wiring.of(graph) if found else None
     for i, r in enumerate(found):
+        if replay is None and policy == "nchw":
+            continue
         r.gain_s = price(graph, r, pricer, wiring) if pricer is not None and replay is None else 0.0
         if (replay[i] if replay is not None else policy == "nhwc" or r.gain_s > 0):
             r.layout = NHWC
     chosen = [r for r in found if r.layout]
-    if not chosen:
-        return LayoutResult(graph, found)
     g = graph.clone()
     for r in chosen:
         for t in r.tensors:
@@ -265,9 +264,12 @@ def assign_layouts(graph: Graph, pricer: LayoutPricer | None, policy: str = "aut
             g.types[t] = TensorType(ty.shape, ty.dtype, r.layout)
         r.conversions = _convert_conv_operands(g, r)
         r.padded = _pad_conv_channels(g, r)
-    split = _split_strided_reductions(g)
+    split = _split_strided_reductions(g) if chosen else 0
+    matmuls = _pad_matmuls(g)
+    if not chosen and not matmuls:
+        return LayoutResult(graph, found)
     g.validate()
-    return LayoutResult(g, found, split)
+    return LayoutResult(g, found, split, matmuls)
 
 
 def _convert_conv_operands(g: Graph, region: Region) -> int:
@@ -360,6 +362,77 @@ def _pad_conv_channels(g: Graph, region: Region) -> int:
         count += 1
     g.nodes = nodes
     g.remove_dead()  # weights that only the padded copies replaced
+    return count
+
+
+def _pad_matmuls(g: Graph) -> int:
+    """A matmul `[..., m, k] @ [..., k, n]` hands the library leading dimensions k (of A) and n (of
+    B and the result). Where one is not a multiple of 16 bytes (EfficientViT's linear attention
+    multiplies by values with a row of ones appended: n = 17), cuBLAS runs `align1`/`align2`
+    kernels. Such a k is zero-padded in both operands and such an n in B, with the result cut back
+    by a SLICE: zeros add nothing, so the result is exact. PADs on computed operands fuse into the
+    kernels that write them; a constant operand is padded once here. Dims of one alignment unit or
+    less are left alone (a matrix-vector product is no tensor-core GEMM, and padding would
+    multiply its work)."""
+    nodes: list[Node] = []
+    count = 0
+    padded: dict[tuple[str, tuple[int, ...]], str] = {}
+
+    def pad(t: str, dim: int, to: int, name: str, source: tuple[str, ...]) -> str:
+        ty = g.types[t]
+        shape = ty.shape[:dim] + (to,) + ty.shape[dim + 1:]
+        key = (t, shape)
+        if key in padded:
+            return padded[key]
+        out = f"{t}/{name}"
+        g.types[out] = TensorType(shape, ty.dtype)
+        widths = [(0, 0)] * ty.rank
+        widths[dim] = (0, to - ty.shape[dim])
+        if t in g.constants:
+            g.constants[out] = np.pad(g.constants[t], widths)
+        else:
+            pads = tuple(w[0] for w in widths) + tuple(w[1] for w in widths)
+            nodes.append(Node(f"{t}/{name}/pad", Prim.PAD.value, (t,), (out,),
+                              {"pads": pads, "mode": "constant", "value": 0.0}, source=source))
+        padded[key] = out
+        return out
+
+    for n in g.nodes:
+        if n.op != Prim.MATMUL.value:
+            nodes.append(n)
+            continue
+        a, b = n.inputs[:2]
+        y = n.outputs[0]
+        at, bt, yt = g.types[a], g.types[b], g.types[y]
+        unit = max(1, ALIGN_BYTES // at.dtype.itemsize)
+        if not at.dtype.is_float or not (at.plain and bt.plain and yt.plain):
+            nodes.append(n)
+            continue
+        k, cols = at.shape[-1], bt.shape[-1]
+        kp = -(-k // unit) * unit if k > unit else k
+        np_ = -(-cols // unit) * unit if cols > unit else cols
+        if (kp, np_) == (k, cols):
+            nodes.append(n)
+            continue
+        if kp != k:
+            a = pad(a, at.rank - 1, kp, f"k{kp}", n.source)
+            b = pad(b, bt.rank - 2, kp, f"k{kp}", n.source)
+        if np_ != cols:
+            b = pad(b, bt.rank - 1, np_, f"n{np_}", n.source)
+        out = y
+        if np_ != cols:
+            out = f"{y}/padded"
+            g.types[out] = TensorType(yt.shape[:-1] + (np_,), yt.dtype)
+        nodes.append(Node(n.name, n.op, (a, b, *n.inputs[2:]), (out, *n.outputs[1:]), dict(n.attrs), n.domain,
+                          n.source))
+        if out != y:
+            nodes.append(Node(f"{n.name}/unpad", Prim.SLICE.value, (out,), (y,),
+                              {"starts": (0,) * yt.rank, "steps": (1,) * yt.rank, "shape": yt.shape},
+                              source=n.source))
+        count += 1
+    g.nodes = nodes
+    if count:
+        g.remove_dead()
     return count
 
 
