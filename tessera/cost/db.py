@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import os
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -27,8 +26,9 @@ from tessera.errors import TesseraError
 
 def default_db_path() -> Path:
     """$TESSERA_CACHE/tuning.db (default ~/.cache/tessera/tuning.db)."""
-    root = Path(os.environ.get("TESSERA_CACHE", Path.home() / ".cache" / "tessera"))
-    return root / "tuning.db"
+    from tessera.cache import cache_root
+
+    return cache_root() / "tuning.db"
 
 
 def software_versions() -> str:
