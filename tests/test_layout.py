@@ -377,7 +377,7 @@ def test_library_matmuls_get_aligned_leading_dimensions(monkeypatch, precision):
     model = graph_model([helper.make_node("Concat", ["v", "one"], ["v1"], axis=3),
                          helper.make_node("MatMul", ["q", "v1"], ["kv"]),
                          helper.make_node("MatMul", ["kv", "w"], ["out"])],
-                        {"q": rand(1, 2, 7, 9), "v": rand(1, 2, 9, 16), "one": Const(ones),
+                        {"q": rand(1, 2, 160, 9), "v": rand(1, 2, 9, 16), "one": Const(ones),
                          "w": Const(rand(17, 13, seed=4))}, ["out"], opset=13)
     result = compile_model(model, CompileOptions(cost="analytical", precision=precision))
     assert result.layouts.padded_matmuls == 2

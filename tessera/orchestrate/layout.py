@@ -365,6 +365,9 @@ def _pad_conv_channels(g: Graph, region: Region) -> int:
     return count
 
 
+MIN_PADDED_GEMM = 4096  # output elements below which a matmul is not worth padding
+
+
 def _pad_matmuls(g: Graph) -> int:
     """A matmul `[..., m, k] @ [..., k, n]` hands the library leading dimensions k (of A) and n (of
     B and the result). Where one is not a multiple of 16 bytes (EfficientViT's linear attention
@@ -373,7 +376,7 @@ def _pad_matmuls(g: Graph) -> int:
     by a SLICE: zeros add nothing, so the result is exact. PADs on computed operands fuse into the
     kernels that write them; a constant operand is padded once here. Dims of one alignment unit or
     less are left alone (a matrix-vector product is no tensor-core GEMM, and padding would
-    multiply its work)."""
+    multiply its work), and so are matmuls with fewer than MIN_PADDED_GEMM outputs."""
     nodes: list[Node] = []
     count = 0
     padded: dict[tuple[str, tuple[int, ...]], str] = {}
@@ -409,6 +412,9 @@ def _pad_matmuls(g: Graph) -> int:
             nodes.append(n)
             continue
         k, cols = at.shape[-1], bt.shape[-1]
+        if at.numel // k * cols < MIN_PADDED_GEMM:
+            nodes.append(n)  # launch-bound: a PAD and a SLICE would cost more than alignment saves
+            continue
         kp = -(-k // unit) * unit if k > unit else k
         np_ = -(-cols // unit) * unit if cols > unit else cols
         if (kp, np_) == (k, cols):
