@@ -392,3 +392,13 @@ def test_library_matmuls_get_aligned_leading_dimensions(monkeypatch, precision):
     for x in seen:
         x2 = x if x.dim() >= 2 else x[None]
         assert x2.data_ptr() % 16 == 0 and (x2.shape[-1] * x2.element_size()) % 16 == 0, x.shape
+
+
+def test_a_matmul_of_a_tensor_with_itself_pads_it_along_both_dims():
+    # Found by the fuzzer: x @ x with k = n = 17 pads x along its last dim (as A) and along its
+    # second-to-last (as B); both pads were named x/k20 and the graph was refused.
+    model = graph_model([helper.make_node("MatMul", ["x", "x"], ["out"])], {"x": rand(3, 5, 17, 17)}, ["out"],
+                        opset=13)
+    result = compile_model(model, CompileOptions(cost="analytical"))
+    assert result.layouts.padded_matmuls == 1
+    assert _check(result, seed=2) < TOLERANCE["fp32"]

@@ -387,7 +387,7 @@ def _pad_matmuls(g: Graph) -> int:
         key = (t, shape)
         if key in padded:
             return padded[key]
-        out = f"{t}/{name}"
+        out = f"{t}/{name}/dim{dim}"  # A @ A pads one tensor along two dims: two names
         g.types[out] = TensorType(shape, ty.dtype)
         widths = [(0, 0)] * ty.rank
         widths[dim] = (0, to - ty.shape[dim])
@@ -395,7 +395,7 @@ def _pad_matmuls(g: Graph) -> int:
             g.constants[out] = np.pad(g.constants[t], widths)
         else:
             pads = tuple(w[0] for w in widths) + tuple(w[1] for w in widths)
-            nodes.append(Node(f"{t}/{name}/pad", Prim.PAD.value, (t,), (out,),
+            nodes.append(Node(f"{out}/pad", Prim.PAD.value, (t,), (out,),
                               {"pads": pads, "mode": "constant", "value": 0.0}, source=source))
         padded[key] = out
         return out
