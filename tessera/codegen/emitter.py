@@ -170,6 +170,10 @@ class Emitter:
         folded = fold_literal(prim, args, out)
         if folded is not None:
             return folded
+        if prim is Prim.WHERE and args[0].is_literal:
+            # A constant condition (a FILL: Dropout's mask) picks one operand; written as
+            # tl.where(1, ...) it is an int32 condition, which Triton deprecates (found by the fuzzer).
+            return args[1] if args[0].literal else args[2]
         if all(a.is_literal for a in args):  # give Triton a tensor to work on
             a0 = args[0]
             args[0] = Val(f"tl.full([1], {a0.expr}, {COMPUTE[a0.dtype]})", a0.dtype)

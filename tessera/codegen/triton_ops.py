@@ -110,7 +110,10 @@ def _cast(x: Val, to: DType) -> str:
     if COMPUTE[to] == COMPUTE[x.dtype] and to.itemsize >= x.dtype.itemsize:
         return x.expr
     if to in (DType.FLOAT16, DType.BFLOAT16):  # round to the narrow type, compute on in fp32
-        return f"({x.expr}).to({STORAGE[to]}).to(tl.float32)"
+        # Integers and booleans go through float32, as onnxruntime's Cast does (and Triton's
+        # interpreter reads an integer cast to bfloat16 as its bits).
+        wide = "" if x.dtype.is_float else ".to(tl.float32)"
+        return f"({x.expr}){wide}.to({STORAGE[to]}).to(tl.float32)"
     return f"({x.expr}).to({COMPUTE[to]})"
 
 

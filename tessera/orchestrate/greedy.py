@@ -28,11 +28,39 @@ def greedy_groups(og: OGraph, members: int, rules: CandidateRules, legality: Ker
             merged = gu | gv
             if merged.bit_count() > rules.max_nodes or not og.is_convex(merged):
                 continue
+            if _closes_cycle(og, merged, group):
+                continue
             if legality.check(og, merged) is not None:
                 continue
             for i in bits(merged):
                 group[i] = merged
     return sorted(set(group.values()))
+
+
+def _closes_cycle(og: OGraph, merged: int, group: dict[int, int]) -> bool:
+    """Whether kernel `merged` would depend on itself through other kernels.
+
+    Each group being convex is not enough: group A may read group B while B reads A (an fp16
+    input cast fused into one group and read by both; found by the fuzzer, tests/test_fuzz.py).
+    Walks the kernels reachable from `merged`'s consumers.
+    """
+    seen = 0  # kernels already walked, other than `merged`
+    todo = 0
+    for i in bits(merged):
+        todo |= og.succs[i]
+    todo &= ~merged
+    while todo:
+        low = todo & -todo
+        todo ^= low
+        g = group.get(low.bit_length() - 1, low)
+        if g & merged:
+            return True
+        if g & seen:
+            continue
+        seen |= g
+        for j in bits(g):
+            todo |= og.succs[j] & ~seen
+    return False
 
 
 def greedy_candidates(og: OGraph, members: int, rules: CandidateRules, legality: KernelLegality) -> list[Candidate]:

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
+from tessera.codegen.interpreter import match_gpu_semantics
 from tessera.codegen.kernels import Schedule
 from tessera.codegen.launch import KernelCompileError, TritonKernel, use_interpreter
 from tessera.codegen.select import KernelImpl, implement
@@ -48,6 +49,8 @@ class Executable:
         self.plan = plan
         self.device = torch.device(device)
         use_interpreter(self.device)
+        if self.device.type == "cpu":
+            match_gpu_semantics()  # the interpreter as the GPU computes: bf16 rounding, boolean masks
         by_name = {n.name: n for n in graph.nodes}
         self.constants = {name: torch.from_numpy(np.array(v, order="C")).to(
             self.device, TORCH_DTYPES[graph.types[name].dtype]) for name, v in graph.constants.items()}

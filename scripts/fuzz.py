@@ -1,0 +1,327 @@
+"""The differential fuzzer: random ONNX graphs compiled by tessera and compared with onnxruntime.
+
+    PYTHONPATH=. python scripts/fuzz.py --minutes 20 --out scripts/results/fuzz/fuzz_DATE_COMMIT.json
+    PYTHONPATH=. python scripts/fuzz.py --graphs 500 --precisions fp16,bf16 --seed 7
+    python scripts/fuzz.py --device cuda --tuning measured --minutes 10 --out ...   # on a GPU machine
+
+Graphs come from `tests/fuzzgen.py` (a Hypothesis strategy; `tests/fuzzops*.py` hold the op
+generators) and are judged by `tests/fuzzcheck.py` (see its docstring for the oracle and the
+fp16/bf16 floor). The run is a sequence of Hypothesis runs of `--chunk` graphs, each with its own
+seed (`--seed` + chunk index). When a graph fails (a crash or a mismatch), Hypothesis shrinks
+it to the smallest graph that still fails the same way; the shrunk model is saved next to the
+JSON summary (`<out>.fail<N>.onnx`, with its spec, outcome and inputs in `<out>.fail<N>.json`)
+and the run goes on with the next chunk (or stops with `--stop-on-fail`).
+
+The summary (`--out`) counts graphs, outcomes, op families, ops, precisions, layouts, kernel
+forms, opaque (fallback) ops, skips by reason, and lists every distinct failure with its files.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings  # noqa: E402
+
+import fuzzcheck  # noqa: E402
+from fuzzgen import graph_specs  # noqa: E402
+from fuzzspec import PRECISIONS, GraphSpec  # noqa: E402
+
+
+class Failed(Exception):
+    """A failure, raised so that Hypothesis shrinks the graph."""
+
+
+_KINDS: dict[str, type] = {}
+
+
+def failure(sig: str) -> type:
+    """One exception class per failure signature: Hypothesis shrinks a failure only to graphs that
+    fail with the same class, so a crash does not shrink into another bug."""
+    if sig not in _KINDS:
+        _KINDS[sig] = type(f"Failed{len(_KINDS)}", (Failed,), {"__module__": __name__})
+    return _KINDS[sig]
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.graphs = 0
+        self.status: Counter = Counter()
+        self.by_precision: dict[str, Counter] = {}
+        self.families: Counter = Counter()  # graphs with at least one node of the family
+        self.family_nodes: Counter = Counter()
+        self.ops: Counter = Counter()
+        self.layouts: Counter = Counter()
+        self.opsets: Counter = Counter()
+        self.strategies: Counter = Counter()
+        self.skips: Counter = Counter()
+        self.skip_examples: dict[str, str] = {}
+        self.warnings: Counter = Counter()  # Triton warnings about generated code, by message
+        self.opaque: Counter = Counter()
+        self.opaque_reasons: dict[str, str] = {}
+        self.forms: Counter = Counter()  # total kernels of each form
+        self.form_graphs: Counter = Counter()  # graphs with at least one
+        self.nodes_hist: Counter = Counter()
+        self.max_numel = 0
+        self.random_schedules = 0
+        self.check_s = 0.0
+        self.shrink_s = 0.0  # compiling the graphs Hypothesis tries while shrinking a failure
+        self.shrink_steps = 0
+
+    def add(self, spec: GraphSpec, o: fuzzcheck.Outcome) -> None:
+        self.graphs += 1
+        self.status[o.status] += 1
+        self.by_precision.setdefault(spec.precision, Counter())[o.status] += 1
+        self.by_precision[spec.precision]["graphs"] += 1
+        for f in spec.families:
+            self.families[f] += 1
+        for n in spec.nodes:
+            self.family_nodes[n.family] += 1
+            self.ops[n.op] += 1
+        self.layouts[spec.layout] += 1
+        self.opsets[str(spec.opset)] += 1
+        self.strategies[spec.strategy] += 1
+        self.nodes_hist[str(len(spec.nodes))] += 1
+        self.max_numel = max([self.max_numel] + [int(np.prod(s)) for s, _ in spec.types.values()])
+        self.random_schedules += bool(spec.schedule_seed)
+        if o.status == "skip":
+            self.skips[o.reason] += 1
+            self.skip_examples.setdefault(o.reason, o.detail)
+        for w in o.warnings:
+            self.warnings[w] += 1
+        for op, why in o.opaque:
+            self.opaque[op] += 1
+            self.opaque_reasons.setdefault(op, why)
+        for k, v in o.forms.items():
+            self.forms[k] += v
+            self.form_graphs[k] += 1 if v else 0
+        self.check_s += o.seconds
+
+
+def git_commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def device_name(device: str) -> str:
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores visible), Triton interpreter"
+
+
+def versions() -> dict[str, str]:
+    import hypothesis
+    import onnxruntime
+    import triton
+    return {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
+            "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__, "hypothesis": hypothesis.__version__,
+            "numpy": np.__version__}
+
+
+def save_failure(out: Path, k: int, spec: GraphSpec, outcome: fuzzcheck.Outcome | None, error: str) -> dict[str, Any]:
+    """The shrunk graph as ONNX, plus its spec, outcome and the inputs it failed on."""
+    stem = out.with_suffix("")
+    onnx_path = Path(f"{stem}.fail{k}.onnx")
+    json_path = Path(f"{stem}.fail{k}.json")
+    try:
+        onnx.save(fuzzcheck.to_onnx(spec), onnx_path)
+    except Exception as e:  # noqa: BLE001 - a broken generator graph is still reported
+        error += f" (model not saved: {e})"
+    x = fuzzcheck.feeds(spec)
+    row = {"status": outcome.status if outcome else error.split(":")[0],
+           "reason": outcome.reason if outcome else error, "detail": outcome.detail if outcome else error,
+           "err": outcome.err if outcome else None, "precision": spec.precision, "layout": spec.layout,
+           "nodes": len(spec.nodes), "ops": [n.op for n in spec.nodes], "onnx": onnx_path.name,
+           "spec_json": json_path.name}
+    json_path.write_text(json.dumps({"failure": row, "spec": spec.to_json(), "spec_repr": repr(spec),
+                                     "inputs": {k2: {"dtype": str(v.dtype), "shape": list(v.shape),
+                                                     "values": v.reshape(-1).tolist()} for k2, v in x.items()}},
+                                    indent=1))
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=None, help="stop after this much wall time")
+    ap.add_argument("--graphs", type=int, default=None, help="stop after this many graphs")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--precisions", default=",".join(PRECISIONS))
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--tuning", choices=("analytical", "measured"), default="analytical",
+                    help="measured: the compile times candidates on the GPU (CompileOptions(cost='measured'))")
+    ap.add_argument("--db", default=None, help="tuning database for --tuning measured (default: a fresh one in a temp dir)")
+    ap.add_argument("--random-schedules", choices=("auto", "on", "off"), default="auto",
+                    help="run generated kernels at random schedules of their space (auto: on unless measured)")
+    ap.add_argument("--chunk", type=int, default=100, help="graphs per Hypothesis run (one seed each)")
+    ap.add_argument("--max-steps", type=int, default=6, help="op steps per graph at most")
+    ap.add_argument("--big", type=float, default=0.15, help="share of graphs drawn with boundary-crossing sizes")
+    ap.add_argument("--stop-on-fail", action="store_true")
+    ap.add_argument("--no-shrink", action="store_true")
+    ap.add_argument("--out", type=Path, default=Path("fuzz.json"))
+    ap.add_argument("--progress", type=float, default=30.0, help="seconds between progress lines")
+    args = ap.parse_args()
+    if args.minutes is None and args.graphs is None:
+        args.graphs = 200
+    precisions = [p for p in args.precisions.split(",") if p]
+    if any(p not in PRECISIONS for p in precisions):
+        ap.error(f"--precisions takes {', '.join(PRECISIONS)}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no GPU visible")
+    if args.tuning == "measured" and args.device != "cuda":
+        ap.error("--tuning measured times kernels on the GPU: use it with --device cuda")
+    random_schedules = args.random_schedules == "on" or (args.random_schedules == "auto" and args.tuning != "measured")
+
+    warnings.filterwarnings("ignore", category=RuntimeWarning)  # NaN/inf in the interpreter's NumPy
+    torch.set_num_threads(1)
+    tmp = tempfile.TemporaryDirectory(prefix="tessera_fuzz_")
+    os.environ["TESSERA_CACHE"] = tmp.name  # generated kernel files: one throwaway cache per run
+    db = args.db or str(Path(tmp.name) / "tuning.db")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    commit = git_commit()  # at the start: the code that ran
+    stats = Stats()
+    failures: list[dict[str, Any]] = []
+    seen: dict[str, dict[str, Any]] = {}
+    chunks: list[int] = []
+    start = time.perf_counter()
+    cpu_start = time.process_time()
+    last_print = start
+
+    def budget_left() -> bool:
+        if args.graphs is not None and stats.graphs >= args.graphs:
+            return False
+        return args.minutes is None or time.perf_counter() - start < args.minutes * 60
+
+    def progress(force: bool = False) -> None:
+        nonlocal last_print
+        now = time.perf_counter()
+        if force or now - last_print >= args.progress:
+            last_print = now
+            mins = (now - start) / 60
+            s = stats.status
+            print(f"[{mins:6.1f} min] {stats.graphs} graphs: {s['pass']} pass, {s['skip']} skip, "
+                  f"{s['mismatch']} mismatch, {s['crash']} crash; {stats.graphs / max(mins, 1e-9):.0f} graphs/min; "
+                  f"{len(seen)} distinct failure(s)", flush=True)
+
+    phases = [Phase.generate] + ([] if args.no_shrink else [Phase.shrink])
+    chunk_index = 0
+    stop = False
+    while budget_left() and not stop:
+        chunk_seed = args.seed + chunk_index
+        chunk_index += 1
+        chunks.append(chunk_seed)
+        state: dict[str, Any] = {"shrinking": False, "last": None}
+
+        @settings(max_examples=args.chunk, database=None, deadline=None, derandomize=False, phases=phases,
+                  suppress_health_check=list(HealthCheck), report_multiple_bugs=False, verbosity=Verbosity.quiet,
+                  print_blob=False)
+        @seed(chunk_seed)
+        @given(graph_specs(precisions=precisions, max_steps=args.max_steps, big=args.big))
+        def run_one(spec: GraphSpec) -> None:
+            if not state["shrinking"] and not budget_left():
+                return
+            t_call = time.perf_counter()
+            try:
+                o = fuzzcheck.check(spec, args.device, args.tuning, db if args.tuning == "measured" else None,
+                                    random_schedules)
+            except Exception as e:  # noqa: BLE001 - the generator's or the oracle's own bug, not tessera's
+                kind = "generator-error" if isinstance(e, fuzzcheck.GeneratorError) else "harness-error"
+                if not state["shrinking"]:
+                    stats.status[kind] += 1
+                    stats.graphs += 1
+                state["shrinking"] = True
+                state["last"] = (spec, None, f"{kind}: {type(e).__name__}: {e}")
+                raise failure(kind)(str(e)) from None
+            if state["shrinking"]:
+                stats.shrink_s += time.perf_counter() - t_call
+                stats.shrink_steps += 1
+            else:
+                stats.add(spec, o)
+                progress()
+            if o.failed:
+                state["shrinking"] = True
+                state["last"] = (spec, o, "")
+                raise failure(f"{o.status}: {o.reason}")(o.detail)
+
+        try:
+            run_one()
+        except Failed:
+            spec, o, err = state["last"]
+            sig = f"{o.status}: {o.reason}" if o else err.split(":")[0]
+            key = f"{sig} [{spec.precision}: {' '.join(sorted({n.op for n in spec.nodes}))}]"
+            if key in seen:
+                seen[key]["hits"] += 1
+            else:
+                row = save_failure(args.out, len(failures) + 1, spec, o, err)
+                row["signature"] = sig
+                row["hits"] = 1
+                row["chunk_seed"] = chunk_seed
+                failures.append(row)
+                seen[key] = row
+                print(f"FAILURE {len(failures)}: {sig}\n  {row['detail']}\n  shrunk to {row['nodes']} node(s) "
+                      f"{row['ops']}: {row['onnx']}", flush=True)
+            if args.stop_on_fail:
+                stop = True
+    wall = time.perf_counter() - start
+    cpu = time.process_time() - cpu_start
+    progress(force=True)
+    doc = {
+        "date": time.strftime("%Y-%m-%d"), "commit": commit, "device": device_name(args.device),
+        "device_kind": args.device, "tuning": args.tuning, "random_schedules": random_schedules,
+        "versions": versions(),
+        "options": {"seed": args.seed, "precisions": precisions, "chunk": args.chunk, "max_steps": args.max_steps,
+                    "big": args.big, "minutes": args.minutes, "graphs": args.graphs, "shrink": not args.no_shrink},
+        "seeds": chunks,
+        "wall_s": round(wall, 1), "graphs": stats.graphs,
+        "graphs_per_minute": round(stats.graphs / (wall / 60), 1) if wall else None,
+        "check_s_per_graph": round(stats.check_s / max(stats.graphs, 1), 4),
+        "shrink_s": round(stats.shrink_s, 1), "shrink_steps": stats.shrink_steps,
+        "graphs_per_minute_excluding_shrinking": round(stats.graphs / max((wall - stats.shrink_s) / 60, 1e-9), 1),
+        # The CPU machines' cores are shared: CPU time says what one core of our own would do.
+        "cpu_s": round(cpu, 1), "graphs_per_cpu_minute": round(stats.graphs / max(cpu / 60, 1e-9), 1),
+        "outcomes": dict(stats.status), "mismatches": stats.status["mismatch"], "crashes": stats.status["crash"],
+        "generator_errors": stats.status["generator-error"], "harness_errors": stats.status["harness-error"],
+        "skips": {"total": stats.status["skip"], "by_reason": dict(stats.skips), "examples": stats.skip_examples},
+        "per_precision": {k: dict(v) for k, v in sorted(stats.by_precision.items())},
+        "per_family_graphs": dict(sorted(stats.families.items())),
+        "per_family_nodes": dict(sorted(stats.family_nodes.items())),
+        "per_op_nodes": dict(sorted(stats.ops.items())),
+        "layouts": dict(stats.layouts), "opsets": dict(stats.opsets), "strategies": dict(stats.strategies),
+        "nodes_per_graph": dict(sorted(stats.nodes_hist.items(), key=lambda kv: int(kv[0]))),
+        "graphs_with_random_schedules": stats.random_schedules, "max_tensor_numel": stats.max_numel,
+        "kernel_forms": {"kernels": dict(sorted(stats.forms.items())),
+                         "graphs_with": dict(sorted(stats.form_graphs.items()))},
+        "triton_warnings": dict(stats.warnings),
+        "opaque_fallback": {"nodes": dict(sorted(stats.opaque.items())), "reasons": stats.opaque_reasons},
+        "failures": failures,
+    }
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {args.out}: {stats.graphs} graphs in {wall / 60:.1f} min, {len(failures)} distinct failure(s)")
+    tmp.cleanup()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
