@@ -27,18 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tessera.fission import fission  # noqa: E402
 from tessera.frontend import load  # noqa: E402
-from tessera.ir import interp, interp_linear  # noqa: E402
-from tessera.rewrite import convert_precision  # noqa: E402
 from tessera.tolerance import TOLERANCE, rel_l2  # noqa: E402
-from tessera.verify import random_inputs, run_onnxruntime  # noqa: E402
-
-
-def to_tf32(a: np.ndarray) -> np.ndarray:
-    """Round float32 values to 10 mantissa bits (nearest, ties away), kept as float64."""
-    b = np.asarray(a, np.float32).copy().view(np.uint32)
-    b += np.uint32(0x1000)
-    b &= np.uint32(0xFFFFE000)
-    return b.view(np.float32).astype(np.float64)
+from tessera.verify import random_inputs, run_at_precision, run_onnxruntime  # noqa: E402
 
 
 def floors(path: Path, seed: int) -> dict:
@@ -46,14 +36,8 @@ def floors(path: Path, seed: int) -> dict:
     g = fission(loaded.graph).graph
     feeds = random_inputs(loaded.graph, seed)
     ref = run_onnxruntime(loaded.model, feeds)
-    conv, matmul = interp_linear.conv, interp_linear.matmul
-    interp_linear.conv = lambda x, w, *a: conv(to_tf32(x), to_tf32(w), *a)
-    interp_linear.matmul = lambda x, w: matmul(to_tf32(x), to_tf32(w))
-    try:
-        tf32 = interp.run(g, feeds, exact=True)
-    finally:
-        interp_linear.conv, interp_linear.matmul = conv, matmul
-    fp16 = interp.run(convert_precision(g, "fp16"), feeds)
+    tf32 = run_at_precision(g, feeds, "tf32")
+    fp16 = run_at_precision(g, feeds, "fp16")
     row = {"model": path.stem}
     for name, out in (("tf32", tf32), ("fp16", fp16)):
         errs = {k: rel_l2(np.asarray(out[k], np.float64), ref[k]) for k in g.outputs}

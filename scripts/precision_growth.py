@@ -21,9 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tessera.fission import fission  # noqa: E402
 from tessera.frontend import load  # noqa: E402
-from tessera.ir import interp  # noqa: E402
 from tessera.tolerance import rel_l2  # noqa: E402
-from tessera.verify import _tf32_operands, random_inputs  # noqa: E402
+from tessera.verify import random_inputs, run_at_precision  # noqa: E402
 
 
 def main() -> int:
@@ -34,9 +33,8 @@ def main() -> int:
     args = ap.parse_args()
     g = fission(load(args.model).graph).graph
     feeds = random_inputs(g, args.seed)
-    exact = interp.run(g, feeds, exact=True, keep_all=True)
-    with _tf32_operands():
-        rounded = interp.run(g, feeds, exact=True, keep_all=True)
+    exact = run_at_precision(g, feeds, "fp32", keep_all=True)
+    rounded = run_at_precision(g, feeds, args.precision, keep_all=True)
     print(f"| node | op | rel L2 ({args.precision}) | channel |mean|/std, median | max |")
     print("| --- | --- | ---: | ---: | ---: |")
     for n in g.nodes:

@@ -150,18 +150,19 @@ def verify(source: Any, stage: str = "fission", input_shapes: Mapping[str, Seque
     return report
 
 
-def run_at_precision(graph: Graph, feeds: Mapping[str, np.ndarray], precision: str) -> dict[str, np.ndarray]:
+def run_at_precision(graph: Graph, feeds: Mapping[str, np.ndarray], precision: str,
+                     keep_all: bool = False) -> dict[str, np.ndarray]:
     """The outputs of a primitive graph (before the precision pass) computed at `precision` by the
-    reference interpreter, as `ARITHMETIC` says."""
+    reference interpreter, as `ARITHMETIC` says; with `keep_all`, every tensor's value."""
     if precision == "fp32":
-        return interp.run(graph, feeds, exact=True)
+        return interp.run(graph, feeds, exact=True, keep_all=keep_all)
     if precision == "tf32":
         with _tf32_operands():
-            return interp.run(graph, feeds, exact=True)
+            return interp.run(graph, feeds, exact=True, keep_all=keep_all)
     narrow = convert_precision(graph, precision)
     if precision == "bf16":
         narrow = _round_bf16_storage(narrow)
-    return interp.run(narrow, feeds, exact=False)
+    return interp.run(narrow, feeds, exact=False, keep_all=keep_all)
 
 
 def to_tf32(a: np.ndarray) -> np.ndarray:
@@ -319,15 +320,15 @@ def verify_kernels(exe: "Executable", feeds: Mapping[str, np.ndarray], precision
     report = KernelReport(model=model, precision=precision, seed=seed, propagate=propagate, device=str(exe.device))
     plan_kernels = {k["name"]: k for k in exe.plan["kernels"]}
     env: dict[str, torch.Tensor] = {**exe.constants, **{t: stored(t, np.asarray(feeds[t])) for t in graph.inputs}}
-    with exe._precision():
+    with exe.precision_flags():
         for i, step in enumerate(exe.steps):
             impl = step.impl
             if not propagate:  # the reference's inputs: only this kernel's own error shows
                 env = dict(exe.constants)
-                for t in exe._reads(step):
+                for t in exe.reads(step):
                     if t not in env:
                         env[t] = stored(t, ref[t])
-            exe._step(step, env)
+            exe.run_step(step, env)
             k = plan_kernels.get(impl.name, {})
             check = KernelCheck(i, impl.name, impl.backend, [n.name for n in impl.prims],
                                 list(k.get("source_nodes", [])))
@@ -336,7 +337,7 @@ def verify_kernels(exe: "Executable", feeds: Mapping[str, np.ndarray], precision
                 check.tensors.append(TensorCheck(t, err, passes(err, precision)))
             report.kernels.append(check)
             if propagate:
-                for t in exe._free_after[i]:
+                for t in exe.free_after[i]:
                     env.pop(t, None)
     report.seconds = time.perf_counter() - start
     return report

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sqlite3
@@ -9,7 +10,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -182,9 +183,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    if args.device == "cuda" and not torch.cuda.is_available():
+def _check_device(device: str) -> None:
+    if device == "cuda" and not torch.cuda.is_available():
         raise TesseraError("--device cuda: no GPU is visible to torch here; run with --device cpu")
+
+
+@contextlib.contextmanager
+def _open_target(target: Path, device: str, precision: str | None,
+                 input_shape: list[str] | None = None) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
+    """(executable, frontend model, artifact metadata) of TARGET: an artifact directory, or a model
+    compiled first with the default options (into a temporary artifact, gone on exit)."""
+    if not target.exists():
+        raise TesseraError(f"{target}: no such artifact directory or model file")
+    _check_device(device)
+    with tempfile.TemporaryDirectory(prefix="tessera-") as tmp:
+        if target.is_dir():
+            meta = read_meta(target)
+            if input_shape:
+                raise TesseraError(f"{target} was compiled for input shapes {meta['input_shapes']}; "
+                                   "--input-shape applies to an .onnx file")
+            if precision and precision != meta.get("precision", "fp32"):
+                raise TesseraError(f"{target} was compiled for {meta.get('precision', 'fp32')}; "
+                                   "--precision applies to an .onnx file, compile again to change it")
+            artifact = target
+        else:
+            artifact = Path(tmp) / "artifact"
+            opts = CompileOptions(precision=precision or "fp32", input_shapes=parse_input_shapes(input_shape))
+            write_artifacts(compile_model(target, opts), artifact)
+            meta = read_meta(artifact)
+        exe = load(artifact, device)
+        yield exe, frontend_load(artifact / "model.onnx", meta["input_shapes"]), meta
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    _check_device(args.device)
     meta = read_meta(args.artifact)
     exe = load(args.artifact, args.device)
     model = frontend_load(args.artifact / "model.onnx", meta["input_shapes"])
@@ -227,25 +259,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     target: Path = args.target
-    if not target.exists():
-        raise TesseraError(f"{target}: no such artifact directory or model file")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise TesseraError("--device cuda: no CUDA device is visible; use --device cpu")
     if args.reps is not None and args.reps < 1:
         raise TesseraError(f"--reps {args.reps}: profile at least one call")
-    with tempfile.TemporaryDirectory(prefix="tessera-profile-") as tmp:
-        if target.is_dir():
-            meta = read_meta(target)
-            if args.precision and args.precision != meta.get("precision", "fp32"):
-                raise TesseraError(f"{target} was compiled for {meta.get('precision', 'fp32')}; "
-                                   "--precision applies to an .onnx file, compile again to change it")
-            artifact = target
-        else:  # a model: compile it with the default options first
-            artifact = Path(tmp) / "artifact"
-            write_artifacts(compile_model(target, CompileOptions(precision=args.precision or "fp32")), artifact)
-            meta = read_meta(artifact)
-        exe = load(artifact, args.device)
-        model = frontend_load(artifact / "model.onnx", meta["input_shapes"])
+    with _open_target(target, args.device, args.precision) as (exe, model, meta):
         feeds = {k: torch.from_numpy(v) for k, v in random_inputs(model.graph, 0).items()}
         prof = profile_executable(exe, feeds, args.reps or (30 if args.device == "cuda" else 1))
     if args.json:
@@ -364,27 +380,7 @@ def _verify_per_kernel(args: argparse.Namespace) -> int:
     target = Path(args.model)
     if args.stage:
         raise TesseraError("--stage does not apply to --per-kernel, which checks a compiled plan's kernels")
-    if not target.exists():
-        raise TesseraError(f"{target}: no such artifact directory or model file")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise TesseraError("--device cuda: no GPU is visible to torch here; run with --device cpu")
-    with tempfile.TemporaryDirectory(prefix="tessera-verify-") as tmp:
-        if target.is_dir():
-            meta = read_meta(target)
-            if args.input_shape:
-                raise TesseraError(f"{target} was compiled for input shapes {meta['input_shapes']}; "
-                                   "--input-shape applies to an .onnx file")
-            if args.precision and args.precision != meta.get("precision", "fp32"):
-                raise TesseraError(f"{target} was compiled for {meta.get('precision', 'fp32')}; "
-                                   "--precision applies to an .onnx file, compile again to change it")
-            artifact = target
-        else:
-            artifact = Path(tmp) / "artifact"
-            opts = CompileOptions(precision=args.precision or "fp32", input_shapes=parse_input_shapes(args.input_shape))
-            write_artifacts(compile_model(target, opts), artifact)
-            meta = read_meta(artifact)
-        exe = load(artifact, args.device)
-        model = frontend_load(artifact / "model.onnx", meta["input_shapes"])
+    with _open_target(target, args.device, args.precision, args.input_shape) as (exe, model, meta):
         seed = int.from_bytes(os.urandom(4), "little") if args.seed is None else args.seed
         r = verify_kernels(exe, random_inputs(model.graph, seed), meta.get("precision", "fp32"), args.propagate,
                            str(target), seed)
@@ -431,7 +427,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         raise TesseraError("--triton applies to tessera cache clear (info always reports Triton's cache)")
     u = cache.usage()
     tdir, tfiles, tbytes = cache.triton_usage()
-    db = cache.cache_root() / "tuning.db"
+    db = default_db_path()
     if args.json:
         print(json.dumps({"dir": str(u.directory), "files": u.files, "bytes": u.nbytes, "cap_bytes": u.cap,
                           "triton": {"dir": str(tdir), "files": tfiles, "bytes": tbytes},

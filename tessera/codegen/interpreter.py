@@ -15,27 +15,21 @@ Triton's interpreter (3.6 to 3.9 at least) and compiled kernels in code tessera 
 
 `match_gpu_semantics()` replaces the interpreter builder's float32 -> bfloat16 conversion and
 makes load/store masks boolean. Every other operation keeps the interpreter's code; GPU kernels
-never run through it.
+never run through it. `codegen/launch.use_interpreter` applies it wherever the interpreter is chosen.
 """
 from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 _PATCHED = False
 
 
 def bf16_bits(x: np.ndarray) -> np.ndarray:
-    """float32 values as bfloat16 bit patterns (uint16), rounded to nearest even; NaN stays NaN."""
-    f = np.asarray(x, dtype=np.float32)
-    u = f.view(np.uint32)
-    with np.errstate(over="ignore"):
-        bits = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
-    nan = np.isnan(f)
-    if nan.any():  # a quiet NaN with the input's sign (rounding could carry a NaN's payload into Inf)
-        bits = np.where(nan, ((u >> np.uint32(16)) | np.uint32(0x40)).astype(np.uint16), bits)
-    return bits
+    """float32 values as bfloat16 bit patterns (uint16), rounded to nearest even (ml_dtypes' cast)."""
+    return np.asarray(x, dtype=np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
 
 
 def match_gpu_semantics() -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from tessera import cache
+from tessera.codegen.interpreter import match_gpu_semantics
 from tessera.codegen.kernels import KernelSource
 
 
@@ -39,6 +40,8 @@ def use_interpreter(device: torch.device) -> None:
     elif device.type == "cuda" and _SET_BY_US:
         os.environ.pop("TRITON_INTERPRET", None)
         _SET_BY_US = False
+    if device.type == "cpu":  # after the switch: it imports Triton's interpreter
+        match_gpu_semantics()  # the interpreter as the GPU computes: bf16 rounding, boolean masks
 
 
 def cache_dir() -> Path:

@@ -176,7 +176,7 @@ def _build(payload: Payload) -> Result:
         mini, plan = payload
         exe = Executable(mini, plan, "cuda", cuda_graph=False)
         st("generate")
-        with exe._precision():  # the plan's math flags (tf32 or full fp32 in the libraries)
+        with exe.precision_flags():  # the plan's math flags (tf32 or full fp32 in the libraries)
             exe._launch(_inputs(mini, "cuda", 0))
         torch.cuda.synchronize()
         st("compile")
@@ -222,7 +222,7 @@ def _time(payload: Payload) -> Result:
         size = sum(mini.types[t].nbytes for t in mini.inputs) + sum(mini.types[t].nbytes for t in mini.outputs)
         copies = max(1, min(LAUNCHES, math.ceil(L2_BYTES / max(size, 1))))
         st("generate")
-        with _gpu_section(), exe._precision():
+        with _gpu_section(), exe.precision_flags():
             st("wait")
             feeds = [_inputs(mini, "cuda", s) for s in range(copies)]
             exe._launch(feeds[0])  # loads the compiled kernel

@@ -313,6 +313,27 @@ def _conversion(g: Graph, name: str, src: str, dst: str, logical: TensorType, la
 ALIGN_BYTES = 16  # what cuBLAS and cuDNN want of a leading dimension for their aligned tensor-core kernels
 
 
+def _zero_padded(g: Graph, t: str, shape: tuple[int, ...], out: str, node: str, source: tuple[str, ...],
+                 layout: tuple[int, ...] = ()) -> Node | None:
+    """`t` zero-padded at the end of each dim to `shape`, as tensor `out`: a constant is padded once
+    here (None returned), a computed tensor by the returned PAD primitive."""
+    ty = g.types[t]
+    g.types[out] = TensorType(shape, ty.dtype, layout)
+    widths = [(0, n - m) for m, n in zip(ty.shape, shape)]
+    if t in g.constants:
+        g.constants[out] = np.pad(g.constants[t], widths)
+        return None
+    pads = tuple(w[0] for w in widths) + tuple(w[1] for w in widths)
+    return Node(node, Prim.PAD.value, (t,), (out,), {"pads": pads, "mode": "constant", "value": 0.0}, source=source)
+
+
+def _cut_back(g: Graph, padded: str, y: str, node: str, source: tuple[str, ...]) -> Node:
+    """The SLICE that cuts a padded result back to `y`'s shape."""
+    rank = g.types[y].rank
+    return Node(node, Prim.SLICE.value, (padded,), (y,),
+                {"starts": (0,) * rank, "steps": (1,) * rank, "shape": g.types[y].shape}, source=source)
+
+
 def _pad_conv_channels(g: Graph, region: Region) -> int:
     """Stored NHWC, a convolution's leading dimension is its channel count. Where that is not a
     multiple of 16 bytes (3 colour channels, a 150-label classifier), the library falls back to
@@ -339,23 +360,20 @@ def _pad_conv_channels(g: Graph, region: Region) -> int:
         ins, outs, after = list(n.inputs), list(n.outputs), []
         if cp != c:
             xp = f"{x}/{n.name}/padded"
-            g.types[xp] = TensorType((xt.shape[0], cp, *xt.shape[2:]), xt.dtype, region.layout)
-            nodes.append(Node(f"{n.name}/pad_channels", Prim.PAD.value, (x,), (xp,),
-                              {"pads": (0, 0, 0, 0, 0, cp - c, 0, 0), "mode": "constant", "value": 0.0},
-                              source=n.source))
+            node = _zero_padded(g, x, (xt.shape[0], cp, *xt.shape[2:]), xp, f"{n.name}/pad_channels", n.source,
+                                region.layout)
+            if node is not None:
+                nodes.append(node)
             ins[0] = xp
         key = (w, cp, op)
         if key not in padded_w:
             padded_w[key] = f"{w}/padded{op}x{cp}"
-            v = g.constants[w]
-            g.constants[padded_w[key]] = np.pad(v, [(0, op - o), (0, cp - c)] + [(0, 0)] * (v.ndim - 2))
-            g.types[padded_w[key]] = TensorType((op, cp, *wt.shape[2:]), wt.dtype)
+            _zero_padded(g, w, (op, cp, *wt.shape[2:]), padded_w[key], "", n.source)
         ins[1] = padded_w[key]
         if op != o:
             yp = f"{y}/padded"
             g.types[yp] = TensorType((yt.shape[0], op, *yt.shape[2:]), yt.dtype, yt.layout)
-            after.append(Node(f"{n.name}/unpad_channels", Prim.SLICE.value, (yp,), (y,),
-                              {"starts": (0, 0, 0, 0), "steps": (1, 1, 1, 1), "shape": yt.shape}, source=n.source))
+            after.append(_cut_back(g, yp, y, f"{n.name}/unpad_channels", n.source))
             outs[0] = yp
         nodes.append(Node(n.name, n.op, tuple(ins), tuple(outs), dict(n.attrs), n.domain, n.source))
         nodes.extend(after)
@@ -382,23 +400,15 @@ def _pad_matmuls(g: Graph) -> int:
     padded: dict[tuple[str, tuple[int, ...]], str] = {}
 
     def pad(t: str, dim: int, to: int, name: str, source: tuple[str, ...]) -> str:
-        ty = g.types[t]
-        shape = ty.shape[:dim] + (to,) + ty.shape[dim + 1:]
+        shape = g.types[t].shape[:dim] + (to,) + g.types[t].shape[dim + 1:]
         key = (t, shape)
-        if key in padded:
-            return padded[key]
-        out = f"{t}/{name}/dim{dim}"  # A @ A pads one tensor along two dims: two names
-        g.types[out] = TensorType(shape, ty.dtype)
-        widths = [(0, 0)] * ty.rank
-        widths[dim] = (0, to - ty.shape[dim])
-        if t in g.constants:
-            g.constants[out] = np.pad(g.constants[t], widths)
-        else:
-            pads = tuple(w[0] for w in widths) + tuple(w[1] for w in widths)
-            nodes.append(Node(f"{out}/pad", Prim.PAD.value, (t,), (out,),
-                              {"pads": pads, "mode": "constant", "value": 0.0}, source=source))
-        padded[key] = out
-        return out
+        if key not in padded:
+            out = f"{t}/{name}/dim{dim}"  # A @ A pads one tensor along two dims: two names
+            node = _zero_padded(g, t, shape, out, f"{out}/pad", source)
+            if node is not None:
+                nodes.append(node)
+            padded[key] = out
+        return padded[key]
 
     for n in g.nodes:
         if n.op != Prim.MATMUL.value:
@@ -432,9 +442,7 @@ def _pad_matmuls(g: Graph) -> int:
         nodes.append(Node(n.name, n.op, (a, b, *n.inputs[2:]), (out, *n.outputs[1:]), dict(n.attrs), n.domain,
                           n.source))
         if out != y:
-            nodes.append(Node(f"{n.name}/unpad", Prim.SLICE.value, (out,), (y,),
-                              {"starts": (0,) * yt.rank, "steps": (1,) * yt.rank, "shape": yt.shape},
-                              source=n.source))
+            nodes.append(_cut_back(g, out, y, f"{n.name}/unpad", n.source))
         count += 1
     g.nodes = nodes
     if count:

@@ -17,7 +17,6 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from tessera.codegen.interpreter import match_gpu_semantics
 from tessera.codegen.kernels import Schedule
 from tessera.codegen.launch import KernelCompileError, TritonKernel, use_interpreter
 from tessera.codegen.select import KernelImpl, implement
@@ -49,8 +48,6 @@ class Executable:
         self.plan = plan
         self.device = torch.device(device)
         use_interpreter(self.device)
-        if self.device.type == "cpu":
-            match_gpu_semantics()  # the interpreter as the GPU computes: bf16 rounding, boolean masks
         by_name = {n.name: n for n in graph.nodes}
         self.constants = {name: torch.from_numpy(np.array(v, order="C")).to(
             self.device, TORCH_DTYPES[graph.types[name].dtype]) for name, v in graph.constants.items()}
@@ -114,7 +111,7 @@ class Executable:
         last_read: dict[str, int] = {}
         base_last: dict[str, int] = {}
         for i, step in enumerate(self.steps):
-            for t in self._reads(step):
+            for t in self.reads(step):
                 last_read[t] = i
                 base_last[alias.get(t, t)] = i
         for t in outputs:
@@ -128,12 +125,14 @@ class Executable:
                 lifetimes.append(Lifetime(t, nbytes, i, end if t in outputs else base_last.get(t, i)))
         types = {t: self.graph.types[t] for t in (lt.tensor for lt in lifetimes)}
         self.pool = BufferPool(lifetimes, types, self.device)
-        self._free_after: list[list[str]] = [[] for _ in self.steps]
+        # Per step, the tensors no later step reads: dropped from the environment after it.
+        self.free_after: list[list[str]] = [[] for _ in self.steps]
         for t, i in last_read.items():
             if t not in outputs and t not in self.constants:
-                self._free_after[i].append(t)
+                self.free_after[i].append(t)
 
-    def _reads(self, step: Step) -> list[str]:
+    def reads(self, step: Step) -> list[str]:
+        """The tensors `step` reads from the environment (its nodes' inputs it does not compute)."""
         produced = {o for n in step.impl.nodes for o in n.outputs}
         return [t for n in step.impl.nodes for t in n.inputs if t and t not in produced]
 
@@ -180,7 +179,7 @@ class Executable:
 
     def run_static(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Outputs in the executable's own buffers, overwritten by the next call (for benchmarks)."""
-        with self._precision():
+        with self.precision_flags():
             if not self.cuda_graph:
                 return self._launch(feeds)
             if self._graph is None:
@@ -203,7 +202,8 @@ class Executable:
             self._static_out = self._launch(self._static_in)
         self._graph = g
 
-    def _precision(self) -> Any:
+    def precision_flags(self) -> Any:
+        """A context with the plan's math flags (TF32 on or off in the libraries) and no autograd."""
         exe = self
 
         class _Flags:
@@ -228,12 +228,13 @@ class Executable:
                                         **{t: as_layout(v, self.graph.types[t].layout) for t, v in feeds.items()}}
         for i, step in enumerate(self.steps):
             with torch.profiler.record_function(step.impl.name) if self.annotate else nullcontext():
-                self._step(step, env)
-            for t in self._free_after[i]:
+                self.run_step(step, env)
+            for t in self.free_after[i]:
                 env.pop(t, None)
         return {t: env[t] for t in self.graph.outputs}
 
-    def _step(self, step: Step, env: dict[str, torch.Tensor]) -> None:
+    def run_step(self, step: Step, env: dict[str, torch.Tensor]) -> None:
+        """Run one plan kernel over `env` (tensors by name), adding its outputs to it."""
         impl = step.impl
         if impl.backend == "triton":
             self._triton(step, env)
