@@ -49,12 +49,14 @@ def conv_shapes(name: str) -> list[dict]:
     return list(seen.values())
 
 
-def time_conv(c: dict, dtype: torch.dtype, channels_last: bool, benchmark: bool) -> float:
-    """GPU µs per call of one convolution, replayed from a CUDA graph."""
+def time_conv(c: dict, dtype: torch.dtype, channels_last: bool, benchmark: bool, out_channels: int = 0) -> float:
+    """GPU µs per call of one convolution, replayed from a CUDA graph (`out_channels`: the weight
+    padded to that many output channels)."""
     torch.backends.cudnn.benchmark = benchmark
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     x = torch.randn(c["x"], device="cuda", dtype=dtype).to(memory_format=fmt)
-    w = (torch.randn(c["w"], device="cuda", dtype=dtype) * 0.05).to(memory_format=fmt)
+    w = (torch.randn([max(out_channels, c["w"][0]), *c["w"][1:]], device="cuda", dtype=dtype) * 0.05)
+    w = w.to(memory_format=fmt)
 
     def call() -> torch.Tensor:
         return F.conv2d(x, w, None, c["stride"], c["padding"], c["dilation"], c["groups"])
@@ -91,6 +93,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="candy,resnet50,inception_v3,mobilenet_v2")
     ap.add_argument("--precisions", default="fp16,tf32")
+    ap.add_argument("--pad-out", default="",
+                    help="comma-separated output-channel counts: convolutions with fewer output channels are also "
+                         "timed channels-last with their weight zero-padded to each")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -107,6 +112,11 @@ def main() -> None:
                 for v, cl, bench in VARIANTS:
                     row[v] = time_conv(c, dtype, cl, bench)
                     totals[v] += row[v] * c["count"]
+                for k in (int(p) for p in args.pad_out.split(",") if p):
+                    if c["w"][0] < k and c["groups"] == 1:
+                        row[f"nhwc cout{k}"] = time_conv(c, dtype, True, False, k)
+                        print(f"  {name} {prec} x{c['x']} w{c['w']}: nchw {row['nchw']:.1f} nhwc {row['nhwc']:.1f} "
+                              f"nhwc with {k} outputs {row[f'nhwc cout{k}']:.1f} µs", flush=True)
                 rows.append(row)
             table.append((name, prec, len(convs), totals))
             print(f"{name} {prec}: {len(convs)} convs, {time.time() - t0:.0f} s", flush=True)
