@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("folder", type=Path)
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--cost", default="auto")
+    ap.add_argument("--solver", default=None, help="passed to tessera compile (default: its own)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per command")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="start no new model after this long")
     ap.add_argument("--out", type=Path)
@@ -66,7 +67,8 @@ def main() -> None:
             if time.perf_counter() - t0 > args.budget_s:
                 rows.append({"model": m.name, "skipped": "budget spent"})
                 continue
-            row = check(m, Path(work), ["--precision", args.precision, "--cost", args.cost, *env_db], args.timeout)
+            row = check(m, Path(work), ["--precision", args.precision, "--cost", args.cost, *env_db,
+                                              *(["--solver", args.solver] if args.solver else [])], args.timeout)
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.out:
