@@ -77,8 +77,14 @@ PASSES = ("load", "fission", "precision", "layout", "ograph", "cost", "orchestra
 
 def compile_model(source: Any, options: CompileOptions | None = None,
                   progress: Callable[[int, int], None] | None = None,
-                  tune_progress: Callable[[int, int], None] | None = None) -> CompileResult:
-    """Load, split, orchestrate a model and generate its kernels."""
+                  tune_progress: Callable[[int, int], None] | None = None,
+                  profiler: Profiler | None = None) -> CompileResult:
+    """Load, split, orchestrate a model and generate its kernels.
+
+    `profiler` (measured cost only) is one the caller owns and closes: its worker processes then
+    live across compiles, so a script that compiles many models starts them once. By default each
+    measured compile starts its own and closes it at the end.
+    """
     opt = options or CompileOptions()
     cost_kind = opt.cost if opt.cost != "auto" else ("measured" if torch.cuda.is_available() else "analytical")
     if cost_kind not in ("analytical", "measured"):
@@ -109,11 +115,15 @@ def compile_model(source: Any, options: CompileOptions | None = None,
         raise TesseraError(str(e)) from None
     done("precision")
     db = TuningDB(opt.db or default_db_path()) if cost_kind == "measured" else None
-    profiler = new_profiler(opt) if cost_kind == "measured" else None
+    own = profiler is None
+    if cost_kind != "measured":
+        profiler = None
+    elif profiler is None:
+        profiler = new_profiler(opt)
     try:
         return _plan(loaded, fis, graph, opt, cost_kind, dev, db, profiler, timings, done, progress, tune_progress)
     finally:  # worker processes and the database, also when solving fails
-        if profiler is not None:
+        if profiler is not None and own:
             getattr(profiler, "close", lambda: None)()
         if db is not None:
             db.close()

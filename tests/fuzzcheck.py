@@ -24,13 +24,14 @@ onnxruntime's results, raises `GeneratorError`: the generator is wrong, not tess
 """
 from __future__ import annotations
 
+import atexit
 import math
 import time
 import traceback
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 import ml_dtypes
 import numpy as np
@@ -40,6 +41,7 @@ import torch
 from fuzzspec import BF16, BOOL, FLOAT, HALF, GraphSpec
 from onnx import TensorProto, helper
 
+from tessera import compiler
 from tessera.codegen.kernels import schedules
 from tessera.compiler import CompileOptions, CompileResult, compile_model, generate_kernels, plan_document
 from tessera.fission import fission
@@ -232,6 +234,20 @@ def options(spec: GraphSpec, tuning: str = "analytical", db: str | None = None) 
                           time_limit=20.0, tune_workers=1 if tuning == "measured" else None)
 
 
+_PROFILERS: list[Any] = []
+
+
+def shared_profiler(tuning: str) -> Any:
+    """Measured tuning: one profiler for the whole run, so its worker processes start once (a GPU
+    compile of a one-kernel graph took 15-20 s on the H100, starting workers included), closed at exit."""
+    if tuning != "measured":
+        return None
+    if not _PROFILERS:
+        _PROFILERS.append(compiler.new_profiler(CompileOptions(cost="measured", tune_workers=1)))
+        atexit.register(_PROFILERS[0].close)
+    return _PROFILERS[0]
+
+
 def pick_schedules(result: CompileResult, seed: int) -> None:
     """Every generated kernel at a random schedule of its space (seed 0: the defaults)."""
     if not seed:
@@ -325,7 +341,7 @@ def check(spec: GraphSpec, device: str = "cpu", tuning: str = "analytical", db: 
     x = feeds(spec)
     model, ref = reference(spec, x)
     try:
-        result = compile_model(model, options(spec, tuning, db))
+        result = compile_model(model, options(spec, tuning, db), profiler=shared_profiler(tuning))
     except Exception as e:  # noqa: BLE001 - every exception on a valid graph is a crash
         return _timed(_crash("compile", e), t0)
     opaque = [(o.op_type, o.reason) for o in result.fission.opaque]

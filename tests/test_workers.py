@@ -297,3 +297,43 @@ def test_an_unguarded_script_tunes_in_workers_without_running_again(tmp_path):
     stats = dict(zip(words[::2], words[1::2]))
     assert int(stats["measured"]) > 0 and int(stats["kernels"]) > 0
     assert int(stats["workers"]) >= 1 and stats["parent_measured"] == "False"  # measured in the workers
+
+
+def test_a_callers_profiler_serves_several_compiles_and_stays_open(tmp_path, monkeypatch):
+    # A script that compiles many models (the fuzzer on a GPU) hands compile_model one profiler,
+    # so its workers start once; a compile that starts its own closes it.
+    import torch
+
+    import tessera
+    from fake_profiler import PooledFakeProfiler
+    from tessera import compiler
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
+    opts = tessera.CompileOptions(cost="measured", db=str(tmp_path / "t.db"))
+    shared = PooledFakeProfiler(workers=1)
+    try:
+        for name in ("attn_s7", "gemm_g1"):
+            compiler.compile_model(models_dir() / f"{name}.onnx", opts, profiler=shared)
+            assert shared.pool.pids and all(_alive(p) for p in shared.pool.pids)
+        assert len(shared.worker_pids) == 1  # both compiles measured in the one worker
+    finally:
+        shared.close()
+    closed: list[bool] = []
+
+    class Own(PooledFakeProfiler):
+        def close(self) -> None:
+            closed.append(True)
+            super().close()
+
+    monkeypatch.setattr(compiler, "new_profiler", lambda opt: Own(workers=1))
+    compiler.compile_model(models_dir() / "gemm_g2.onnx", opts)
+    assert closed == [True]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
