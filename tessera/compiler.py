@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from tessera.codegen.kernels import Schedule
+from tessera.codegen.kernels import AnySchedule
 from tessera.codegen.select import KernelImpl, TritonLegality, implement
 from tessera.codegen.triton_ops import Unsupported
 from tessera.cost import AnalyticalCost, device
@@ -23,6 +23,7 @@ from tessera.cost.devices import Device
 from tessera.cost.layout_price import AnalyticalLayoutPrice, MeasuredLayoutPrice
 from tessera.cost.measured import MeasuredCost, Profiler, tune_schedules
 from tessera.cost.profiler import GpuProfiler
+from tessera.cost.schedule_model import rank_templates
 from tessera.errors import TesseraError
 from tessera.fission import FissionResult, fission
 from tessera.frontend import LoadedModel, load
@@ -46,6 +47,10 @@ class CompileOptions:
     tune_workers: int | None = None  # parallel kernel builds while tuning
     tune: str = "all"  # "all": measure every candidate; "lazy": only what the solver picks (exact under lower bounds)
     schedule_tuning: bool = True  # measured cost: time a few schedules of each chosen kernel
+    # GEMM templates (codegen/gemm.py) for matmul kernels: "auto" (measured compiles time them beside
+    # the library call; the faster runs), "off", or "force" (every matmul kernel that has a template
+    # form runs its best-ranked one, in any compile: for tests and experiments)
+    templates: str = "auto"
     gpu: str = "h100"
     precision: str = "fp32"
     layout: str = "auto"  # storage layouts: "auto" (by cost), "nchw" (all row-major), "nhwc" (conv regions channels-last)
@@ -89,6 +94,8 @@ def compile_model(source: Any, options: CompileOptions | None = None,
     cost_kind = opt.cost if opt.cost != "auto" else ("measured" if torch.cuda.is_available() else "analytical")
     if cost_kind not in ("analytical", "measured"):
         raise TesseraError(f"--cost must be analytical, measured or auto, not {opt.cost!r}")
+    if opt.templates not in ("auto", "off", "force"):
+        raise TesseraError(f"templates must be auto, off or force, not {opt.templates!r}")
     if cost_kind == "measured" and not torch.cuda.is_available():
         raise TesseraError("--cost measured times kernels on a GPU, and none is visible; use --cost analytical")
     try:
@@ -165,7 +172,7 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
         device_name = dev.name
     done("cost")
     tuning: dict[str, Any] = {}
-    tuned: dict[str, Schedule] = {}
+    tuned: dict[str, AnySchedule] = {}
     tuned_s: dict[str, float] = {}
     plan = orchestrate(og, cost, strategy=opt.strategy, rules=CandidateRules(max_nodes=opt.max_kernel_nodes),
                        legality=TritonLegality(),
@@ -186,7 +193,7 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
         rows = len(cost.db)
         best = tune_schedules(graph, specs, cost.db, cost.profiler, cost.device, cost.versions,
                               progress=tune_progress, precision=opt.precision,
-                              gpu=dev) if opt.schedule_tuning else {}
+                              gpu=dev, templates=opt.templates == "auto") if opt.schedule_tuning else {}
         tuned = {name: sch for name, (sch, _) in best.items()}
         tuned_s = {name: seconds for name, (_, seconds) in best.items()}
         tuning = {**cost.stats, "db": str(cost.db.path), "schedules_tuned": len(tuned),
@@ -195,6 +202,8 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
                   "schedule_s": round(time.perf_counter() - t0, 2),
                   "profiler_stages_s": {k: round(v, 2) for k, v in getattr(cost.profiler, "stats", {}).items()}}
         done("schedules")
+    if opt.templates == "force":
+        tuned.update(forced_templates(graph, plan, opt.precision, dev))
     kernels = generate_kernels(graph, plan, tuned)
     done("codegen")
     return CompileResult(loaded, fis, graph, og, plan, kernels, timings, tuning, tuned_s, lay)
@@ -221,7 +230,25 @@ def measured_cost(og: OGraph, opt: CompileOptions, progress: Callable[[int, int]
                         progress, bound, opt.precision, gpu)
 
 
-def generate_kernels(graph: Graph, plan: Plan, tuned: Mapping[str, Schedule] | None = None) -> list[KernelImpl]:
+def forced_templates(graph: Graph, plan: Plan, precision: str, dev: Device) -> dict[str, AnySchedule]:
+    """`templates="force"`: the best-ranked GEMM template schedule of every plan kernel with a
+    matmul that has a template form."""
+    by_name = {n.name: n for n in graph.nodes}
+    out: dict[str, AnySchedule] = {}
+    for k in plan.kernels:
+        prims, pro = [by_name[n] for n in k.prims], [by_name[n] for n in k.prologue]
+        ranked = rank_templates(graph, pro + prims, k.outputs, precision, dev)
+        if not ranked:
+            continue
+        try:
+            implement(graph, prims, pro, k.outputs, k.name, k.source_nodes, ranked[0], precision)
+        except Unsupported:
+            continue
+        out[k.name] = ranked[0]
+    return out
+
+
+def generate_kernels(graph: Graph, plan: Plan, tuned: Mapping[str, AnySchedule] | None = None) -> list[KernelImpl]:
     """Every plan kernel as code (with its tuned schedule, if any); a kernel the generator refuses
     names itself and its primitives."""
     by_name = {n.name: n for n in graph.nodes}
@@ -229,7 +256,7 @@ def generate_kernels(graph: Graph, plan: Plan, tuned: Mapping[str, Schedule] | N
     for k in plan.kernels:
         try:
             out.append(implement(graph, [by_name[n] for n in k.prims], [by_name[n] for n in k.prologue],
-                                 k.outputs, k.name, k.source_nodes, (tuned or {}).get(k.name)))
+                                 k.outputs, k.name, k.source_nodes, (tuned or {}).get(k.name), plan.precision))
         except Unsupported as e:
             raise TesseraError(f"kernel {k.name} ({', '.join(k.prims)}) has no code: {e}") from None
     return out

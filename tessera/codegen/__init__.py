@@ -1,1 +1,1 @@
-"""Code generation: each plan kernel as generated Triton, a torch call, or both (see select.py)."""
+"""Code generation: each plan kernel as generated Triton, a torch call, both, or a GEMM template (see select.py)."""

@@ -54,6 +54,9 @@ class Emitter:
         self.values: dict[tuple[str, tuple[str, ...], Mask], Val] = {}
         # Reduction results by (tensor, index exprs), registered by the kernel driver.
         self.rows: dict[tuple[str, tuple[str, ...]], Val] = {}
+        # Values the kernel driver computed itself, by (tensor, index exprs): a GEMM template's
+        # accumulator is the matmul result at the tile's indices, so its epilogue reads no memory.
+        self.known: dict[tuple[str, tuple[str, ...]], Val] = {}
         self.on_reduce: Callable[[Node, Sequence[Ix], Mask], Val] | None = None
         # The block shape of a value depending on some loop tags (the kernel driver sets it).
         self.shape_of: Callable[[frozenset[str]], str] = lambda deps: "[XBLOCK]"
@@ -124,7 +127,10 @@ class Emitter:
     # ---- values ----------------------------------------------------------------------
     def value(self, tensor: str, index: Sequence[Ix], mask: Mask) -> Val:
         index = tuple(index)
-        key = (tensor, tuple(i.expr for i in index), mask)
+        exprs = tuple(i.expr for i in index)
+        if (tensor, exprs) in self.known:
+            return self.known[(tensor, exprs)]
+        key = (tensor, exprs, mask)
         if key not in self.values:
             self.values[key] = self._compute(tensor, index, mask)
         return self.values[key]

@@ -13,9 +13,17 @@ Triton's interpreter (3.6 to 3.9 at least) and compiled kernels in code tessera 
   scalar comparison the operands' type (int32) instead of int1, so `m & xmask` holds int32 data,
   and `tl.load` raises "mask has unsupported dtype".
 
-`match_gpu_semantics()` replaces the interpreter builder's float32 -> bfloat16 conversion and
-makes load/store masks boolean. Every other operation keeps the interpreter's code; GPU kernels
-never run through it. `codegen/launch.use_interpreter` applies it wherever the interpreter is chosen.
+A third came with GEMM templates (`codegen/gemm.py`):
+
+- **bfloat16 dots.** The interpreter holds bfloat16 tensors as their uint16 bit patterns and
+  `tl.dot` multiplies those integers (`create_dot` widens only fp8). Compiled kernels multiply
+  the values on the tensor cores, accumulating in float32; so does the patched dot, on the
+  operands widened to float32 (exact: every bfloat16 is a float32).
+
+`match_gpu_semantics()` replaces the interpreter builder's float32 -> bfloat16 conversion and its
+dot of bfloat16 operands, and makes load/store masks boolean. Every other operation keeps the
+interpreter's code; GPU kernels never run through it. `codegen/launch.use_interpreter` applies it
+wherever the interpreter is chosen.
 """
 from __future__ import annotations
 
@@ -44,6 +52,7 @@ def match_gpu_semantics() -> None:
         builder = ti.InterpreterBuilder
         cast_impl, masked_load, masked_store = builder.cast_impl, builder.create_masked_load, \
             builder.create_masked_store
+        create_dot = builder.create_dot
         handle = ti.TensorHandle
     except (ImportError, AttributeError):
         return
@@ -64,6 +73,15 @@ def match_gpu_semantics() -> None:
     def store(self: Any, ptrs: Any, value: Any, mask: Any, *rest: Any, **kw: Any) -> Any:
         return masked_store(self, ptrs, value, boolean(mask), *rest, **kw)
 
+    def widened(x: Any) -> Any:
+        if x.dtype.scalar != tl.bfloat16:
+            return x
+        return handle((x.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+
+    def dot(self: Any, a: Any, b: Any, *rest: Any, **kw: Any) -> Any:
+        return create_dot(self, widened(a), widened(b), *rest, **kw)
+
     builder.cast_impl = rounding_cast
+    builder.create_dot = dot
     builder.create_masked_load = load
     builder.create_masked_store = store

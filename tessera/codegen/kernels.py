@@ -35,8 +35,8 @@ from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import REDUCTIONS, Prim
 
 # Bump when generated code changes: it is part of every tuning-database key.
-CODEGEN_VERSION = 4  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts;
-# 4: reduction rows numbered in storage order
+CODEGEN_VERSION = 5  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts;
+# 4: reduction rows numbered in storage order; 5: GEMM templates with fused epilogues (codegen/gemm.py)
 
 # Elements one program holds in registers per value (fp32: 16 KiB).
 BLOCK_ELEMENTS = 4096
@@ -60,6 +60,47 @@ class Schedule:
                 "persistent": self.persistent}
 
 
+@dataclass(frozen=True)
+class GemmSchedule:
+    """A GEMM template's schedule (`codegen/gemm.py`): the output tile (block_m x block_n), the K
+    step, warps and software-pipeline stages, the GROUP_M swizzle of tiles (L2 reuse), and how
+    many programs share one tile's K range (split_k; 1: none)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+    group_m: int = 8
+    split_k: int = 1
+
+    def to_json(self) -> dict[str, object]:
+        return {"form": "gemm", "block_m": self.block_m, "block_n": self.block_n, "block_k": self.block_k,
+                "num_warps": self.num_warps, "num_stages": self.num_stages, "group_m": self.group_m,
+                "split_k": self.split_k}
+
+
+AnySchedule = Schedule | GemmSchedule
+
+
+def schedule_from_json(doc: dict[str, object]) -> AnySchedule:
+    """The schedule `to_json` wrote (plan.json): a GEMM template's carries "form": "gemm"."""
+    d = dict(doc)
+    if d.pop("form", None) == "gemm":
+        return GemmSchedule(**d)  # type: ignore[arg-type]
+    return Schedule(**d)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch of a kernel form with launches of its own (a GEMM template): the function of
+    the source, its grid, and its meta-parameters (constexprs, num_warps, num_stages)."""
+
+    fn: str
+    grid: tuple[int, ...]
+    meta: tuple[tuple[str, int], ...]
+
+
 @dataclass
 class KernelSource:
     """A generated kernel: Triton source and how to launch it."""
@@ -70,13 +111,18 @@ class KernelSource:
     outputs: list[str]  # tensors written, after the inputs
     xnumel: int
     rnumel: int
-    schedule: Schedule
+    schedule: AnySchedule
     prims: list[str] = field(default_factory=list)
     tile: tuple[int, int] | None = None  # (rows, columns) when tiled schedules apply (`tile_shape`)
     strided: bool = False  # a reduction whose row elements are not adjacent in memory (`rows_strided`)
+    # Templates: their launches, in order (empty: one launch of `name` over `grid` programs), and
+    # the float32 elements of a scratch buffer passed between the inputs and the outputs (split-K).
+    launches: list[Launch] = field(default_factory=list)
+    workspace: int = 0
 
     @property
     def grid(self) -> int:
+        assert isinstance(self.schedule, Schedule), "a template launches by `launches`"
         return -(-self.xnumel // self.schedule.xblock)
 
 
@@ -115,13 +161,14 @@ def schedules(xnumel: int, rnumel: int, tile: tuple[int, int] | None = None, str
     return list(dict.fromkeys(out))
 
 
-def _sanitize(name: str) -> str:
+def sanitize(name: str) -> str:
+    """A kernel name as a Python identifier."""
     s = re.sub(r"\W", "_", name)
     return s if s[:1].isalpha() else f"k_{s}"
 
 
-class _Kernel:
-    """Shared state of one generation: the emitter and the argument lists."""
+class KernelBody:
+    """Shared state of one generation: the emitter and the argument lists (one per generated function)."""
 
     def __init__(self, graph: Graph, nodes: Sequence[Node], outputs: Sequence[str]) -> None:
         self.graph = graph
@@ -159,7 +206,7 @@ class _Kernel:
                      + (f", mask={m})" if m else ")"))
 
 
-def _pointwise(k: _Kernel, sched: Schedule) -> tuple[list[str], int, int]:
+def _pointwise(k: KernelBody, sched: Schedule) -> tuple[list[str], int, int]:
     em = k.em
     xnumel = max(k.graph.types[o].numel for o in k.outputs)
     em.stack[0].avail = frozenset({"x"})
@@ -198,7 +245,7 @@ def tile_shape(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str]) -> t
     return (prod(shape) // shape[-1], shape[-1]) if moves_last else None
 
 
-def _tiled(k: _Kernel, sched: Schedule) -> tuple[list[str], int, int]:
+def _tiled(k: KernelBody, sched: Schedule) -> tuple[list[str], int, int]:
     em = k.em
     shape = k.graph.types[k.outputs[0]].shape
     cols = shape[-1]
@@ -233,7 +280,7 @@ def _tiled(k: _Kernel, sched: Schedule) -> tuple[list[str], int, int]:
     return header, rows, cols
 
 
-def _reduction(k: _Kernel, sched: Schedule) -> tuple[list[str], int, int]:
+def _reduction(k: KernelBody, sched: Schedule) -> tuple[list[str], int, int]:
     em, g = k.em, k.graph
     reds = [n for n in k.nodes if n.op in _REDUCE_OPS]
     loops = {(g.types[n.inputs[0]].shape, tuple(n.attrs["axes"])) for n in reds}
@@ -380,7 +427,7 @@ def _row_order(g: Graph, reds: Sequence[Node], outer: list[int]) -> list[int]:
     return [d for d in t.layout if d in outer]
 
 
-def _reduce_ancestors(n: Node, k: _Kernel, by_out: dict[str, Node]) -> list[str]:
+def _reduce_ancestors(n: Node, k: KernelBody, by_out: dict[str, Node]) -> list[str]:
     """Outputs of the kernel's reductions that `n` reads, directly or through other kernel nodes."""
     producer = {o: m for m in k.nodes for o in m.outputs}
     seen: set[str] = set()
@@ -405,11 +452,12 @@ _COMBINE = {Prim.REDUCE_SUM.value: "{acc} + {v}", Prim.REDUCE_MAX.value: "tl.max
             Prim.REDUCE_MIN.value: "tl.minimum({acc}, {v})"}
 
 
-def _render(scope: Scope, indent: str, out: list[str]) -> None:
+def render(scope: Scope, indent: str, out: list[str]) -> None:
+    """Append the statements of `scope` and its nested scopes to `out`, indented."""
     for line in scope.lines:
         if isinstance(line, Scope):
             out.append(f"{indent}{line.header}")
-            _render(line, indent + "    ", out)
+            render(line, indent + "    ", out)
         else:
             out.append(f"{indent}{line}")
 
@@ -435,7 +483,7 @@ def generate(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], name: 
 
     Raises `Unsupported` with the reason when the candidate has no Triton form.
     """
-    k = _Kernel(graph, nodes, outputs)
+    k = KernelBody(graph, nodes, outputs)
     reduction = kind_of(nodes) == "reduction"
     strided = reduction and rows_strided(graph, nodes)
     if schedule is None:
@@ -445,9 +493,9 @@ def generate(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], name: 
     if tiled and tile is None:
         raise Unsupported("a tiled schedule needs a transposing kernel with outputs of one shape")
     header, xnumel, rnumel = (_reduction if reduction else _tiled if tiled else _pointwise)(k, schedule)
-    fn = _sanitize(name)
+    fn = sanitize(name)
     body: list[str] = []
-    _render(k.em.stack[0], "    ", body)
+    render(k.em.stack[0], "    ", body)
     g = graph
     rd = sum(g.types[t].nbytes for t in k.inputs)
     wr = sum(g.types[t].nbytes for t in k.outputs)

@@ -22,7 +22,7 @@ import torch
 
 from tessera import cache
 from tessera.codegen.interpreter import match_gpu_semantics
-from tessera.codegen.kernels import KernelSource
+from tessera.codegen.kernels import KernelSource, Schedule
 
 
 _SET_BY_US = False
@@ -96,14 +96,29 @@ class TritonKernel:
         except Exception as e:  # a generator bug: name the kernel and what it computes
             raise KernelCompileError(f"kernel {ks.name} ({', '.join(ks.prims)}) failed to load: {e}") from e
         self.fn = getattr(module, ks.name)
-        s = ks.schedule
-        self.grid = (ks.grid,)
-        self.meta: dict[str, Any] = {"XBLOCK": s.xblock, "RBLOCK": s.rblock, "num_warps": s.num_warps}
+        # (function, grid, meta) per launch: one for a generated kernel, one or two for a template.
+        self.launches: list[tuple[Any, tuple[int, ...], dict[str, Any]]] = []
+        if ks.launches:
+            self.launches = [(getattr(module, ln.fn), ln.grid, dict(ln.meta)) for ln in ks.launches]
+        else:
+            s = ks.schedule
+            assert isinstance(s, Schedule)
+            self.launches = [(self.fn, (ks.grid,), {"XBLOCK": s.xblock, "RBLOCK": s.rblock, "num_warps": s.num_warps})]
+        self.workspace: torch.Tensor | None = None  # split-K partial sums: allocated at the first launch
 
     def __call__(self, *tensors: torch.Tensor) -> None:
-        """Launch on tensors in argument order: the inputs, then the outputs to write."""
+        """Launch on tensors in argument order: the inputs, then the outputs to write (a kernel with a
+        workspace gets it between the two; it is allocated once, before any CUDA graph capture,
+        since every executable launches once before it captures)."""
+        args = list(tensors)
+        if self.ks.workspace:
+            dev = tensors[0].device
+            if self.workspace is None or self.workspace.device != dev:
+                self.workspace = torch.empty(self.ks.workspace, dtype=torch.float32, device=dev)
+            args.insert(len(self.ks.inputs), self.workspace)
         try:
-            self.fn[self.grid](*tensors, **self.meta)
+            for fn, grid, meta in self.launches:
+                fn[grid](*args, **meta)
         except Exception as e:
             raise KernelCompileError(f"kernel {self.ks.name} ({', '.join(self.ks.prims)}) failed: "
                                      f"{type(e).__name__}: {e}") from e

@@ -5,7 +5,10 @@ The fallback chain is explicit:
 1. a kernel of reshapes only is a view of its input (no launch);
 2. a kernel with a linear primitive runs it through torch (cuBLAS/cuDNN on
    the GPU), with a bias add and ReLU inside the library call where it takes
-   them, and the rest of its epilogue as one generated Triton kernel;
+   them, and the rest of its epilogue as one generated Triton kernel; or, when
+   its schedule is a GEMM template's (`GemmSchedule`, chosen by measurement),
+   a matmul and its whole epilogue run as one generated template kernel
+   (`codegen/gemm.py`);
 3. any other memory-intensive kernel is one generated Triton kernel;
 4. an opaque primitive, or a single primitive the generator cannot handle,
    runs through torch (`runtime/torch_prims.py`).
@@ -18,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from tessera.codegen.kernels import KernelSource, Schedule, generate
+from tessera.codegen.gemm import generate_gemm
+from tessera.codegen.kernels import AnySchedule, GemmSchedule, KernelSource, Schedule, generate
 from tessera.codegen.triton_ops import Unsupported
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import Category, Prim
@@ -31,7 +35,8 @@ class KernelImpl:
     """How one plan kernel runs.
 
     backend: "triton" (`triton` computes everything), "linear" (`linear`
-    through torch, then `triton` for the epilogue if any), "view" (reshapes
+    through torch, then `triton` for the epilogue if any), "template" (`triton`
+    is a GEMM template computing `linear` and its epilogue), "view" (reshapes
     only: aliases of their input, no launch), or "torch" (`prims` through
     torch; `reason` says why not Triton). `folded` are free prologue
     nodes only torch reads: they depend on constants alone, so the runtime
@@ -87,11 +92,14 @@ def _epilogue(graph: Graph, nodes: Sequence[Node], root: Node) -> list[Node]:
 
 
 def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], outputs: Sequence[str], name: str,
-              sources: Sequence[str] = (), schedule: Schedule | None = None) -> KernelImpl:
+              sources: Sequence[str] = (), schedule: AnySchedule | None = None,
+              precision: str = "fp32") -> KernelImpl:
     """Choose the backend of one kernel (its orchestrated `prims` and free `prologue`) and generate its code.
 
-    Tensors are addressed in the layouts their types carry (`TensorType.layout`). Raises
-    `Unsupported` for a group of several primitives that has no Triton form.
+    Tensors are addressed in the layouts their types carry (`TensorType.layout`). A `GemmSchedule`
+    makes a matmul kernel a GEMM template (`precision`, the plan's, picks its fp32 math: tf32 or
+    IEEE). Raises `Unsupported` for a group of several primitives that has no Triton form, or a
+    template schedule for a kernel that has no template form.
     """
     root = _linear_root(prims)
     prims, prologue = list(prims), list(prologue)
@@ -103,6 +111,11 @@ def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], out
         # Row-major reshapes of a row-major tensor are views: no kernel, no copy. Any other
         # layout makes the reshape a copy, which the generator writes.
         return KernelImpl(name, "view", prims, prologue, list(outputs))
+    if isinstance(schedule, GemmSchedule):
+        if root is None or root.op != Prim.MATMUL.value:
+            raise Unsupported("a GEMM template schedule for a kernel without a matmul")
+        return KernelImpl(name, "template", prims, prologue, list(outputs), linear=root,
+                          triton=generate_gemm(graph, nodes, outputs, name, schedule, sources, precision))
     if root is not None:
         impl = KernelImpl(name, "linear", prims, prologue, list(outputs), linear=root)
         impl.bias, impl.fused, impl.relu = _library_epilogue(graph, nodes, prologue, root, outputs)

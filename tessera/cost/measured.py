@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence
 
-from tessera.codegen.kernels import KernelSource, Schedule
+from tessera.codegen.kernels import AnySchedule, GemmSchedule, KernelSource, Schedule
 from tessera.codegen.select import prologue_of
 from tessera.cost.db import Key, TuningDB
 from tessera.cost.devices import Device
@@ -72,7 +72,7 @@ class Job:
     prims: tuple[Node, ...]
     prologue: tuple[Node, ...]
     outputs: tuple[str, ...]
-    schedule: Schedule | None
+    schedule: AnySchedule | None
     precision: str = "fp32"  # the plan's: sets the library math flags while measuring
 
 
@@ -227,7 +227,7 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
                    db: TuningDB, profiler: Profiler, device: str, versions: str, first: int = 2,
                    most: int = 5, progress: Callable[[int, int], None] | None = None,
                    precision: str = "fp32", gpu: Device | None = None,
-                   converge: float = 0.03) -> dict[str, tuple[Schedule, float]]:
+                   converge: float = 0.03, templates: bool = True) -> dict[str, tuple[AnySchedule, float]]:
     """After the plan is chosen: find each generated kernel's fastest schedule, measuring few.
 
     Post-scheduling tuning (Hidet): the plan's kernels are few, so each can try several block
@@ -238,64 +238,105 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
     choice, or the default) is reused, not taken again. Kernels are measured together, round by
     round, so the profiler builds in parallel. Kernels are given as (name, prims, prologue,
     outputs); returns name -> (fastest schedule, seconds).
+
+    With `templates`, a kernel with a matmul also tries GEMM templates (`codegen/gemm.py`): a
+    second lane of schedules, ranked by the template roofline (`rank_templates`), measured by the
+    same rule beside the library lane (the library call with its epilogue kernel's schedules, or
+    alone under the key "default"); the fastest of both lanes wins. A kernel whose library call
+    alone wins has nothing to tune and is left out, as before.
     """
     from tessera.codegen.select import implement
     from tessera.codegen.triton_ops import Unsupported
     from tessera.cost.schedule_model import rank_kernel
 
-    queues: dict[str, list[Job]] = {}
-    measured: dict[str, list[tuple[Schedule, float]]] = {}
-    firsts: dict[str, int] = {}
+    lanes: dict[tuple[str, str], list[Job]] = {}  # (kernel, "generated" | "library" | "template") -> queue
+    firsts: dict[tuple[str, str], int] = {}
+    measured: dict[str, list[tuple[AnySchedule | None, float]]] = {}
     for name, prims, prologue, outputs in kernels:
         try:
             impl = implement(graph, prims, prologue, outputs, name)
         except Unsupported:
             continue
         ks = impl.triton
-        if ks is None:
+        tpl = _template_space(graph, prims, prologue, outputs, precision, gpu) \
+            if templates and impl.backend == "linear" else []
+        if ks is None and not tpl:
             continue
         sig = kernel_signature(graph, prims, prologue, outputs, math_mode(prims, precision))
-        space, ranked = rank_kernel(graph, ks, gpu)
-        # The space's first schedule is always among the first measured: a safety net where the
-        # model ranks schedules it has no measurements for. So is the best-ranked tiled schedule
-        # of a transposing kernel: the model does not see the coalescing that tiling buys.
-        nets = [space[0]] + [s for s in ranked if _tiled(ks, s)][:1]
-        ranked = ranked[:most]
-        order = list(dict.fromkeys(ranked[:first] + nets + ranked[first:]))
-        firsts[name] = len(dict.fromkeys(ranked[:first] + nets))
-        queues[name] = [Job(Key(device, versions, sig, _schedule_key(sch)), graph, tuple(prims), tuple(prologue),
-                            tuple(outputs), sch, precision) for sch in order]
+
+        def job(sch: AnySchedule | None) -> Job:
+            key = Key(device, versions, sig, "default" if sch is None else _schedule_key(sch))
+            return Job(key, graph, tuple(prims), tuple(prologue), tuple(outputs), sch, precision)
+
         measured[name] = []
         default = db.get(Key(device, versions, sig, "default"))
-        if default is not None and math.isfinite(default.seconds):
-            # The candidate was measured at the space's first schedule already: no second timing.
-            measured[name].append((space[0], default.seconds))
-            queues[name] = [j for j in queues[name] if j.schedule != space[0]]
+        known = default is not None and math.isfinite(default.seconds)
+        if ks is not None:
+            space, ranked = rank_kernel(graph, ks, gpu)
+            # The space's first schedule is always among the first measured: a safety net where the
+            # model ranks schedules it has no measurements for. So is the best-ranked tiled schedule
+            # of a transposing kernel: the model does not see the coalescing that tiling buys.
+            nets = [space[0]] + [s for s in ranked if _tiled(ks, s)][:1]
+            ranked = ranked[:most]
+            order = list(dict.fromkeys(ranked[:first] + nets + ranked[first:]))
+            lane = (name, "generated")
+            firsts[lane] = len(dict.fromkeys(ranked[:first] + nets))
+            lanes[lane] = [job(sch) for sch in order]
+            if known:
+                # The candidate was measured at the space's first schedule already: no second timing.
+                measured[name].append((space[0], default.seconds))
+                lanes[lane] = [j for j in lanes[lane] if j.schedule != space[0]]
+                firsts[lane] -= 1
+        elif known:  # the library call alone: the candidate's own measurement
+            measured[name].append((None, default.seconds))
+        else:
+            lanes[(name, "library")], firsts[(name, "library")] = [job(None)], 1
+        if tpl:
+            lanes[(name, "template")], firsts[(name, "template")] = [job(s) for s in tpl[:most]], first
 
-    def take(name: str, n: int) -> list[Job]:
-        out, queues[name] = queues[name][:n], queues[name][n:]
+    def take(lane: tuple[str, str], n: int) -> list[Job]:
+        out, lanes[lane] = lanes[lane][:n], lanes[lane][n:]
         return out
 
-    batch = {name: take(name, max(0, firsts[name] - len(measured[name]))) for name in queues}
+    batch = {lane: take(lane, max(0, firsts[lane])) for lane in lanes}
     while any(batch.values()):
         jobs = [j for js in batch.values() for j in js]
         got = tune(jobs, profiler, db, progress=progress)
-        nxt: dict[str, list[Job]] = {}
-        for name, js in batch.items():
-            before = min((t for _, t in measured[name]), default=math.inf)
+        before = {name: min((t for _, t in runs), default=math.inf) for name, runs in measured.items()}
+        nxt: dict[tuple[str, str], list[Job]] = {}
+        for lane, js in batch.items():
             for j in js:
-                assert j.schedule is not None
-                measured[name].append((j.schedule, got[j.key]))
+                measured[lane[0]].append((j.schedule, got[j.key]))
             last = got[js[-1].key] if js else math.inf
-            improving = math.isfinite(last) and last < before * (1 - converge)
-            nxt[name] = take(name, 1) if js and improving else []
+            improving = math.isfinite(last) and last < before[lane[0]] * (1 - converge)
+            nxt[lane] = take(lane, 1) if js and improving and lane[1] != "library" else []
         batch = nxt
-    best: dict[str, tuple[Schedule, float]] = {}
+    best: dict[str, tuple[AnySchedule, float]] = {}
     for name, runs in measured.items():
         ok = [(s, t) for s, t in runs if math.isfinite(t)]
         if ok:
-            best[name] = min(ok, key=lambda r: r[1])
+            sch, t = min(ok, key=lambda r: r[1])
+            if sch is not None:
+                best[name] = (sch, t)
     return best
+
+
+def _template_space(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], outputs: Sequence[str],
+                    precision: str, gpu: Device | None) -> list[GemmSchedule]:
+    """A matmul kernel's GEMM template schedules, best-ranked first; empty when it has no template
+    form (the generator says so at the first schedule)."""
+    from tessera.codegen.select import implement
+    from tessera.codegen.triton_ops import Unsupported
+    from tessera.cost.schedule_model import rank_templates
+
+    ranked = rank_templates(graph, list(prologue) + list(prims), outputs, precision, gpu)
+    if not ranked:
+        return []
+    try:
+        implement(graph, prims, prologue, outputs, "k", (), ranked[0], precision)
+    except Unsupported:
+        return []
+    return ranked
 
 
 def _tiled(ks: KernelSource, s: Schedule) -> bool:
@@ -303,5 +344,9 @@ def _tiled(ks: KernelSource, s: Schedule) -> bool:
     return ks.tile is not None and s.rblock > 1
 
 
-def _schedule_key(s: Schedule) -> str:
+def _schedule_key(s: AnySchedule) -> str:
+    """The tuning database's schedule column (the strings of generated kernels' schedules never change)."""
+    if isinstance(s, GemmSchedule):
+        return (f"gemm-m{s.block_m}-n{s.block_n}-k{s.block_k}-w{s.num_warps}-s{s.num_stages}-g{s.group_m}"
+                f"-sk{s.split_k}")
     return f"x{s.xblock}-r{s.rblock}-w{s.num_warps}-{'p' if s.persistent else 'l'}"

@@ -20,6 +20,9 @@ H100 measurements of the same kernels under several schedules
 (`scripts/schedule_fit.py`), which also reports how well the ranking picks.
 Post-scheduling measures the top of the ranking and stops when it converges
 (`cost/measured.py`, `tune_schedules`).
+
+GEMM templates (`codegen/gemm.py`) are ranked by a roofline of their own (`predict_template`):
+compute in whole waves of resident programs, operand bytes per tile, DRAM traffic, K-step latency.
 """
 from __future__ import annotations
 
@@ -27,9 +30,11 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from tessera.codegen.kernels import KernelSource, Schedule, schedules
+from tessera.codegen.gemm import matmul_root, problem, template_schedules
+from tessera.codegen.kernels import GemmSchedule, KernelSource, Schedule, schedules
 from tessera.cost.devices import Device, device
-from tessera.ir.graph import Graph
+from tessera.ir.dtype import DType
+from tessera.ir.graph import Graph, Node
 
 
 @dataclass(frozen=True)
@@ -94,3 +99,77 @@ def rank_kernel(graph: Graph, ks: KernelSource, dev: Device | None = None) -> tu
     itemsize = min((graph.types[t].dtype.itemsize for t in ks.inputs), default=4) if ks.strided else 0
     return space, rank(space, xnumel, rnumel, nbytes, dev or device("h100"), tile=ks.tile,
                        strided_itemsize=itemsize)
+
+
+# ---- GEMM templates ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TemplateParams:
+    """Constants of the template roofline (educated guesses for an H100; measurement decides)."""
+
+    smem_bytes: int = 227 << 10  # shared memory per SM: operand stages of resident programs
+    max_warps_per_sm: int = 64
+    l2_factor: float = 4.0  # L2 bandwidth over DRAM bandwidth: operand tiles are mostly L2 hits
+    step_s: float = 2.0e-8  # latency of one K step that the pipeline does not hide
+
+
+TEMPLATE_PARAMS = TemplateParams()
+
+
+def predict_template(s: GemmSchedule, batch: int, m: int, n: int, k: int, itemsize: int, operand_bytes: float,
+                     epilogue_bytes: float, rate: float, dev: Device, p: TemplateParams = TEMPLATE_PARAMS) -> float:
+    """Predicted seconds of a template launch (only the ranking is meant to be right).
+
+    Programs run in waves of resident programs (bounded by shared memory and warps per SM),
+    spread over the SMs; a wave lasts as long as its busiest SM. Per SM, the larger of:
+    - compute: its programs' padded tile work (block_m x block_n x K slice) at the SM's share
+      of the GPU's rate;
+    - operand streaming: its programs' (block_m + block_n) x K-slice operand elements at the
+      SM's share of L2 bandwidth (small tiles move more bytes per FLOP; few programs leave
+      most SMs, and their bandwidth, idle: what split-K fixes);
+    - latency: the K steps, one after another.
+    Whole waves are charged (wave quantisation: a last wave of a few tiles costs a full one).
+    The whole kernel is also bound by DRAM: the operands once, the epilogue's reads and writes,
+    the split-K workspace written and read. Split-K pays one extra launch.
+    """
+    tiles = batch * math.ceil(m / s.block_m) * math.ceil(n / s.block_n)
+    programs = tiles * s.split_k
+    chunk = math.ceil(math.ceil(k / s.split_k) / s.block_k) * s.block_k
+    smem = s.num_stages * (s.block_m + s.block_n) * s.block_k * itemsize
+    resident = max(1, min(p.smem_bytes // max(smem, 1), p.max_warps_per_sm // s.num_warps))
+    waves = math.ceil(programs / (dev.sms * resident))
+    per_sm = math.ceil(min(programs, dev.sms * resident) / dev.sms)  # programs on the busiest SM per wave
+    compute = 2.0 * s.block_m * s.block_n * chunk / (rate / dev.sms)
+    stream = (s.block_m + s.block_n) * chunk * itemsize / (dev.bandwidth * p.l2_factor / dev.sms)
+    latency = (chunk / s.block_k) * p.step_s
+    waved = waves * max(per_sm * compute, per_sm * stream, latency)
+    workspace = 2.0 * 4 * s.split_k * batch * m * n if s.split_k > 1 else 0.0
+    dram = (operand_bytes + epilogue_bytes + workspace) / dev.bandwidth
+    return max(waved, dram) + (dev.launch if s.split_k > 1 else 0.0)
+
+
+def template_rate(dtype: DType, precision: str, dev: Device) -> float:
+    """The matrix rate a template's dots run at: tensor cores for 16-bit operands and tf32, the
+    CUDA cores for IEEE fp32."""
+    if dtype in (DType.FLOAT16, DType.BFLOAT16):
+        return dev.fp16
+    return dev.tf32 if precision == "tf32" else dev.fp32
+
+
+def rank_templates(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], precision: str = "fp32",
+                   dev: Device | None = None) -> list[GemmSchedule]:
+    """A matmul kernel's template schedules (`codegen.gemm.template_schedules`, cut to the GPU's SM
+    count) from most to least promising; empty when the kernel has no matmul."""
+    root = matmul_root(nodes)
+    if root is None:
+        return []
+    dev = dev or device("h100")
+    batch, m, n, k = problem(graph, root)
+    a_type = graph.types[root.inputs[0]]
+    itemsize = a_type.dtype.itemsize
+    space = template_schedules(batch, m, n, k, itemsize, dev.sms)
+    produced = {o for nd in nodes for o in nd.outputs}
+    operands = sum(graph.types[t].nbytes for t in root.inputs)
+    reads = {t for nd in nodes if nd is not root for t in nd.inputs if t and t not in produced}
+    epilogue = sum(graph.types[t].nbytes for t in reads) + sum(graph.types[t].nbytes for t in outputs)
+    rate = template_rate(a_type.dtype, precision, dev)
+    return sorted(space, key=lambda s: predict_template(s, batch, m, n, k, itemsize, operands, epilogue, rate, dev))

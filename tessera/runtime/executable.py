@@ -2,7 +2,8 @@
 
 Each plan kernel becomes one step (`codegen/select.py` picks the backend):
 a generated Triton kernel, a torch linear call (with bias and ReLU inside the
-library call where it can take them) plus a generated epilogue, a view for
+library call where it can take them) plus a generated epilogue, a GEMM
+template (a matmul and its epilogue in one generated kernel), a view for
 reshapes, or torch for an opaque primitive. Tensors that generated kernels write live in
 buffers allocated once and reused by lifetime (`runtime/buffers.py`). On the
 GPU the whole sequence is captured once as a CUDA graph and replayed; on the
@@ -17,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from tessera.codegen.kernels import Schedule
+from tessera.codegen.kernels import schedule_from_json
 from tessera.codegen.launch import KernelCompileError, TritonKernel, use_interpreter
 from tessera.codegen.select import KernelImpl, implement
 from tessera.codegen.triton_ops import Unsupported
@@ -56,8 +57,9 @@ class Executable:
             prims = [by_name[n] for n in k["prims"]]
             prologue = [by_name[n] for n in k["prologue"]]
             try:
-                sched = Schedule(**k["schedule"]) if "schedule" in k else None
-                impl = implement(graph, prims, prologue, k["outputs"], k["name"], k.get("source_nodes", ()), sched)
+                sched = schedule_from_json(k["schedule"]) if "schedule" in k else None
+                impl = implement(graph, prims, prologue, k["outputs"], k["name"], k.get("source_nodes", ()), sched,
+                                 plan.get("precision", "fp32"))
                 kernel = TritonKernel(impl.triton, kernel_dir) if impl.triton else None
             except (Unsupported, KernelCompileError) as e:
                 raise KernelBuildError(f"kernel {k['name']} ({', '.join(k['prims'])}) cannot be built: {e}") from None
@@ -236,7 +238,7 @@ class Executable:
     def run_step(self, step: Step, env: dict[str, torch.Tensor]) -> None:
         """Run one plan kernel over `env` (tensors by name), adding its outputs to it."""
         impl = step.impl
-        if impl.backend == "triton":
+        if impl.backend in ("triton", "template"):  # a template launches like any generated kernel
             self._triton(step, env)
         elif impl.backend == "view":
             for n in impl.prims:

@@ -1,0 +1,366 @@
+"""GEMM templates (codegen/gemm.py): one generated kernel per matmul kernel, epilogue fused.
+
+Each generator case takes a small model's matmul kernel (the matmul, every primitive computed from
+its result, their free prologue) as a template under Triton's interpreter and compares what it
+writes with the float64 reference on random inputs; the tensors the kernel reads come from the
+reference interpreter. Then the wiring: plans, measured compiles that pick a template, artifacts,
+and a whole model with every matmul kernel forced onto its template.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from kernelcheck import DEVICE
+from onnx import helper
+from opcheck import Const, graph_model, models_dir, rand
+
+import tessera
+from tessera import compiler
+from tessera.codegen.gemm import template_schedules
+from tessera.codegen.kernels import GemmSchedule, KernelSource, Schedule, schedule_from_json
+from tessera.codegen.launch import TritonKernel, use_interpreter
+from tessera.codegen.select import implement, prologue_of
+from tessera.codegen.triton_ops import Unsupported
+from tessera.compiler import CompileOptions, compile_model, write_artifacts
+from tessera.cost.measured import Job, _schedule_key
+from tessera.cost.schedule_model import rank_templates
+from tessera.fission import fission
+from tessera.frontend import load
+from tessera.ir import interp
+from tessera.ir.dtype import DType
+from tessera.ir.graph import Graph, GraphKind, Node, TensorType
+from tessera.orchestrate import build_ograph
+from tessera.orchestrate.graphview import bits
+from tessera.rewrite import convert_precision
+from tessera.runtime.buffers import inverse_perm
+from tessera.runtime.torch_prims import TORCH_DTYPES
+from tessera.tolerance import TOLERANCE, rel_l2
+from tessera.verify import random_inputs, run_onnxruntime
+
+
+# ---- harness -----------------------------------------------------------------------------------
+def matmul_kernel(g: Graph) -> tuple[list[Node], list[Node], list[str]]:
+    """The plan-shaped kernel of g's matmul: the matmul and what is computed from it (not the
+    casts to the declared output types), its free prologue, and the tensors it writes."""
+    og = build_ograph(g)
+    (root,) = [n for n in og.nodes if n.op == "matmul"]
+    i = og.index[root.name]
+    prims = [root] + [og.nodes[j] for j in bits(og.desc[i]) if not og.nodes[j].name.endswith("/cast_out")]
+    names = {o for n in prims for o in n.outputs}
+    outputs = []
+    for o in g.outputs:
+        producer = next(n for n in g.nodes if o in n.outputs)
+        outputs.append(producer.inputs[0] if producer.name.endswith("/cast_out") else o)
+    assert all(o in names for o in outputs)
+    return prims, prologue_of(og, prims), outputs
+
+
+def _memory(a: np.ndarray, t: TensorType) -> torch.Tensor:
+    """Values in their storage order (what the kernel addresses), as the device tensor."""
+    a = np.ascontiguousarray(a.transpose(t.layout) if t.layout else a)
+    x = torch.from_numpy(a.astype(np.float32) if t.dtype is DType.BFLOAT16 else a.copy())
+    return x.to(DEVICE, TORCH_DTYPES[t.dtype])
+
+
+def run_template(g: Graph, ks: KernelSource, env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    use_interpreter(torch.device(DEVICE))  # on the CPU, with the interpreter computing as the GPU does
+    args = [_memory(np.asarray(env[t]), g.types[t]) for t in ks.inputs]
+    outs = [torch.empty(g.types[t].storage_shape, dtype=TORCH_DTYPES[g.types[t].dtype], device=DEVICE)
+            for t in ks.outputs]
+    TritonKernel(ks)(*args, *outs)
+    got = {}
+    for t, o in zip(ks.outputs, outs):
+        a = o.float().cpu().numpy()
+        lay = g.types[t].layout
+        got[t] = a.transpose(inverse_perm(lay)) if lay else a
+    return got
+
+
+def check_template(model: onnx.ModelProto, feeds: dict[str, np.ndarray], schedule: GemmSchedule | None = None,
+                   precision: str = "fp32", layouts: dict[str, tuple[int, ...]] | None = None,
+                   graph: Graph | None = None) -> tuple[KernelSource, float]:
+    """The model's matmul kernel as a template (by default its best-ranked schedule) against float64:
+    the kernel and its largest error."""
+    g32 = graph if graph is not None else fission(load(model).graph).graph
+    g = convert_precision(g32, precision)
+    for t, lay in (layouts or {}).items():
+        g.types[t] = TensorType(g.types[t].shape, g.types[t].dtype, lay)
+    prims, pro, outputs = matmul_kernel(g)
+    if schedule is None:
+        schedule = rank_templates(g, pro + prims, outputs, precision)[0]
+    ks = implement(g, prims, pro, outputs, "k0_test", ("MatMul_0",), schedule, precision).triton
+    assert ks is not None
+    env = {**g.constants, **interp.run(g, feeds, keep_all=True)}  # what earlier kernels would write
+    got = run_template(g, ks, env)
+    ref = interp.run(g32, feeds, exact=True)
+    errs = [rel_l2(got[t], ref[o]) for o, t in zip(g32.outputs, outputs)]
+    assert max(errs) < TOLERANCE[precision], f"rel L2 {errs} under {schedule}\n{ks.source}"
+    return ks, max(errs)
+
+
+def dense(m: int, n: int, k: int, epilogue: str = "relu", seed: int = 0) -> tuple[onnx.ModelProto, dict]:
+    """x [m, k] @ w [k, n] + bias, then an activation (ONNX Gelu forms, Relu, or the GPT-2 tanh chain)."""
+    x, w, b = rand(m, k, seed=seed), rand(k, n, seed=seed + 1, lo=-0.5, hi=0.5), rand(n, seed=seed + 2)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["z"])]
+    inits: dict = {"x": x, "w": Const(w), "b": Const(b)}
+    if epilogue == "relu":
+        nodes.append(helper.make_node("Relu", ["z"], ["out"]))
+    elif epilogue in ("gelu", "gelu_tanh"):
+        nodes.append(helper.make_node("Gelu", ["z"], ["out"], **({"approximate": "tanh"} if epilogue == "gelu_tanh" else {})))
+    elif epilogue == "gpt2":  # 0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3))), as GPT-2's exporter writes it
+        for name, v in {"three": 3.0, "c": 0.044715, "s": float(np.sqrt(2 / np.pi)), "one": 1.0, "half": 0.5}.items():
+            inits[name] = Const(np.array(v, np.float32))
+        nodes += [helper.make_node("Pow", ["z", "three"], ["p"]), helper.make_node("Mul", ["p", "c"], ["pc"]),
+                  helper.make_node("Add", ["z", "pc"], ["i"]), helper.make_node("Mul", ["i", "s"], ["is"]),
+                  helper.make_node("Tanh", ["is"], ["t"]), helper.make_node("Add", ["t", "one"], ["t1"]),
+                  helper.make_node("Mul", ["z", "half"], ["zh"]), helper.make_node("Mul", ["zh", "t1"], ["out"])]
+    return graph_model(nodes, inits, ["out"]), {"x": x}
+
+
+# ---- the generator -----------------------------------------------------------------------------
+SHAPES = [(1, 7, 13), (7, 13, 31), (13, 1, 67), (31, 67, 7), (64, 64, 64), (67, 31, 1), (13, 67, 64), (67, 64, 13)]
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_odd_and_prime_shapes_with_bias_and_relu(m, n, k):
+    model, feeds = dense(m, n, k, seed=m + n + k)
+    check_template(model, feeds)
+    # Small blocks: many tiles, ragged edges on every side, swizzled in groups of two tile rows.
+    check_template(model, feeds, GemmSchedule(16, 16, 16, 2, 2, 2, 1))
+
+
+@pytest.mark.parametrize("epilogue", ["gelu", "gelu_tanh", "gpt2"])
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # Pow's log(|x|) on masked lanes
+def test_gelu_forms(epilogue):
+    ks, _ = check_template(*dense(31, 67, 64, epilogue, seed=3))
+    assert ("tl.erf" in ks.source) == (epilogue == "gelu")
+    assert "acc + " in ks.source  # the bias is added to the accumulator, in registers
+
+
+def test_batched_with_residual_and_scale():
+    a, b, r = rand(2, 3, 13, 31, seed=1), rand(2, 3, 31, 7, seed=2), rand(2, 3, 13, 7, seed=3)
+    model = graph_model([helper.make_node("MatMul", ["a", "b"], ["y"]), helper.make_node("Mul", ["y", "s"], ["ys"]),
+                         helper.make_node("Add", ["ys", "r"], ["out"])],
+                        {"a": a, "b": b, "r": r, "s": Const(np.array(0.125, np.float32))}, ["out"])
+    ks, _ = check_template(model, {"a": a, "b": b, "r": r}, GemmSchedule(16, 16, 16, 2, 2, 1, 1))
+    assert ks.launches[0].grid == (1, 6)  # one tile per batch entry
+
+
+def test_batch_broadcast_weight_and_reshaped_product():
+    # A constant weight shared by a batch is read through its broadcast (index 0), never copied;
+    # [2, 13, K] @ [K, N] folds the batch into M and reshapes the product back.
+    x = rand(2, 3, 5, 7, seed=4)
+    check_template(graph_model([helper.make_node("MatMul", ["x", "w"], ["out"])],
+                               {"x": x, "w": Const(rand(3, 7, 4, seed=5))}, ["out"]), {"x": x})
+    x, r = rand(2, 13, 31, seed=6), rand(2, 13, 7, seed=7)
+    check_template(graph_model([helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "r"], ["out"])],
+                               {"x": x, "r": r, "w": Const(rand(31, 7, seed=8))}, ["out"]), {"x": x, "r": r},
+                   GemmSchedule(16, 16, 16, 2, 2, 1, 1))
+
+
+def test_transposed_weight_is_read_in_place():
+    # Gemm transB=1: the transpose of the constant weight is index arithmetic in the K loop.
+    x = rand(13, 31, seed=9)
+    model = graph_model([helper.make_node("Gemm", ["x", "w", "c"], ["out"], transB=1, alpha=0.5)],
+                        {"x": x, "w": Const(rand(67, 31, seed=10)), "c": Const(rand(67, seed=11))}, ["out"])
+    ks, _ = check_template(model, {"x": x}, GemmSchedule(16, 32, 16, 2, 2, 1, 1))
+    assert "transpose" in ks.source  # named in the header as a prologue primitive
+
+
+def test_sliced_constant_operand_is_read_in_place():
+    # A slice of a constant (start 3, step 2 along N) feeds the matmul without a copy.
+    x = rand(7, 13, seed=12)
+    w = rand(13, 40, seed=13)
+    types = {"x": TensorType((7, 13), DType.FLOAT32), "w": TensorType((13, 40), DType.FLOAT32),
+             "ws": TensorType((13, 17), DType.FLOAT32), "out": TensorType((7, 17), DType.FLOAT32)}
+    g = Graph(name="sliced", kind=GraphKind.PRIMITIVE, inputs=["x"], outputs=["out"], types=types,
+              constants={"w": w}, nodes=[Node("slice", "slice", ("w",), ("ws",), {"starts": [0, 3], "steps": [1, 2], "shape": [13, 17]}),
+                                         Node("mm", "matmul", ("x", "ws"), ("out",))])
+    check_template(None, {"x": x}, GemmSchedule(16, 16, 16, 2, 2, 1, 1), graph=g)
+
+
+def test_permuted_layouts_need_no_copy():
+    # Operands and outputs stored in permuted orders: the strides are baked into the addresses.
+    x = rand(13, 31, seed=14)
+    model, _ = dense(13, 7, 31, seed=14)
+    check_template(model, {"x": x}, GemmSchedule(16, 16, 16, 2, 2, 1, 1), layouts={"x": (1, 0), "out": (1, 0)})
+    a, b = rand(2, 13, 31, seed=15), rand(2, 31, 7, seed=16)
+    model = graph_model([helper.make_node("MatMul", ["a", "b"], ["y"]), helper.make_node("Relu", ["y"], ["out"])],
+                        {"a": a, "b": b}, ["out"])
+    check_template(model, {"a": a, "b": b}, GemmSchedule(16, 16, 16, 2, 2, 1, 1),
+                   layouts={"a": (2, 0, 1), "b": (0, 2, 1), "out": (1, 2, 0)})
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
+def test_narrow_and_tf32_math(precision):
+    ks, err = check_template(*dense(31, 67, 64, "gelu", seed=17), precision=precision)
+    if precision == "tf32":
+        # Operands are rounded to tf32 in the kernel, so the interpreter's fp32 dot computes the
+        # tensor cores' products: the error is tf32's, not fp32's.
+        assert 'input_precision="tf32"' in ks.source and err > 1e-5
+    else:
+        assert "input_precision" not in ks.source and "tl.dot(a" in ks.source
+    ks, err = check_template(*dense(7, 13, 31, seed=18))
+    assert 'input_precision="ieee"' in ks.source and err < 1e-6
+
+
+def test_cast_and_multi_output_epilogue():
+    # The product, the biased value and the activation are all written; one output is a cast.
+    x = rand(13, 31, seed=19)
+    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["z"]),
+                         helper.make_node("Gelu", ["z"], ["g"]),
+                         helper.make_node("Cast", ["g"], ["h"], to=onnx.TensorProto.FLOAT16)],
+                        {"x": x, "w": Const(rand(31, 67, seed=20)), "b": Const(rand(67, seed=21))}, ["y", "z", "h"])
+    g32 = fission(load(model).graph).graph
+    prims, pro, outputs = matmul_kernel(g32)
+    ks = implement(g32, prims, pro, outputs, "k0", (), GemmSchedule(16, 32, 16, 2, 2, 1, 1)).triton
+    assert len(ks.outputs) == 3 and ks.source.count("tl.store(") == 3
+    got = run_template(g32, ks, {**g32.constants, "x": x})
+    ref = interp.run(g32, {"x": x}, exact=True)
+    for t in ("y", "z"):
+        assert rel_l2(got[t], ref[t]) < TOLERANCE["fp32"]
+    assert rel_l2(got["h"], ref["h"]) < TOLERANCE["fp16"]
+
+
+@pytest.mark.parametrize("split", [2, 3, 4])
+def test_split_k(split):
+    # Long K over few tiles: slices of K into a workspace, then the sum and the whole epilogue.
+    model, feeds = dense(7, 13, 67 * 4 + 3, "gelu", seed=22)
+    ks, _ = check_template(model, feeds, GemmSchedule(16, 16, 16, 2, 2, 1, split))
+    assert len(ks.launches) == 2 and ks.workspace == split * 7 * 13
+    a, b = rand(3, 5, 131, seed=23), rand(3, 131, 9, seed=24)
+    model = graph_model([helper.make_node("MatMul", ["a", "b"], ["y"]), helper.make_node("Relu", ["y"], ["out"])],
+                        {"a": a, "b": b}, ["out", "y"])
+    check_template(model, {"a": a, "b": b}, GemmSchedule(16, 16, 32, 2, 2, 1, split), precision="bf16")
+
+
+def test_no_template_form():
+    # Integer products and kernels without a matmul have none; the generator says why.
+    a = np.arange(12, dtype=np.int64).reshape(3, 4)
+    g = fission(load(graph_model([helper.make_node("MatMul", ["a", "b"], ["out"])],
+                                 {"a": a, "b": Const(a.T.copy())}, ["out"])).graph).graph
+    prims, pro, outs = matmul_kernel(g)
+    with pytest.raises(Unsupported, match="fp32, fp16 or bf16"):
+        implement(g, prims, pro, outs, "k0", (), GemmSchedule(16, 16, 16))
+    g = fission(load(graph_model([helper.make_node("Relu", ["x"], ["out"])], {"x": rand(3, 4)}, ["out"])).graph).graph
+    with pytest.raises(Unsupported, match="without a matmul"):
+        implement(g, g.nodes, [], list(g.outputs), "k0", (), GemmSchedule(16, 16, 16))
+
+
+# ---- schedules -----------------------------------------------------------------------------------
+def test_schedule_space_keys_and_json():
+    for shape in [(1, 1, 1, 1), (1, 13, 7, 31), (1, 128, 512, 128), (12, 512, 512, 64), (1, 16, 17, 16384),
+                  (1, 4096, 4096, 4096)]:
+        for itemsize in (2, 4):
+            space = template_schedules(*shape, itemsize=itemsize)
+            assert 1 <= len(space) <= 100 and len(set(space)) == len(space)
+            assert all(min(s.block_m, s.block_n, s.block_k) >= 16 for s in space)
+    assert any(s.split_k > 1 for s in template_schedules(1, 16, 17, 16384))  # small M*N, long K
+    assert not any(s.split_k > 1 for s in template_schedules(1, 4096, 4096, 4096))
+    s = GemmSchedule(64, 128, 32, 4, 3, 8, 2)
+    assert _schedule_key(s) == "gemm-m64-n128-k32-w4-s3-g8-sk2"
+    assert _schedule_key(Schedule(1024, 1, 4)) == "x1024-r1-w4-p"  # generated kernels' keys are unchanged
+    assert schedule_from_json(json.loads(json.dumps(s.to_json()))) == s
+    assert schedule_from_json(Schedule(64, 32, 8, False).to_json()) == Schedule(64, 32, 8, False)
+    assert "form" not in Schedule(64).to_json()
+
+
+# ---- wiring --------------------------------------------------------------------------------------
+def mlp() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Two dense layers with a GELU between: two matmul kernels with epilogues."""
+    x = rand(13, 31, seed=30)
+    m = graph_model([helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+                     helper.make_node("Gelu", ["hb"], ["g"]), helper.make_node("MatMul", ["g", "w2"], ["y"]),
+                     helper.make_node("Add", ["y", "b2"], ["out"])],
+                    {"x": x, "w1": Const(rand(31, 67, seed=31, lo=-0.5, hi=0.5)), "b1": Const(rand(67, seed=32)),
+                     "w2": Const(rand(67, 7, seed=33, lo=-0.5, hi=0.5)), "b2": Const(rand(7, seed=34))}, ["out"])
+    return m, {"x": x}
+
+
+def test_analytical_compiles_are_unchanged_unless_forced():
+    model, feeds = mlp()
+    auto = compile_model(model)
+    assert "template" not in {k.backend for k in auto.kernels}
+    off = compile_model(model, CompileOptions(templates="off"))
+    assert [k.triton.source if k.triton else k.backend for k in auto.kernels] == \
+        [k.triton.source if k.triton else k.backend for k in off.kernels]
+    exe = tessera.compile(model, CompileOptions(templates="force"))
+    assert exe.backends.get("template") == 2 and "linear" not in exe.backends
+    (src,) = [s for n, s in exe.sources().items() if "erf" in s]
+    assert "GEMM template" in src and "ONNX nodes: Add_1, Gelu_2, MatMul_0" in src
+    ref = run_onnxruntime(model, feeds)["out"]
+    assert rel_l2(exe(torch.from_numpy(feeds["x"]))[0].numpy(), ref) < TOLERANCE["fp32"]
+
+
+class TemplateFavouringProfiler:
+    """Templates measure faster than the library here (split-K fastest of all)."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def measure(self, jobs: list[Job], record) -> None:
+        for i, j in enumerate(jobs):
+            self.keys.append(j.key.schedule)
+            s = j.schedule
+            record(i, 1e-6 / s.split_k if isinstance(s, GemmSchedule) else 5e-6, "")
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch) -> TemplateFavouringProfiler:
+    prof = TemplateFavouringProfiler()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
+    monkeypatch.setattr(compiler, "new_profiler", lambda opt: prof)
+    return prof
+
+
+def test_measured_compile_picks_a_template_and_the_artifact_reloads_it(tmp_path, fake_gpu):
+    model, feeds = mlp()
+    result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db")))
+    templates = [k for k in result.kernels if k.backend == "template"]
+    assert len(templates) == 2
+    assert "default" in fake_gpu.keys and any(k.startswith("gemm-") for k in fake_gpu.keys)
+    out = tmp_path / "art"
+    write_artifacts(result, out)
+    doc = json.loads((out / "plan.json").read_text())
+    saved = [k for k in doc["kernels"] if k["backend"] == "template"]
+    assert len(saved) == 2 and all(k["schedule"]["form"] == "gemm" for k in saved)
+    assert {k.name: k.triton.schedule for k in templates} == \
+        {k["name"]: schedule_from_json(k["schedule"]) for k in saved}
+    exe = tessera.load(out)
+    assert exe.backends.get("template") == 2
+    ref = run_onnxruntime(model, feeds)["out"]
+    assert rel_l2(exe(torch.from_numpy(feeds["x"]))[0].numpy(), ref) < TOLERANCE["fp32"]
+    fake_gpu.keys.clear()
+    again = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db")))
+    assert not fake_gpu.keys  # all from the database
+    assert [k.backend for k in again.kernels] == [k.backend for k in result.kernels]
+
+
+def test_measured_compile_keeps_the_library_when_it_is_faster(tmp_path, fake_gpu, monkeypatch):
+    monkeypatch.setattr(fake_gpu, "measure", lambda jobs, record: [
+        record(i, 1e-5 if isinstance(j.schedule, GemmSchedule) else 1e-6, "") for i, j in enumerate(jobs)])
+    model, _ = mlp()
+    result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db")))
+    assert "template" not in {k.backend for k in result.kernels}
+
+
+def test_gpt2_tiny_with_every_matmul_on_its_template(monkeypatch):
+    # Forced templates; the largest tiles keep the interpreter's program count (and time) small.
+    ranking = compiler.rank_templates
+    monkeypatch.setattr(compiler, "rank_templates", lambda *a, **k: sorted(
+        ranking(*a, **k), key=lambda s: -s.block_m * s.block_n * s.block_k))
+    path = models_dir() / "gpt2_tiny.onnx"
+    exe = tessera.compile(path, CompileOptions(templates="force"))
+    assert exe.backends.get("template") == 12 and "linear" not in exe.backends
+    assert any("tanh" in s and "GEMM template" in s for s in exe.sources().values())  # GPT-2's GELU, fused
+    model = load(path)
+    feeds = random_inputs(model.graph, seed=11)
+    ref = run_onnxruntime(model.model, feeds)
+    outs = exe(*[torch.from_numpy(feeds[n]) for n in exe.input_names])
+    for name, out in zip(exe.output_names, outs):
+        assert rel_l2(out.numpy(), ref[name]) < TOLERANCE["fp32"]
