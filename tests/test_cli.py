@@ -162,3 +162,14 @@ def test_progress_bar_per_batch_keeps_its_total(monkeypatch):
                 progress(done, total)
     assert [b.totals for b in _RecordingBar.made] == [[5], [3], [3], [1], [1]]
     assert all(b.n == b.totals[0] and b.closed for b in _RecordingBar.made)
+
+
+def test_compile_templates_flag_runs_matmuls_as_templates(tmp_path, capsys):
+    out = tmp_path / "g1"
+    assert main(["compile", str(MODELS / "gemm_g1.onnx"), "-o", str(out), "--templates", "force"]) == 0
+    assert "2 matmul kernel(s) run as GEMM templates" in capsys.readouterr().out
+    plan = json.loads((out / "plan.json").read_text())
+    assert [k["schedule"]["form"] for k in plan["kernels"]] == ["gemm", "gemm"]
+    assert main(["run", str(out), "--check", "--seed", "3"]) == 0
+    assert main(["compile", str(MODELS / "gemm_g1.onnx"), "-o", str(tmp_path / "lib")]) == 0
+    assert "GEMM templates" not in capsys.readouterr().out  # analytical compiles keep the library call
