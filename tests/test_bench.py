@@ -78,10 +78,10 @@ def test_a_cpu_bench_says_it_is_no_benchmark():
 def test_zoo_batchnorms_get_the_statistics_of_their_activations():
     # Random weights with default BatchNorm statistics let activations drift layer by layer (fp16
     # MobileNet-V2 underflowed to 0, Inception-V3 overflowed): calibrated, each BatchNorm's output
-    # on fresh inputs has about zero mean and unit variance per channel, as in a trained network.
+    # on fresh inputs has about unit variance per channel, and mean RELU_SHIFT where a ReLU reads it.
     import torch
 
-    from tessera.zoo import calibrate_batchnorm
+    from tessera.zoo import RELU_SHIFT, calibrate_batchnorm
 
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = []
@@ -105,4 +105,56 @@ def test_zoo_batchnorms_get_the_statistics_of_their_activations():
         model(torch.randn(1, 3, 32, 32))
     for o in seen:
         mean, std = o.mean(dim=(0, 2, 3)), o.std(dim=(0, 2, 3))
-        assert float(mean.abs().max()) < 0.5 and 0.5 < float(std.mean()) < 1.5
+        assert float((mean - RELU_SHIFT).abs().max()) < 0.5 and 0.5 < float(std.mean()) < 1.5
+
+
+class _ConvNormRelu(torch.nn.Module):
+    """Inception's building block: the ReLU is a function call, not a module."""
+
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(cin, cout, 3, padding=1), torch.nn.BatchNorm2d(cout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.relu(self.bn(self.conv(x)), inplace=True)
+
+
+def test_zoo_calibration_shifts_only_the_batchnorms_a_relu_reads():
+    # Zero-mean BatchNorm outputs feeding ReLUs amplify rounding errors layer after layer; a
+    # BatchNorm whose output goes elsewhere (a linear bottleneck, a residual sum) stays centred.
+    from tessera.zoo import RELU_SHIFT, calibrate_batchnorm
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_ConvNormRelu(3, 8), torch.nn.Conv2d(8, 8, 1), torch.nn.BatchNorm2d(8),
+                                torch.nn.ReLU6(), torch.nn.Conv2d(8, 4, 1), torch.nn.BatchNorm2d(4))
+    assert calibrate_batchnorm(model, (torch.randn(1, 3, 16, 16),)) == 3
+    biases = [float(m.bias.detach().mean()) for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert biases == [RELU_SHIFT, RELU_SHIFT, 0.0]
+
+
+class _ImageContext(torch.nn.Module):
+    """Each channel's mean over the image, everywhere: varies between images, not within one."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(2, 3), keepdim=True).expand_as(x)
+
+
+def test_zoo_calibration_amplifies_no_channel_by_orders_of_magnitude():
+    # A near-dead channel (variance 1e-8 of its neighbours') is scaled up no more than 10x its
+    # layer's median channel, and a channel that varies only between images (attention context)
+    # keeps that variance: per-image statistics gave it ~0 and scaled it by up to 1/sqrt(eps).
+    from tessera.zoo import calibrate_batchnorm
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+    with torch.no_grad():
+        conv.weight[0] *= 1e-4
+        conv.bias[0] = 0.0
+    dead, context = torch.nn.BatchNorm2d(8), torch.nn.BatchNorm2d(8)
+    model = torch.nn.Sequential(conv, dead, torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 1), _ImageContext(), context)
+    assert calibrate_batchnorm(model, (torch.randn(1, 3, 16, 16),)) == 2
+    gain = 1 / (dead.running_var + dead.eps).sqrt()  # the weights are all 1
+    assert float(gain.max()) <= 10.01 / float((dead.running_var.median() + dead.eps).sqrt())
+    with torch.no_grad():
+        out = model(torch.randn(4, 3, 16, 16))
+    assert float(out.std(dim=(0, 2, 3)).max()) < 3.0
