@@ -47,9 +47,10 @@ class CompileOptions:
     tune_workers: int | None = None  # parallel kernel builds while tuning
     tune: str = "all"  # "all": measure every candidate; "lazy": only what the solver picks (exact under lower bounds)
     schedule_tuning: bool = True  # measured cost: time a few schedules of each chosen kernel
-    # GEMM templates (codegen/gemm.py) for matmul kernels: "auto" (measured compiles time them beside
-    # the library call; the faster runs), "off", or "force" (every matmul kernel that has a template
-    # form runs its best-ranked one, in any compile: for tests and experiments)
+    # GEMM and convolution templates (codegen/gemm.py, codegen/conv.py) for matmul and 2-D conv kernels:
+    # "auto" (measured compiles time them beside the library call; the faster runs), "off", or "force"
+    # (every such kernel that has a template form runs its best-ranked one, in any compile: for tests
+    # and experiments)
     templates: str = "auto"
     gpu: str = "h100"
     precision: str = "fp32"
@@ -231,8 +232,8 @@ def measured_cost(og: OGraph, opt: CompileOptions, progress: Callable[[int, int]
 
 
 def forced_templates(graph: Graph, plan: Plan, precision: str, dev: Device) -> dict[str, AnySchedule]:
-    """`templates="force"`: the best-ranked GEMM template schedule of every plan kernel with a
-    matmul that has a template form."""
+    """`templates="force"`: the best-ranked template schedule of every plan kernel with a matmul or a
+    2-D convolution that has a template form."""
     by_name = {n.name: n for n in graph.nodes}
     out: dict[str, AnySchedule] = {}
     for k in plan.kernels:

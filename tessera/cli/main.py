@@ -140,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", choices=LAYOUT_POLICIES, default="auto",
                    help="storage layouts: auto (by cost), nchw (all row-major), nhwc (conv regions channels-last)")
     p.add_argument("--templates", choices=["auto", "off", "force"], default="auto",
-                   help="GEMM templates for matmul kernels: auto (a measured compile times them beside the "
-                        "library call and keeps the faster), off, or force (every matmul kernel that has one)")
+                   help="GEMM and convolution templates for matmul and 2-D conv kernels: auto (a measured "
+                        "compile times them beside the library call and keeps the faster), off, or force "
+                        "(every such kernel that has one)")
     p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
     p.add_argument("--time-limit", type=_positive, default=60.0, help="seconds per subgraph solve")
     p.add_argument("--max-states", type=_count(1), default=2000, help="execution states per subgraph")
@@ -340,9 +341,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
         lay = result.layouts.summary()
         print(f"  layout: {lay['convs_channels_last']} of {lay['convs']} convolutions channels-last "
               f"({lay['channels_last_regions']} of {lay['regions']} regions), {lay['conversions']} conversions")
-    templates = sum(1 for k in result.kernels if k.backend == "template")
-    if templates:
-        print(f"  {templates} matmul kernel(s) run as GEMM templates (codegen/gemm.py)")
+    templates = [k.linear.op for k in result.kernels if k.backend == "template" and k.linear is not None]
+    if templates.count("matmul"):
+        print(f"  {templates.count('matmul')} matmul kernel(s) run as GEMM templates (codegen/gemm.py)")
+    if templates.count("conv"):
+        print(f"  {templates.count('conv')} convolution kernel(s) run as convolution templates (codegen/conv.py)")
     print(f"  estimated {plan.estimated_total_s * 1e6:.1f} us; greedy baseline {plan.greedy_total_s * 1e6:.1f} us "
           f"({plan.greedy_total_s / max(plan.estimated_total_s, 1e-30):.2f}x)")
     print(f"  {len(plan.subgraphs)} subgraph(s), {optimal} solved to proven optimality, "

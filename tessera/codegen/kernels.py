@@ -35,8 +35,9 @@ from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import REDUCTIONS, Prim
 
 # Bump when generated code changes: it is part of every tuning-database key.
-CODEGEN_VERSION = 5  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts;
-# 4: reduction rows numbered in storage order; 5: GEMM templates with fused epilogues (codegen/gemm.py)
+CODEGEN_VERSION = 6  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts;
+# 4: reduction rows numbered in storage order; 5: GEMM templates with fused epilogues (codegen/gemm.py);
+# 6: convolution templates (codegen/conv.py), the template tile shared in codegen/tile.py
 
 # Elements one program holds in registers per value (fp32: 16 KiB).
 BLOCK_ELEMENTS = 4096
@@ -80,20 +81,43 @@ class GemmSchedule:
                 "split_k": self.split_k}
 
 
-AnySchedule = Schedule | GemmSchedule
+@dataclass(frozen=True)
+class ConvSchedule:
+    """A convolution template's schedule (`codegen/conv.py`): the output tile (block_m pixels x
+    block_n output channels), the K step over input channels and the window (block_k; 0 in the
+    direct form, which walks the window without a dot), warps, software-pipeline stages, and the
+    GROUP_M swizzle of tiles."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+    group_m: int = 8
+
+    def to_json(self) -> dict[str, object]:
+        return {"form": "conv", "block_m": self.block_m, "block_n": self.block_n, "block_k": self.block_k,
+                "num_warps": self.num_warps, "num_stages": self.num_stages, "group_m": self.group_m}
+
+
+TemplateSchedule = GemmSchedule | ConvSchedule
+AnySchedule = Schedule | GemmSchedule | ConvSchedule
 
 
 def schedule_from_json(doc: dict[str, object]) -> AnySchedule:
-    """The schedule `to_json` wrote (plan.json): a GEMM template's carries "form": "gemm"."""
+    """The schedule `to_json` wrote (plan.json): a template's carries its "form" ("gemm", "conv")."""
     d = dict(doc)
-    if d.pop("form", None) == "gemm":
+    form = d.pop("form", None)
+    if form == "gemm":
         return GemmSchedule(**d)  # type: ignore[arg-type]
+    if form == "conv":
+        return ConvSchedule(**d)  # type: ignore[arg-type]
     return Schedule(**d)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
 class Launch:
-    """One launch of a kernel form with launches of its own (a GEMM template): the function of
+    """One launch of a kernel form with launches of its own (a template): the function of
     the source, its grid, and its meta-parameters (constexprs, num_warps, num_stages)."""
 
     fn: str

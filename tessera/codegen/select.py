@@ -6,9 +6,10 @@ The fallback chain is explicit:
 2. a kernel with a linear primitive runs it through torch (cuBLAS/cuDNN on
    the GPU), with a bias add and ReLU inside the library call where it takes
    them, and the rest of its epilogue as one generated Triton kernel; or, when
-   its schedule is a GEMM template's (`GemmSchedule`, chosen by measurement),
-   a matmul and its whole epilogue run as one generated template kernel
-   (`codegen/gemm.py`);
+   its schedule is a template's (chosen by measurement), the linear primitive
+   and its whole epilogue run as one generated template kernel: a matmul under
+   a `GemmSchedule` (`codegen/gemm.py`), a 2-D convolution under a
+   `ConvSchedule` (`codegen/conv.py`);
 3. any other memory-intensive kernel is one generated Triton kernel;
 4. an opaque primitive, or a single primitive the generator cannot handle,
    runs through torch (`runtime/torch_prims.py`).
@@ -21,8 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from tessera.codegen.conv import generate_conv
 from tessera.codegen.gemm import generate_gemm
-from tessera.codegen.kernels import AnySchedule, GemmSchedule, KernelSource, Schedule, generate
+from tessera.codegen.kernels import AnySchedule, ConvSchedule, GemmSchedule, KernelSource, Schedule, generate
 from tessera.codegen.triton_ops import Unsupported
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import Category, Prim
@@ -36,7 +38,7 @@ class KernelImpl:
 
     backend: "triton" (`triton` computes everything), "linear" (`linear`
     through torch, then `triton` for the epilogue if any), "template" (`triton`
-    is a GEMM template computing `linear` and its epilogue), "view" (reshapes
+    is a GEMM or convolution template computing `linear` and its epilogue), "view" (reshapes
     only: aliases of their input, no launch), or "torch" (`prims` through
     torch; `reason` says why not Triton). `folded` are free prologue
     nodes only torch reads: they depend on constants alone, so the runtime
@@ -97,9 +99,10 @@ def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], out
     """Choose the backend of one kernel (its orchestrated `prims` and free `prologue`) and generate its code.
 
     Tensors are addressed in the layouts their types carry (`TensorType.layout`). A `GemmSchedule`
-    makes a matmul kernel a GEMM template (`precision`, the plan's, picks its fp32 math: tf32 or
-    IEEE). Raises `Unsupported` for a group of several primitives that has no Triton form, or a
-    template schedule for a kernel that has no template form.
+    makes a matmul kernel a GEMM template, a `ConvSchedule` a 2-D convolution kernel a convolution
+    template (`precision`, the plan's, picks their fp32 math: tf32 or IEEE). Raises `Unsupported`
+    for a group of several primitives that has no Triton form, or a template schedule for a
+    kernel that has no template form.
     """
     root = _linear_root(prims)
     prims, prologue = list(prims), list(prologue)
@@ -116,6 +119,11 @@ def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], out
             raise Unsupported("a GEMM template schedule for a kernel without a matmul")
         return KernelImpl(name, "template", prims, prologue, list(outputs), linear=root,
                           triton=generate_gemm(graph, nodes, outputs, name, schedule, sources, precision))
+    if isinstance(schedule, ConvSchedule):
+        if root is None or root.op != Prim.CONV.value:
+            raise Unsupported("a convolution template schedule for a kernel without a convolution")
+        return KernelImpl(name, "template", prims, prologue, list(outputs), linear=root,
+                          triton=generate_conv(graph, nodes, outputs, name, schedule, sources, precision))
     if root is not None:
         impl = KernelImpl(name, "linear", prims, prologue, list(outputs), linear=root)
         impl.bias, impl.fused, impl.relu = _library_epilogue(graph, nodes, prologue, root, outputs)

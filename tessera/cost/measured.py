@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence
 
-from tessera.codegen.kernels import AnySchedule, GemmSchedule, KernelSource, Schedule
+from tessera.codegen.kernels import AnySchedule, ConvSchedule, GemmSchedule, KernelSource, Schedule, TemplateSchedule
 from tessera.codegen.select import prologue_of
 from tessera.cost.db import Key, TuningDB
 from tessera.cost.devices import Device
@@ -239,11 +239,12 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
     round, so the profiler builds in parallel. Kernels are given as (name, prims, prologue,
     outputs); returns name -> (fastest schedule, seconds).
 
-    With `templates`, a kernel with a matmul also tries GEMM templates (`codegen/gemm.py`): a
-    second lane of schedules, ranked by the template roofline (`rank_templates`), measured by the
-    same rule beside the library lane (the library call with its epilogue kernel's schedules, or
-    alone under the key "default"); the fastest of both lanes wins. A kernel whose library call
-    alone wins has nothing to tune and is left out, as before.
+    With `templates`, a kernel with a matmul or a 2-D convolution also tries its templates
+    (`codegen/gemm.py`, `codegen/conv.py`): a second lane of schedules, ranked by the template
+    roofline (`rank_templates`), measured by the same rule beside the library lane (the library
+    call with its epilogue kernel's schedules, or alone under the key "default"); the fastest of
+    both lanes wins. A kernel whose library call alone wins has nothing to tune and is left out,
+    as before.
     """
     from tessera.codegen.select import implement
     from tessera.codegen.triton_ops import Unsupported
@@ -322,9 +323,9 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
 
 
 def _template_space(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], outputs: Sequence[str],
-                    precision: str, gpu: Device | None) -> list[GemmSchedule]:
-    """A matmul kernel's GEMM template schedules, best-ranked first; empty when it has no template
-    form (the generator says so at the first schedule)."""
+                    precision: str, gpu: Device | None) -> list[TemplateSchedule]:
+    """A matmul or convolution kernel's template schedules, best-ranked first; empty when it has no
+    template form (the generator says so at the first schedule)."""
     from tessera.codegen.select import implement
     from tessera.codegen.triton_ops import Unsupported
     from tessera.cost.schedule_model import rank_templates
@@ -345,7 +346,10 @@ def _tiled(ks: KernelSource, s: Schedule) -> bool:
 
 
 def _schedule_key(s: AnySchedule) -> str:
-    """The tuning database's schedule column (the strings of generated kernels' schedules never change)."""
+    """The tuning database's schedule column (the strings of generated kernels' schedules and GEMM
+    templates' never change; convolution templates' start with "conv-")."""
+    if isinstance(s, ConvSchedule):
+        return f"conv-m{s.block_m}-n{s.block_n}-k{s.block_k}-w{s.num_warps}-s{s.num_stages}-g{s.group_m}"
     if isinstance(s, GemmSchedule):
         return (f"gemm-m{s.block_m}-n{s.block_n}-k{s.block_k}-w{s.num_warps}-s{s.num_stages}-g{s.group_m}"
                 f"-sk{s.split_k}")

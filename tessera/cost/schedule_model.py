@@ -23,6 +23,8 @@ Post-scheduling measures the top of the ranking and stops when it converges
 
 GEMM templates (`codegen/gemm.py`) are ranked by a roofline of their own (`predict_template`):
 compute in whole waves of resident programs, operand bytes per tile, DRAM traffic, K-step latency.
+Convolution templates (`codegen/conv.py`) reuse it as the implicit GEMM they are, over the K
+their walk pads the window to (`predict_conv`); the direct (depthwise) form has its own.
 """
 from __future__ import annotations
 
@@ -30,8 +32,9 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from tessera.codegen.conv import ConvProblem, conv_problem, conv_root, conv_schedules
 from tessera.codegen.gemm import matmul_root, problem, template_schedules
-from tessera.codegen.kernels import GemmSchedule, KernelSource, Schedule, schedules
+from tessera.codegen.kernels import ConvSchedule, GemmSchedule, KernelSource, Schedule, TemplateSchedule, schedules
 from tessera.cost.devices import Device, device
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node
@@ -155,21 +158,76 @@ def template_rate(dtype: DType, precision: str, dev: Device) -> float:
     return dev.tf32 if precision == "tf32" else dev.fp32
 
 
+def predict_conv(s: ConvSchedule, p: ConvProblem, itemsize: int, operand_bytes: float, epilogue_bytes: float,
+                 rate: float, dev: Device, channels_inner: bool, p_: TemplateParams = TEMPLATE_PARAMS) -> float:
+    """Predicted seconds of a convolution template (only the ranking is meant to be right).
+
+    Implicit GEMM: `predict_template` over groups x pixels x channels, with K padded as the
+    schedule walks it (per-tap channel blocks, or flat), so padding is charged as work; the
+    operand stream per tile is the gathered window, each input element once per tap covering it
+    (KH x KW / strides times, per channel tile: wider channel tiles reuse the input window more).
+    Direct form: per tap, a [block_m, block_n] input tile and a multiply-add on the CUDA cores,
+    in waves of resident programs; loads are as wide as the contiguous run of a tile (channels
+    for a channels-last input, pixels otherwise), in 32-byte sectors.
+    """
+    if s.block_k:
+        g = GemmSchedule(s.block_m, s.block_n, s.block_k, s.num_warps, s.num_stages, s.group_m, 1)
+        return predict_template(g, p.groups, p.m, p.og, p.steps(s.block_k) * s.block_k, itemsize, operand_bytes,
+                                epilogue_bytes, rate, dev, p_)
+    programs = math.ceil(p.m / s.block_m) * math.ceil(p.o / s.block_n)
+    resident = max(1, p_.max_warps_per_sm // s.num_warps)
+    waves = math.ceil(programs / (dev.sms * resident))
+    per_sm = math.ceil(min(programs, dev.sms * resident) / dev.sms)
+    taps = p.kh * p.kw
+    compute = 2.0 * s.block_m * s.block_n * taps / (dev.fp32 / dev.sms)
+    run = s.block_n if channels_inner else (s.block_m if p.strides[1] == 1 else 1)
+    sector = min(1.0, run * itemsize / SECTOR_BYTES)
+    stream = s.block_m * s.block_n * taps * itemsize / sector / (dev.bandwidth * p_.l2_factor / dev.sms)
+    latency = taps * p_.step_s
+    dram = (operand_bytes + epilogue_bytes) / dev.bandwidth
+    return max(waves * max(per_sm * compute, per_sm * stream, latency), dram)
+
+
 def rank_templates(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], precision: str = "fp32",
-                   dev: Device | None = None) -> list[GemmSchedule]:
-    """A matmul kernel's template schedules (`codegen.gemm.template_schedules`, cut to the GPU's SM
-    count) from most to least promising; empty when the kernel has no matmul."""
+                   dev: Device | None = None) -> list[TemplateSchedule]:
+    """A matmul or 2-D convolution kernel's template schedules (`codegen.gemm.template_schedules`,
+    cut to the GPU's SM count; `codegen.conv.conv_schedules`) from most to least promising;
+    empty when the kernel has neither."""
     root = matmul_root(nodes)
     if root is None:
-        return []
+        croot = conv_root(nodes)
+        return [] if croot is None else _rank_conv(graph, nodes, outputs, croot, precision, dev or device("h100"))
+    return _rank_gemm(graph, nodes, outputs, root, precision, dev)
+
+
+def _epilogue_bytes(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], root: Node) -> float:
+    """What a template's epilogue reads besides the product, and what it writes."""
+    produced = {o for nd in nodes for o in nd.outputs}
+    reads = {t for nd in nodes if nd is not root for t in nd.inputs if t and t not in produced}
+    return sum(graph.types[t].nbytes for t in reads) + sum(graph.types[t].nbytes for t in outputs)
+
+
+def _rank_conv(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], root: Node, precision: str,
+               dev: Device) -> list[TemplateSchedule]:
+    p = conv_problem(graph, root)
+    xt = graph.types[root.inputs[0]]
+    itemsize = xt.dtype.itemsize
+    space = conv_schedules(p, itemsize)
+    operands = sum(graph.types[t].nbytes for t in root.inputs)
+    epilogue = _epilogue_bytes(graph, nodes, outputs, root)
+    rate = template_rate(xt.dtype, precision, dev)
+    inner = xt.strides[1] == 1 and p.c > 1
+    return sorted(space, key=lambda s: predict_conv(s, p, itemsize, operands, epilogue, rate, dev, inner))
+
+
+def _rank_gemm(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], root: Node, precision: str = "fp32",
+               dev: Device | None = None) -> list[TemplateSchedule]:
     dev = dev or device("h100")
     batch, m, n, k = problem(graph, root)
     a_type = graph.types[root.inputs[0]]
     itemsize = a_type.dtype.itemsize
     space = template_schedules(batch, m, n, k, itemsize, dev.sms)
-    produced = {o for nd in nodes for o in nd.outputs}
     operands = sum(graph.types[t].nbytes for t in root.inputs)
-    reads = {t for nd in nodes if nd is not root for t in nd.inputs if t and t not in produced}
-    epilogue = sum(graph.types[t].nbytes for t in reads) + sum(graph.types[t].nbytes for t in outputs)
+    epilogue = _epilogue_bytes(graph, nodes, outputs, root)
     rate = template_rate(a_type.dtype, precision, dev)
     return sorted(space, key=lambda s: predict_template(s, batch, m, n, k, itemsize, operands, epilogue, rate, dev))

@@ -69,10 +69,14 @@ class Executable:
         self._bias = {s.impl.name: self.constants[s.impl.bias].reshape(-1).contiguous()
                       for s in self.steps if s.impl.bias}
         # Constant weights of convolutions whose input is stored channels-last take the same
-        # layout once, here, so cuDNN runs its NHWC kernels with no conversion per call.
+        # layout once, here, so cuDNN runs its NHWC kernels with no conversion per call. Generated
+        # kernels (a convolution template among them) address a weight by its type's layout, so
+        # one that any of them reads keeps it.
+        generated = {t for st in self.steps if st.kernel is not None for t in st.kernel.ks.inputs}
         for st in self.steps:
             root = st.impl.linear
             if root is not None and root.op == "conv" and root.inputs[1] in self.constants \
+                    and root.inputs[1] not in generated \
                     and graph.types[root.inputs[0]].rank == 4 and not graph.types[root.inputs[0]].plain:
                 w = self.constants[root.inputs[1]]
                 self.constants[root.inputs[1]] = w.contiguous(memory_format=torch.channels_last)

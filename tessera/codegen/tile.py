@@ -1,0 +1,237 @@
+"""What the GEMM and convolution templates share: an output tile, its dot operands and its epilogue.
+
+A template program owns one BLOCK_M x BLOCK_N tile of a product (one batch entry, or one group
+of a grouped convolution, per grid row). `Tile` holds the tile's indices and masks in the
+kernel's emitter, with program ids swizzled in groups of GROUP_M tile rows so that programs
+running together share operand tiles in L2. `dot_operand` loads or computes one operand tile
+in the dot's input type, `store_outputs` runs the epilogue from the accumulator through the
+emitter (the product is a known value at the tile's indices, so it is never read back), and
+`jit_function` renders one `@triton.jit` function of the template.
+"""
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from math import prod
+from typing import Protocol, Sequence
+
+from tessera.codegen import index as ix
+from tessera.codegen.index import Ix
+from tessera.codegen.kernels import KernelBody, render
+from tessera.codegen.triton_ops import STORAGE, Unsupported, Val
+from tessera.ir.dtype import DType
+from tessera.ir.graph import Graph, Node
+
+MIN_BLOCK = 16  # tl.dot's smallest block on every GPU Triton supports
+GRID_Y_MAX = 65535  # CUDA's grid limit on the batch axis
+DOT_TYPES = (DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16)
+
+# fp32 -> tf32, rounding to nearest (ties away, as cvt.rna.tf32.f32 does). The tensor cores read
+# only the top 19 bits of an fp32 operand, so unrounded operands are truncated: a bias toward zero
+# of ~1e-3 relative, the whole tf32 tolerance. Rounded operands err without bias, and their
+# products are exact in fp32, so the CPU interpreter computes what the GPU does. Infinities and
+# NaN pass unchanged.
+TF32_ROUND = ("tl.where(tl.abs({x}) < float(\"inf\"), "
+              "((({x}).to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True), {x})")
+
+
+def pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class TileSchedule(Protocol):
+    """What a tile needs of a template's schedule."""
+
+    @property
+    def block_m(self) -> int: ...
+
+    @property
+    def block_n(self) -> int: ...
+
+    @property
+    def group_m(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class DotMath:
+    """How a template multiplies: the dot's operand type, its `input_precision` argument, and
+    whether fp32 operands are rounded to tf32 first."""
+
+    dot_type: str
+    precision: str  # "" or ', input_precision="..."'
+    tf32: bool
+
+    @property
+    def label(self) -> str:
+        """The products' math for a kernel header."""
+        return self.precision.split('"')[1] if self.precision else self.dot_type.removeprefix("tl.")
+
+
+def dot_math(dtype: DType, other: DType, precision: str, what: str) -> DotMath:
+    """The math of a template whose operands are `dtype` and `other` under the plan's `precision`
+    (fp32 operands multiply in IEEE fp32, as the libraries do there, or tf32 where the plan says)."""
+    if dtype != other or dtype not in DOT_TYPES:
+        raise Unsupported(f"{what} multiplies fp32, fp16 or bf16, not {dtype.value} x {other.value}")
+    prec = ""
+    if dtype is DType.FLOAT32:
+        prec = ', input_precision="tf32"' if precision == "tf32" else ', input_precision="ieee"'
+    return DotMath(STORAGE[dtype], prec, dtype is DType.FLOAT32 and precision == "tf32")
+
+
+class Tile:
+    """One function of a template: the tile's indices and masks in its emitter.
+
+    `shape` is the product's [*batch, M, N]; the batch entries (or a grouped convolution's
+    groups) run along the grid's second axis.
+    """
+
+    def __init__(self, k: KernelBody, shape: tuple[int, ...], s: TileSchedule) -> None:
+        self.k, self.em = k, k.em
+        em = self.em
+        *batch, self.m, self.n = shape
+        self.nbatch = prod(batch)
+        em.stack[0].avail = frozenset({"b", "m", "n"})
+        em.shape_of = lambda deps: "[BLOCK_M, BLOCK_N]"
+        tm, tn = cdiv(self.m, s.block_m), cdiv(self.n, s.block_n)
+        # Swizzle: consecutive programs walk GROUP_M tile rows down one tile column, then the next.
+        self.header = ["pid = tl.program_id(0)"]
+        if s.group_m > 1 and tm > 1 and tn > 1:
+            self.header += [f"group = GROUP_M * {tn}", "first_m = (pid // group) * GROUP_M",
+                            f"rows = tl.minimum({tm} - first_m, GROUP_M)",
+                            "pid_m = first_m + (pid % group) % rows", "pid_n = (pid % group) // rows"]
+        elif tn == 1:
+            self.header += ["pid_m = pid", "pid_n = 0"]
+        else:
+            self.header += [f"pid_m = pid // {tn}", f"pid_n = pid % {tn}"]
+        if self.nbatch > 1:
+            self.header.append("pid_b = tl.program_id(1)")
+        self.header += ["rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]",
+                        "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]"]
+        # A size-1 extent is index 0, as the emitter's index maps write it (reshape_index drops
+        # such dims); lanes past it stay masked.
+        self.rm = Ix("rm", None, self.m, frozenset({"m"})) if self.m > 1 else Ix.of(0)
+        self.rn = Ix("rn", None, self.n, frozenset({"n"})) if self.n > 1 else Ix.of(0)
+        bdep = frozenset({"b"})
+        self.batch = ix.unravel(Ix("pid_b", None, self.nbatch, bdep), batch) if self.nbatch > 1 \
+            else [Ix.of(0)] * len(batch)
+        self.mask: frozenset[str] = frozenset(
+            ([em.cond(f"rm < {self.m}", frozenset({"m"}))] if self.m % s.block_m else [])
+            + ([em.cond(f"rn < {self.n}", frozenset({"n"}))] if self.n % s.block_n else []))
+        self.mmask = frozenset(c for c in self.mask if em.cond_deps[c] == {"m"})
+        self.nmask = frozenset(c for c in self.mask if em.cond_deps[c] == {"n"})
+
+    @property
+    def coords(self) -> list[Ix]:
+        return [*self.batch, self.rm, self.rn]
+
+    def workspace_offset(self, split: str) -> str:
+        """Where this tile's partial sums of slice `split` live in a split-K workspace."""
+        base = f"({split} * {self.nbatch} + pid_b) * {self.m * self.n}" if self.nbatch > 1 \
+            else f"{split} * {self.m * self.n}"
+        return f"{base} + rm * {self.n} + rn"
+
+
+def dot_operand(t: Tile, graph: Graph, math: DotMath, tensor: str, coords: list[Ix], mask: frozenset[str],
+                zero: frozenset[str], shape: str, axes: set[str] | frozenset[str], pointer: Ix | None = None) -> str:
+    """An operand tile in the dot's input type (`shape`, over the loop tags `axes`).
+
+    A tensor from memory is loaded as stored (through `pointer` when the caller has built its
+    addresses, else at `coords` in its storage order), under the conditions of `mask` that its
+    address depends on; one a free prologue computes is computed at `coords`. Lanes where a
+    condition of `zero` fails are zeroed (lanes past K, a convolution's padding): a masked load
+    gives 0 there, but 1/0 or log(0) of a computed value would not. A value constant along an
+    axis (a size-1 M, a broadcast operand) is broadcast to the full tile.
+    """
+    em = t.em
+    ty = graph.types[tensor]
+    need = frozenset(axes)
+    if tensor in em.inputs:
+        if pointer is None:
+            off = em.index_var(ix.ravel_stored(coords, ty.shape, ty.layout))
+            pointer = Ix(f"{em.inputs[tensor]} + {off.expr}", None, None, off.deps)
+        m = em.mask_expr(mask, pointer.deps)
+        v = em.emit(f"tl.load({pointer.expr}" + (f", mask={m}, other=0.0)" if m else ")"), pointer.deps, "a")
+        deps = pointer.deps
+        zero = frozenset(c for c in zero if not em.cond_deps[c] <= pointer.deps)  # K has extent 1 here
+    else:
+        val = em.value(tensor, coords, mask)
+        if val.is_literal:
+            v, deps = f"tl.full({shape}, {val.expr}, tl.float32)", need
+        else:
+            v, deps = val.expr, val.deps
+    km = em.mask_expr(zero)
+    if km:
+        deps = deps | em.mask_deps(zero)
+        v = em.emit(f"tl.where({km}, {v}, 0.0)", deps)
+    if math.dot_type != "tl.float32" and (km or tensor not in em.inputs):
+        v = em.emit(f"({v}).to({math.dot_type})", deps)
+    if math.tf32:
+        v = em.emit(TF32_ROUND.format(x=v), deps)
+    if not need <= deps:
+        v = em.emit(f"tl.broadcast_to({v}, {shape})", need | deps)
+    return v
+
+
+def store_outputs(t: Tile, graph: Graph, outputs: Sequence[str], product: str, coords: list[Ix]) -> None:
+    """Every output from the accumulator `acc`, which holds `product` at `coords` (the tile's
+    indices): each output at its own indices (a reshape of the product's)."""
+    em = t.em
+    tc = graph.types[product]
+    em.known[(product, tuple(i.expr for i in coords))] = Val("acc", tc.dtype, frozenset({"b", "m", "n"}))
+    for o in outputs:
+        ty = graph.types[o]
+        oc = ix.reshape_index(coords, tc.shape, ty.shape)
+        flat = em.index_var(ix.ravel_stored(oc, ty.shape, ty.layout))
+        if not {"m", "n"} <= flat.deps:  # a size-1 M or N: the store still covers the tile (masked)
+            deps = flat.deps | {"m", "n"}
+            flat = Ix(em.emit(f"tl.broadcast_to({flat.expr}, [BLOCK_M, BLOCK_N])", deps, "i"), None, None, deps)
+        v = em.value(o, oc, t.mask)
+        t.k.store(o, flat, v, t.mask, "[BLOCK_M, BLOCK_N]", frozenset({"m", "n"}))
+
+
+def check_outputs(graph: Graph, outputs: Sequence[str], product: str, what: str, form: str) -> None:
+    """A template writes one value per product element: every output has the product's size."""
+    c = graph.types[product].numel
+    for o in outputs:
+        if graph.types[o].numel != c:
+            raise Unsupported(f"output {o} has {graph.types[o].numel} elements, the {what} {c}: "
+                              f"a {form} epilogue writes one value per product element")
+
+
+def jit_function(fn: str, params: str, t: Tile, consts: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
+    """One @triton.jit function: the tile's header (and `extra` lines after it), then its body;
+    `consts` are its constexpr parameters."""
+    body: list[str] = []
+    render(t.em.stack[0], "    ", body)
+    return ["@triton.jit", f"def {fn}({params}, {', '.join(f'{c}: tl.constexpr' for c in consts)}):"] + \
+        [f"    {h}" for h in [*t.header, *extra]] + body
+
+
+def describe(graph: Graph, nodes: Sequence[Node], root: Node, k: KernelBody, sources: Sequence[str],
+             workspace: int = 0) -> list[str]:
+    """Header lines shared by templates: the epilogue and prologue primitives, the ONNX nodes,
+    and the arguments."""
+    reach = {root.outputs[0]}
+    for n in nodes:
+        if n is not root and any(t in reach for t in n.inputs):
+            reach.update(n.outputs)
+    epi = [n for n in nodes if n is not root and any(t in reach for t in n.inputs)]
+    pro = [n for n in nodes if n is not root and n not in epi]
+    doc = textwrap.wrap("epilogue: " + (", ".join(f"{n.name} ({n.op})" for n in epi) or "none"), 100,
+                        initial_indent="# ", subsequent_indent="#   ")
+    if pro:
+        doc += textwrap.wrap("operand/epilogue prologue: " + ", ".join(f"{n.name} ({n.op})" for n in pro), 100,
+                             initial_indent="# ", subsequent_indent="#   ")
+    if sources:
+        doc += textwrap.wrap("ONNX nodes: " + ", ".join(sources), 100, initial_indent="# ",
+                             subsequent_indent="#   ")
+    doc += [f"# in{i}: {t} {graph.types[t]}" for i, t in enumerate(k.inputs)]
+    if workspace:
+        doc.append(f"# ws: float32[{workspace}] split-K partial sums")
+    doc += [f"# {arg}: {t} {graph.types[t]}" for t, arg in k.out_args.items()]
+    return doc

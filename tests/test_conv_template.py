@@ -1,0 +1,329 @@
+"""Convolution templates (codegen/conv.py): one generated kernel per 2-D convolution kernel, epilogue fused.
+
+Each generator case takes a small model's convolution kernel (the conv, every primitive computed
+from its result, their free prologue) as a template under Triton's interpreter and compares what
+it writes with the float64 reference on random inputs, through the GEMM tests' harness. Then the
+wiring: a measured compile that picks templates, plan.json and the artifact, and whole networks
+(a small one, candy at 64x64) with every convolution forced onto its template, against onnxruntime.
+
+Tiles stay small under the interpreter: a dot of more than 2^18 multiply-adds wakes NumPy's BLAS
+thread pool, which costs ~10 ms a call on a loaded 2-core machine.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper
+from opcheck import Const, graph_model, models_dir, rand
+from test_gemm_template import run_template
+
+import tessera
+from tessera import compiler
+from tessera.codegen.conv import conv_problem, conv_schedules
+from tessera.codegen.kernels import ConvSchedule, GemmSchedule, KernelSource, Schedule, schedule_from_json
+from tessera.codegen.select import implement, prologue_of
+from tessera.codegen.triton_ops import Unsupported
+from tessera.compiler import CompileOptions, compile_model, write_artifacts
+from tessera.cost.measured import Job, _schedule_key
+from tessera.cost.schedule_model import rank_templates
+from tessera.fission import fission
+from tessera.frontend import load
+from tessera.ir import interp
+from tessera.ir.dtype import DType
+from tessera.ir.graph import Graph, GraphKind, Node, TensorType
+from tessera.orchestrate import build_ograph
+from tessera.orchestrate.graphview import bits
+from tessera.orchestrate.layout import NHWC
+from tessera.rewrite import convert_precision
+from tessera.tolerance import TOLERANCE, rel_l2
+from tessera.verify import random_inputs, run_onnxruntime
+
+SMALL = ConvSchedule(16, 16, 16, 2, 2, 2)  # many tiles, ragged edges, swizzled in pairs of tile rows
+SMALL_DIRECT = ConvSchedule(16, 8, 0, 1, 1, 2)
+
+
+# ---- harness -----------------------------------------------------------------------------------
+def conv_kernel(g: Graph) -> tuple[list[Node], list[Node], list[str]]:
+    """The plan-shaped kernel of g's convolution: the conv and what is computed from it (not the
+    casts to the declared output types), its free prologue, and the tensors it writes."""
+    og = build_ograph(g)
+    (root,) = [n for n in og.nodes if n.op == "conv"]
+    i = og.index[root.name]
+    prims = [root] + [og.nodes[j] for j in bits(og.desc[i]) if not og.nodes[j].name.endswith("/cast_out")]
+    outputs = []
+    for o in g.outputs:
+        producer = next(n for n in g.nodes if o in n.outputs)
+        outputs.append(producer.inputs[0] if producer.name.endswith("/cast_out") else o)
+    return prims, prologue_of(og, prims), outputs
+
+
+def check_conv(model: onnx.ModelProto | None, feeds: dict[str, np.ndarray], schedule: ConvSchedule | None = None,
+               precision: str = "fp32", layouts: dict[str, tuple[int, ...]] | None = None,
+               graph: Graph | None = None) -> tuple[KernelSource, float]:
+    """The model's (or primitive graph's) convolution kernel as a template (by default its
+    best-ranked schedule) against float64: the kernel and its largest error."""
+    g32 = graph if graph is not None else fission(load(model).graph).graph
+    g = convert_precision(g32, precision)
+    for t, lay in (layouts or {}).items():
+        g.types[t] = TensorType(g.types[t].shape, g.types[t].dtype, lay)
+    prims, pro, outputs = conv_kernel(g)
+    if schedule is None:
+        schedule = rank_templates(g, pro + prims, outputs, precision)[0]
+    ks = implement(g, prims, pro, outputs, "k0_test", ("Conv_0",), schedule, precision).triton
+    assert ks is not None and isinstance(ks.schedule, ConvSchedule)
+    env = {**g.constants, **interp.run(g, feeds, keep_all=True)}  # what earlier kernels would write
+    got = run_template(g, ks, env)
+    ref = interp.run(g32, feeds, exact=True)
+    errs = [rel_l2(got[t], ref[o]) for o, t in zip(g32.outputs, outputs)]
+    assert max(errs) < TOLERANCE[precision], f"rel L2 {errs} under {schedule}\n{ks.source}"
+    return ks, max(errs)
+
+
+def conv_relu(n: int, c: int, h: int, w: int, o: int, k: tuple[int, int], seed: int = 0,
+              **attrs) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Conv (with bias) then Relu: x [n, c, h, w] * w [o, c/group, *k]."""
+    x = rand(n, c, h, w, seed=seed)
+    wt = rand(o, c // attrs.get("group", 1), *k, seed=seed + 1, lo=-0.5, hi=0.5)
+    model = graph_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs),
+                         helper.make_node("Relu", ["y"], ["out"])],
+                        {"x": x, "w": Const(wt), "b": Const(rand(o, seed=seed + 2))}, ["out"])
+    return model, {"x": x}
+
+
+# ---- the generator -----------------------------------------------------------------------------
+NCHW: tuple[int, ...] = ()
+# (n, c, h, w, o, kernel, attrs, storage layout of x and out, form the template takes)
+CASES = [
+    (1, 3, 13, 13, 5, (3, 3), {"pads": [1, 1, 1, 1]}, NCHW, "flat K"),  # RGB in: few channels, a flat K
+    (2, 17, 7, 5, 16, (3, 3), {"strides": [2, 2], "pads": [0, 1, 1, 0]}, NHWC, "flat K"),  # asymmetric pads
+    (1, 5, 13, 7, 17, (3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}, NHWC, "flat K"),
+    (2, 16, 5, 5, 3, (1, 1), {}, NCHW, "by channel blocks"),  # 1x1: a plain GEMM over the channels
+    (1, 17, 7, 7, 5, (1, 1), {"strides": [2, 2]}, NHWC, "by channel blocks"),  # a ragged channel block
+    (1, 100, 5, 5, 16, (3, 3), {"pads": [1, 1, 1, 1]}, NHWC, "by channel blocks"),  # ragged, per tap
+    (1, 16, 1, 1, 17, (3, 3), {"pads": [1, 1, 1, 1]}, NHWC, "K"),  # a 1x1 image: one pixel
+    (1, 5, 7, 7, 1, (3, 3), {"pads": [1, 1, 1, 1]}, NHWC, "K"),  # one output channel
+    (1, 16, 7, 7, 16, (3, 3), {"group": 2, "pads": [1, 1, 1, 1]}, NHWC, "2 groups"),
+    (1, 32, 5, 7, 34, (3, 3), {"group": 2, "pads": [1, 2, 0, 1]}, NCHW, "2 groups"),
+    (1, 17, 7, 13, 17, (3, 3), {"group": 17, "strides": [2, 2], "pads": [1, 1, 1, 1]}, NHWC, "multiplier 1"),
+    (1, 5, 7, 7, 10, (3, 3), {"group": 5, "pads": [1, 1, 1, 1]}, NCHW, "multiplier 2"),
+    (1, 1, 7, 7, 16, (5, 5), {"pads": [2, 2, 2, 2]}, NCHW, "multiplier 16"),  # one input channel: direct
+    (1, 32, 7, 7, 3, (9, 9), {"pads": [4, 4, 4, 4]}, NHWC, "by channel blocks"),  # candy's last conv
+    (1, 32, 5, 7, 3, (9, 9), {"pads": [4, 4, 4, 4]}, NCHW, "K"),
+]
+
+
+@pytest.mark.parametrize("n,c,h,w,o,k,attrs,layout,form", CASES, ids=[f"{c[1]}to{c[4]}-{c[8]}" for c in CASES])
+def test_shapes_forms_and_layouts(n, c, h, w, o, k, attrs, layout, form):
+    model, feeds = conv_relu(n, c, h, w, o, k, seed=c + o + h, **attrs)
+    lay = {"x": layout, "out": layout} if layout else None
+    ks, _ = check_conv(model, feeds, layouts=lay)
+    assert form in ks.source.splitlines()[4]
+    assert ("tl.dot" in ks.source) == ("direct" not in ks.source.splitlines()[4])
+    check_conv(model, feeds, SMALL_DIRECT if "multiplier" in form else SMALL, layouts=lay)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
+def test_narrow_and_tf32_math(precision):
+    model, feeds = conv_relu(1, 16, 7, 7, 24, (3, 3), seed=5, pads=[1, 1, 1, 1])
+    ks, err = check_conv(model, feeds, SMALL, precision=precision, layouts={"x": NHWC})
+    if precision == "tf32":
+        # Operands are rounded to tf32 in the kernel: the error is tf32's, not fp32's.
+        assert 'input_precision="tf32"' in ks.source and err > 1e-5
+    else:
+        assert "input_precision" not in ks.source and "tl.dot(a" in ks.source
+    check_conv(*conv_relu(1, 3, 13, 5, 17, (3, 3), seed=6, strides=[2, 1]), precision=precision)  # flat K
+    check_conv(*conv_relu(1, 6, 5, 7, 12, (3, 3), seed=7, group=6, pads=[1, 1, 1, 1]), precision=precision)
+
+
+def test_residual_cast_and_two_outputs():
+    # The biased conv plus a residual and the ReLU of it are both written; one output is a cast.
+    x, r = rand(1, 5, 7, 13, seed=8), rand(1, 16, 7, 13, seed=9)
+    model = graph_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1]),
+                         helper.make_node("Add", ["y", "r"], ["z"]), helper.make_node("Relu", ["z"], ["a"]),
+                         helper.make_node("Cast", ["a"], ["h"], to=onnx.TensorProto.FLOAT16)],
+                        {"x": x, "r": r, "w": Const(rand(16, 5, 3, 3, seed=10)), "b": Const(rand(16, seed=11))},
+                        ["z", "h"])
+    g = fission(load(model).graph).graph
+    for t in ("x", "r", "z"):
+        g.types[t] = TensorType(g.types[t].shape, g.types[t].dtype, NHWC)
+    prims, pro, outputs = conv_kernel(g)
+    ks = implement(g, prims, pro, outputs, "k0", (), SMALL).triton
+    assert len(ks.outputs) == 2 and ks.source.count("tl.store(") == 2 and "acc + " in ks.source
+    got = run_template(g, ks, {**g.constants, "x": x, "r": r})
+    ref = interp.run(g, {"x": x, "r": r}, exact=True)
+    assert rel_l2(got["z"], ref["z"]) < TOLERANCE["fp32"]
+    assert rel_l2(got["h"], ref["h"]) < TOLERANCE["fp16"]
+
+
+@pytest.mark.parametrize("group", [1, 4])
+def test_weights_stored_in_another_order_are_read_in_place(group):
+    # A weight held as [kh, kw, c, o] (TensorFlow's order) reaches the conv through a transpose of
+    # the constant: the template reads it through the transpose, without a copy.
+    x = rand(1, 4, 7, 7, seed=12)
+    w_hwio = rand(3, 3, 4 // group, 8, seed=13)
+    f32 = DType.FLOAT32
+    types = {"x": TensorType((1, 4, 7, 7), f32), "w_hwio": TensorType(w_hwio.shape, f32),
+             "w": TensorType((8, 4 // group, 3, 3), f32), "out": TensorType((1, 8, 7, 7), f32)}
+    conv = {"strides": (1, 1), "pads": (1, 1, 1, 1), "dilations": (1, 1), "group": group}
+    g = Graph(name="hwio", kind=GraphKind.PRIMITIVE, inputs=["x"], outputs=["out"], types=types,
+              constants={"w_hwio": w_hwio},
+              nodes=[Node("transpose", "transpose", ("w_hwio",), ("w",), {"perm": (3, 2, 0, 1)}),
+                     Node("conv", "conv", ("x", "w"), ("out",), conv)])
+    ks, _ = check_conv(None, {"x": x}, SMALL if group == 1 else SMALL_DIRECT, graph=g)
+    assert "transpose (transpose)" in ks.source and "in0: w_hwio float32[3x3" in ks.source
+
+
+def test_no_template_form():
+    model, _ = conv_relu(1, 4, 5, 5, 8, (3, 3), seed=14, group=4)  # depthwise: the direct form only
+    g = fission(load(model).graph).graph
+    prims, pro, outputs = conv_kernel(g)
+    with pytest.raises(Unsupported, match="direct form"):
+        implement(g, prims, pro, outputs, "k0", (), SMALL)
+    model, _ = conv_relu(1, 4, 5, 5, 8, (3, 3), seed=14)
+    g = fission(load(model).graph).graph
+    prims, pro, outputs = conv_kernel(g)
+    with pytest.raises(Unsupported, match=">= 16"):
+        implement(g, prims, pro, outputs, "k0", (), SMALL_DIRECT)
+    x = rand(1, 4, 9, seed=15)  # a 1-D convolution has no template
+    g = fission(load(graph_model([helper.make_node("Conv", ["x", "w"], ["out"])],
+                                 {"x": x, "w": Const(rand(2, 4, 3, seed=16))}, ["out"])).graph).graph
+    assert rank_templates(g, g.nodes, list(g.outputs)) == []
+    with pytest.raises(Unsupported, match="2-D convolution"):
+        implement(g, list(g.nodes), [], list(g.outputs), "k0", (), SMALL)
+    a = rand(3, 4, seed=17)
+    g = fission(load(graph_model([helper.make_node("MatMul", ["a", "b"], ["out"])],
+                                 {"a": a, "b": Const(a.T.copy())}, ["out"])).graph).graph
+    with pytest.raises(Unsupported, match="without a convolution"):
+        implement(g, list(g.nodes), [], list(g.outputs), "k0", (), SMALL)
+
+
+# ---- schedules -----------------------------------------------------------------------------------
+def test_schedule_space_ranking_keys_and_json():
+    for args in [(1, 3, 64, 64, 32, (9, 9), {}), (1, 128, 16, 16, 128, (3, 3), {"pads": [1, 1, 1, 1]}),
+                 (1, 32, 7, 7, 32, (3, 3), {"group": 32}), (8, 64, 56, 56, 64, (1, 1), {}),
+                 (1, 16, 1, 1, 17, (3, 3), {"pads": [1, 1, 1, 1]})]:
+        model, _ = conv_relu(*args[:6], **args[6])
+        g = fission(load(model).graph).graph
+        prims, pro, outputs = conv_kernel(g)
+        p = conv_problem(g, prims[0])
+        for itemsize in (2, 4):
+            space = conv_schedules(p, itemsize)
+            assert 1 <= len(space) <= 40 and len(set(space)) == len(space)
+            if p.direct:
+                assert all(s.block_k == 0 for s in space)
+            else:
+                assert all(min(s.block_m, s.block_n, s.block_k) >= 16 for s in space)
+        ranked = rank_templates(g, pro + prims, outputs)
+        assert ranked and all(isinstance(s, ConvSchedule) for s in ranked)
+        assert set(ranked) == set(conv_schedules(p, 4))
+    s = ConvSchedule(64, 32, 32, 4, 3, 8)
+    assert _schedule_key(s) == "conv-m64-n32-k32-w4-s3-g8"
+    assert _schedule_key(ConvSchedule(64, 32, 0, 4, 1, 1)).startswith("conv-")
+    assert _schedule_key(GemmSchedule(64, 128, 32, 4, 3, 8, 2)) == "gemm-m64-n128-k32-w4-s3-g8-sk2"  # unchanged
+    assert _schedule_key(Schedule(1024, 1, 4)) == "x1024-r1-w4-p"
+    assert schedule_from_json(json.loads(json.dumps(s.to_json()))) == s and s.to_json()["form"] == "conv"
+
+
+# ---- wiring --------------------------------------------------------------------------------------
+def convnet() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """RGB in: a 3x3 conv + ReLU, a strided depthwise conv, a 1x1 conv with a residual, a 3-channel conv out."""
+    x = rand(1, 3, 13, 13, seed=20)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w2", "b2"], ["d"], pads=[1, 1, 1, 1], strides=[2, 2], group=16),
+             helper.make_node("Conv", ["d", "w3"], ["p"]), helper.make_node("Add", ["p", "d"], ["q"]),
+             helper.make_node("Conv", ["q", "w4", "b4"], ["out"], pads=[1, 0, 1, 2])]
+    inits = {"x": x, "w1": Const(rand(16, 3, 3, 3, seed=21, lo=-0.5, hi=0.5)), "b1": Const(rand(16, seed=22)),
+             "w2": Const(rand(16, 1, 3, 3, seed=23, lo=-0.5, hi=0.5)), "b2": Const(rand(16, seed=24)),
+             "w3": Const(rand(16, 16, 1, 1, seed=25, lo=-0.5, hi=0.5)),
+             "w4": Const(rand(3, 16, 3, 3, seed=26, lo=-0.5, hi=0.5)), "b4": Const(rand(3, seed=27))}
+    return graph_model(nodes, inits, ["out"]), {"x": x}
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_forced_network_matches_onnxruntime(layout):
+    # Channels-last also pads the channels of the region's convolutions for the library, and the
+    # runtime must leave template weights in their graph layout.
+    model, feeds = convnet()
+    auto = compile_model(model, CompileOptions(layout=layout))
+    assert "template" not in {k.backend for k in auto.kernels}  # analytical compiles keep the library
+    exe = tessera.compile(model, CompileOptions(templates="force", layout=layout))
+    assert exe.backends.get("template") == 4 and "linear" not in exe.backends
+    sources = [s for s in exe.sources().values() if "convolution template" in s]
+    assert sum("direct convolution template" in s for s in sources) == 1
+    assert any("ONNX nodes: Add_4, Conv_3" in s for s in sources)  # the residual, fused
+    ref = run_onnxruntime(model, feeds)["out"]
+    assert rel_l2(exe(torch.from_numpy(feeds["x"]))[0].numpy(), ref) < TOLERANCE["fp32"]
+
+
+class TemplateFavouringProfiler:
+    """Convolution templates measure faster than the library here."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def measure(self, jobs: list[Job], record) -> None:
+        for i, j in enumerate(jobs):
+            self.keys.append(j.key.schedule)
+            record(i, 1e-6 if isinstance(j.schedule, ConvSchedule) else 5e-6, "")
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch) -> TemplateFavouringProfiler:
+    prof = TemplateFavouringProfiler()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
+    monkeypatch.setattr(compiler, "new_profiler", lambda opt: prof)
+    return prof
+
+
+def test_measured_compile_picks_conv_templates_and_the_artifact_reloads_them(tmp_path, fake_gpu):
+    model, feeds = convnet()
+    result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db")))
+    templates = [k for k in result.kernels if k.backend == "template"]
+    assert len(templates) == 4 and all(k.linear.op == "conv" for k in templates)
+    assert "default" in fake_gpu.keys and any(k.startswith("conv-") for k in fake_gpu.keys)
+    assert not any(k.startswith("gemm-") for k in fake_gpu.keys)
+    out = tmp_path / "art"
+    write_artifacts(result, out)
+    doc = json.loads((out / "plan.json").read_text())
+    saved = [k for k in doc["kernels"] if k["backend"] == "template"]
+    assert len(saved) == 4 and all(k["schedule"]["form"] == "conv" for k in saved)
+    assert {k.name: k.triton.schedule for k in templates} == \
+        {k["name"]: schedule_from_json(k["schedule"]) for k in saved}
+    exe = tessera.load(out)
+    assert exe.backends.get("template") == 4
+    ref = run_onnxruntime(model, feeds)["out"]
+    assert rel_l2(exe(torch.from_numpy(feeds["x"]))[0].numpy(), ref) < TOLERANCE["fp32"]
+    fake_gpu.keys.clear()
+    again = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db")))
+    assert not fake_gpu.keys  # all from the database
+    assert [k.backend for k in again.kernels] == [k.backend for k in result.kernels]
+
+
+@pytest.mark.slow
+def test_candy_small_with_every_conv_on_its_template(monkeypatch):
+    # The largest tiles whose dots stay single-threaded in the interpreter (see the module doc).
+    ranking = compiler.rank_templates
+
+    def size(s: ConvSchedule) -> int:
+        work = s.block_m * s.block_n * max(s.block_k, 1)
+        return work if work <= 1 << 18 else 0
+
+    monkeypatch.setattr(compiler, "rank_templates", lambda *a, **k: sorted(ranking(*a, **k), key=lambda s: -size(s)))
+    path = models_dir() / "candy_small.onnx"
+    exe = tessera.compile(path, CompileOptions(templates="force"))
+    assert exe.backends.get("template") == 16 and "linear" not in exe.backends
+    sources = [s for s in exe.sources().values() if "convolution template" in s]
+    assert any("Cg 3 x 9x9" in s for s in sources) and any("x channels N 3 x" in s for s in sources)
+    model = load(path)
+    feeds = random_inputs(model.graph, seed=11)
+    ref = run_onnxruntime(model.model, feeds)
+    outs = exe(*[torch.from_numpy(feeds[n]) for n in exe.input_names])
+    for name, out in zip(exe.output_names, outs):
+        assert rel_l2(out.numpy(), ref[name]) < TOLERANCE["fp32"]
+
