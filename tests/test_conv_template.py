@@ -19,7 +19,7 @@ import pytest
 import torch
 from onnx import helper
 from opcheck import Const, graph_model, models_dir, rand
-from test_gemm_template import run_template
+from test_gemm_template import check_template_round_trip, run_template
 
 import tessera
 from tessera import compiler
@@ -27,7 +27,7 @@ from tessera.codegen.conv import conv_problem, conv_schedules
 from tessera.codegen.kernels import ConvSchedule, GemmSchedule, KernelSource, Schedule, schedule_from_json
 from tessera.codegen.select import implement, prologue_of
 from tessera.codegen.triton_ops import Unsupported
-from tessera.compiler import CompileOptions, compile_model, write_artifacts
+from tessera.compiler import CompileOptions, compile_model
 from tessera.cost.measured import Job, _schedule_key
 from tessera.cost.schedule_model import rank_templates
 from tessera.fission import fission
@@ -283,26 +283,7 @@ def fake_gpu(monkeypatch) -> TemplateFavouringProfiler:
 
 def test_measured_compile_picks_conv_templates_and_the_artifact_reloads_them(tmp_path, fake_gpu):
     model, feeds = convnet()
-    result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db")))
-    templates = [k for k in result.kernels if k.backend == "template"]
-    assert len(templates) == 4 and all(k.linear.op == "conv" for k in templates)
-    assert "default" in fake_gpu.keys and any(k.startswith("conv-") for k in fake_gpu.keys)
-    assert not any(k.startswith("gemm-") for k in fake_gpu.keys)
-    out = tmp_path / "art"
-    write_artifacts(result, out)
-    doc = json.loads((out / "plan.json").read_text())
-    saved = [k for k in doc["kernels"] if k["backend"] == "template"]
-    assert len(saved) == 4 and all(k["schedule"]["form"] == "conv" for k in saved)
-    assert {k.name: k.triton.schedule for k in templates} == \
-        {k["name"]: schedule_from_json(k["schedule"]) for k in saved}
-    exe = tessera.load(out)
-    assert exe.backends.get("template") == 4
-    ref = run_onnxruntime(model, feeds)["out"]
-    assert rel_l2(exe(torch.from_numpy(feeds["x"]))[0].numpy(), ref) < TOLERANCE["fp32"]
-    fake_gpu.keys.clear()
-    again = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db")))
-    assert not fake_gpu.keys  # all from the database
-    assert [k.backend for k in again.kernels] == [k.backend for k in result.kernels]
+    check_template_round_trip(model, feeds, tmp_path, fake_gpu.keys, "conv", 4)
 
 
 @pytest.mark.slow

@@ -320,24 +320,34 @@ def fake_gpu(monkeypatch) -> TemplateFavouringProfiler:
 
 def test_measured_compile_picks_a_template_and_the_artifact_reloads_it(tmp_path, fake_gpu):
     model, feeds = mlp()
+    check_template_round_trip(model, feeds, tmp_path, fake_gpu.keys, "gemm", 2)
+
+
+def check_template_round_trip(model: onnx.ModelProto, feeds: dict, tmp_path, keys: list, form: str,
+                              count: int) -> None:
+    """A measured compile (fake GPU whose `keys` log what it timed) runs `count` kernels as `form`
+    templates; the artifact saves their schedules, reloads, runs them and checks; a second compile
+    takes everything from the database."""
     result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db")))
     templates = [k for k in result.kernels if k.backend == "template"]
-    assert len(templates) == 2
-    assert "default" in fake_gpu.keys and any(k.startswith("gemm-") for k in fake_gpu.keys)
+    assert len(templates) == count and all(k.linear.op == ("matmul" if form == "gemm" else "conv") for k in templates)
+    other = "conv" if form == "gemm" else "gemm"
+    assert "default" in keys and any(k.startswith(f"{form}-") for k in keys)
+    assert not any(k.startswith(f"{other}-") for k in keys)
     out = tmp_path / "art"
     write_artifacts(result, out)
     doc = json.loads((out / "plan.json").read_text())
     saved = [k for k in doc["kernels"] if k["backend"] == "template"]
-    assert len(saved) == 2 and all(k["schedule"]["form"] == "gemm" for k in saved)
+    assert len(saved) == count and all(k["schedule"]["form"] == form for k in saved)
     assert {k.name: k.triton.schedule for k in templates} == \
         {k["name"]: schedule_from_json(k["schedule"]) for k in saved}
     exe = tessera.load(out)
-    assert exe.backends.get("template") == 2
+    assert exe.backends.get("template") == count
     ref = run_onnxruntime(model, feeds)["out"]
     assert rel_l2(exe(torch.from_numpy(feeds["x"]))[0].numpy(), ref) < TOLERANCE["fp32"]
-    fake_gpu.keys.clear()
+    keys.clear()
     again = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db")))
-    assert not fake_gpu.keys  # all from the database
+    assert not keys  # all from the database
     assert [k.backend for k in again.kernels] == [k.backend for k in result.kernels]
 
 
