@@ -21,9 +21,8 @@ from tessera.cost import AnalyticalCost, device
 from tessera.cost.db import TuningDB, default_db_path, software_versions
 from tessera.cost.devices import Device
 from tessera.cost.layout_price import AnalyticalLayoutPrice, MeasuredLayoutPrice
-from tessera.cost.measured import MeasuredCost, Profiler, tune_schedules
+from tessera.cost.measured import MeasuredCost, Profiler, template_space, tune_schedules
 from tessera.cost.profiler import GpuProfiler
-from tessera.cost.schedule_model import rank_templates
 from tessera.errors import TesseraError
 from tessera.fission import FissionResult, fission
 from tessera.frontend import LoadedModel, load
@@ -237,15 +236,10 @@ def forced_templates(graph: Graph, plan: Plan, precision: str, dev: Device) -> d
     by_name = {n.name: n for n in graph.nodes}
     out: dict[str, AnySchedule] = {}
     for k in plan.kernels:
-        prims, pro = [by_name[n] for n in k.prims], [by_name[n] for n in k.prologue]
-        ranked = rank_templates(graph, pro + prims, k.outputs, precision, dev)
-        if not ranked:
-            continue
-        try:
-            implement(graph, prims, pro, k.outputs, k.name, k.source_nodes, ranked[0], precision)
-        except Unsupported:
-            continue
-        out[k.name] = ranked[0]
+        ranked = template_space(graph, [by_name[n] for n in k.prims], [by_name[n] for n in k.prologue], k.outputs,
+                                precision, dev)
+        if ranked:
+            out[k.name] = ranked[0]
     return out
 
 

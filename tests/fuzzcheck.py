@@ -25,6 +25,7 @@ onnxruntime's results, raises `GeneratorError`: the generator is wrong, not tess
 from __future__ import annotations
 
 import atexit
+import functools
 import math
 import time
 import traceback
@@ -234,18 +235,17 @@ def options(spec: GraphSpec, tuning: str = "analytical", db: str | None = None) 
                           time_limit=20.0, tune_workers=1 if tuning == "measured" else None)
 
 
-_PROFILERS: list[Any] = []
-
-
 def shared_profiler(tuning: str) -> Any:
     """Measured tuning: one profiler for the whole run, so its worker processes start once (a GPU
     compile of a one-kernel graph took 15-20 s on the H100, starting workers included), closed at exit."""
-    if tuning != "measured":
-        return None
-    if not _PROFILERS:
-        _PROFILERS.append(compiler.new_profiler(CompileOptions(cost="measured", tune_workers=1)))
-        atexit.register(_PROFILERS[0].close)
-    return _PROFILERS[0]
+    return _measured_profiler() if tuning == "measured" else None
+
+
+@functools.cache
+def _measured_profiler() -> Any:
+    prof = compiler.new_profiler(CompileOptions(cost="measured", tune_workers=1))
+    atexit.register(prof.close)
+    return prof
 
 
 def pick_schedules(result: CompileResult, seed: int) -> None:

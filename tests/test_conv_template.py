@@ -289,13 +289,15 @@ def test_measured_compile_picks_conv_templates_and_the_artifact_reloads_them(tmp
 @pytest.mark.slow
 def test_candy_small_with_every_conv_on_its_template(monkeypatch):
     # The largest tiles whose dots stay single-threaded in the interpreter (see the module doc).
-    ranking = compiler.rank_templates
+    from tessera.cost import schedule_model
+
+    ranking = schedule_model.rank_templates
 
     def size(s: ConvSchedule) -> int:
         work = s.block_m * s.block_n * max(s.block_k, 1)
         return work if work <= 1 << 18 else 0
 
-    monkeypatch.setattr(compiler, "rank_templates", lambda *a, **k: sorted(ranking(*a, **k), key=lambda s: -size(s)))
+    monkeypatch.setattr(schedule_model, "rank_templates", lambda *a, **k: sorted(ranking(*a, **k), key=lambda s: -size(s)))
     path = models_dir() / "candy_small.onnx"
     exe = tessera.compile(path, CompileOptions(templates="force"))
     assert exe.backends.get("template") == 16 and "linear" not in exe.backends

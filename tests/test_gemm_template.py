@@ -361,8 +361,10 @@ def test_measured_compile_keeps_the_library_when_it_is_faster(tmp_path, fake_gpu
 
 def test_gpt2_tiny_with_every_matmul_on_its_template(monkeypatch):
     # Forced templates; the largest tiles keep the interpreter's program count (and time) small.
-    ranking = compiler.rank_templates
-    monkeypatch.setattr(compiler, "rank_templates", lambda *a, **k: sorted(
+    from tessera.cost import schedule_model
+
+    ranking = schedule_model.rank_templates
+    monkeypatch.setattr(schedule_model, "rank_templates", lambda *a, **k: sorted(
         ranking(*a, **k), key=lambda s: -s.block_m * s.block_n * s.block_k))
     path = models_dir() / "gpt2_tiny.onnx"
     exe = tessera.compile(path, CompileOptions(templates="force"))

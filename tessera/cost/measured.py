@@ -14,7 +14,7 @@ import hashlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from tessera.codegen.kernels import AnySchedule, ConvSchedule, GemmSchedule, KernelSource, Schedule, TemplateSchedule
 from tessera.codegen.select import prologue_of
@@ -259,7 +259,7 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
         except Unsupported:
             continue
         ks = impl.triton
-        tpl = _template_space(graph, prims, prologue, outputs, precision, gpu) \
+        tpl = template_space(graph, prims, prologue, outputs, precision, gpu) \
             if templates and impl.backend == "linear" else []
         if ks is None and not tpl:
             continue
@@ -322,7 +322,7 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
     return best
 
 
-def _template_space(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], outputs: Sequence[str],
+def template_space(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], outputs: Sequence[str],
                     precision: str, gpu: Device | None) -> list[TemplateSchedule]:
     """A matmul or convolution kernel's template schedules, best-ranked first; empty when it has no
     template form (the generator says so at the first schedule)."""
