@@ -141,9 +141,14 @@ def bench(model: str, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
     reps = 30 if dev.type == "cuda" else 1  # a CPU profile runs Triton's interpreter: one call is plenty
     _set_precision(precision)
     for strategy in strategies:
+        # "optimal-notemplates": the same strategy with GEMM/conv templates off (library kernels only),
+        # to show what the templates add; it reuses the database the plain strategy filled.
+        base, _, suffix = strategy.partition("-")
+        if suffix not in ("", "notemplates"):
+            raise TesseraError(f"unknown strategy {strategy!r}; a strategy may end in -notemplates")
         t0 = time.perf_counter()
-        result = compile_model(path, CompileOptions(strategy=strategy, precision=precision, cost=cost, db=db,
-                                                    solver=solver))
+        result = compile_model(path, CompileOptions(strategy=base, precision=precision, cost=cost, db=db,
+                                                    solver=solver, templates="off" if suffix else "auto"))
         exe = Executable(result.graph, plan_document(result), dev)
         compile_s = time.perf_counter() - t0
         feeds = exe._feeds((), {k: torch.from_numpy(v) for k, v in feeds_np.items()})

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from tessera.codegen.kernels import AnySchedule
+from tessera.codegen.kernels import AnySchedule, ConvSchedule, GemmSchedule
 from tessera.codegen.select import KernelImpl, TritonLegality, implement
 from tessera.codegen.triton_ops import Unsupported
 from tessera.cost import AnalyticalCost, device
@@ -197,6 +197,7 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
         tuned = {name: sch for name, (sch, _) in best.items()}
         tuned_s = {name: seconds for name, (_, seconds) in best.items()}
         tuning = {**cost.stats, "db": str(cost.db.path), "schedules_tuned": len(tuned),
+                  "templates_chosen": sum(isinstance(s, (GemmSchedule, ConvSchedule)) for s in tuned.values()),
                   "layout_convs_measured": pricer.measured if isinstance(pricer, MeasuredLayoutPrice) else 0,
                   "schedule_measured": len(cost.db) - rows,
                   "schedule_s": round(time.perf_counter() - t0, 2),

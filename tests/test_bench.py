@@ -28,10 +28,14 @@ def test_bench_zoo_model_against_eager(tmp_path, capsys):
 
 def test_bench_cli_writes_json_and_rejects_unknown_models(tmp_path, capsys):
     out = tmp_path / "b.json"
-    assert main(["bench", "zoo:mlp_tiny", "--precision", "fp32", "--vs", "eager", "--strategy", "greedy",
-                 "--cost", "analytical", "--device", "cpu", "--json", str(out)]) == 0
-    assert "tessera-greedy" in capsys.readouterr().out
-    assert json.loads(out.read_text())["model"] == "mlp_tiny"
+    assert main(["bench", "zoo:mlp_tiny", "--precision", "fp32", "--vs", "eager", "--strategy",
+                 "greedy,greedy-notemplates", "--cost", "analytical", "--device", "cpu", "--json", str(out)]) == 0
+    assert "tessera-greedy-notemplates" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert doc["model"] == "mlp_tiny"
+    assert [e["name"] for e in doc["entries"]] == ["tessera-greedy", "tessera-greedy-notemplates", "eager"]
+    assert main(["bench", "zoo:mlp_tiny", "--strategy", "greedy-fast", "--device", "cpu"]) == 2
+    assert "unknown strategy 'greedy-fast'" in capsys.readouterr().err
     assert main(["bench", "zoo:nope", "--device", "cpu"]) == 2
     assert "no zoo model 'nope'" in capsys.readouterr().err
 

@@ -152,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="as every command's default")
     p.add_argument("--vs", default="eager,inductor,inductor-cudagraphs",
                    help="peers: eager, inductor, inductor-cudagraphs, inductor-max-autotune")
-    p.add_argument("--strategy", default="optimal,greedy", help="tessera strategies to time")
+    p.add_argument("--strategy", default="optimal,greedy",
+                   help="tessera strategies to time; NAME-notemplates times NAME with templates off")
     p.add_argument("--cost", choices=["auto", "analytical", "measured"], default="auto")
     p.add_argument("--db", help="tuning database")
     p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
