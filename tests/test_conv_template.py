@@ -19,7 +19,8 @@ import pytest
 import torch
 from onnx import helper
 from opcheck import Const, graph_model, models_dir, rand
-from test_gemm_template import check_template_round_trip, run_template
+from kernelcheck import DEVICE
+from test_gemm_template import check_template_round_trip, run_exe, run_template
 
 import tessera
 from tessera import compiler
@@ -249,15 +250,15 @@ def test_forced_network_matches_onnxruntime(layout):
     # Channels-last also pads the channels of the region's convolutions for the library, and the
     # runtime must leave template weights in their graph layout.
     model, feeds = convnet()
-    auto = compile_model(model, CompileOptions(layout=layout))
+    auto = compile_model(model, CompileOptions(cost="analytical", layout=layout))
     assert "template" not in {k.backend for k in auto.kernels}  # analytical compiles keep the library
-    exe = tessera.compile(model, CompileOptions(templates="force", layout=layout))
+    exe = tessera.compile(model, CompileOptions(cost="analytical", templates="force", layout=layout), DEVICE)
     assert exe.backends.get("template") == 4 and "linear" not in exe.backends
     sources = [s for s in exe.sources().values() if "convolution template" in s]
     assert sum("direct convolution template" in s for s in sources) == 1
     assert any("ONNX nodes: Add_4, Conv_3" in s for s in sources)  # the residual, fused
     ref = run_onnxruntime(model, feeds)["out"]
-    assert rel_l2(exe(torch.from_numpy(feeds["x"]))[0].numpy(), ref) < TOLERANCE["fp32"]
+    assert rel_l2(run_exe(exe, feeds)[0], ref) < TOLERANCE["fp32"]
 
 
 class TemplateFavouringProfiler:
@@ -299,14 +300,13 @@ def test_candy_small_with_every_conv_on_its_template(monkeypatch):
 
     monkeypatch.setattr(schedule_model, "rank_templates", lambda *a, **k: sorted(ranking(*a, **k), key=lambda s: -size(s)))
     path = models_dir() / "candy_small.onnx"
-    exe = tessera.compile(path, CompileOptions(templates="force"))
+    exe = tessera.compile(path, CompileOptions(cost="analytical", templates="force"), DEVICE)
     assert exe.backends.get("template") == 16 and "linear" not in exe.backends
     sources = [s for s in exe.sources().values() if "convolution template" in s]
     assert any("Cg 3 x 9x9" in s for s in sources) and any("x channels N 3 x" in s for s in sources)
     model = load(path)
     feeds = random_inputs(model.graph, seed=11)
     ref = run_onnxruntime(model.model, feeds)
-    outs = exe(*[torch.from_numpy(feeds[n]) for n in exe.input_names])
-    for name, out in zip(exe.output_names, outs):
-        assert rel_l2(out.numpy(), ref[name]) < TOLERANCE["fp32"]
+    for name, out in zip(exe.output_names, run_exe(exe, feeds)):
+        assert rel_l2(out, ref[name]) < TOLERANCE["fp32"]
 

@@ -80,6 +80,12 @@ def run_template(g: Graph, ks: KernelSource, env: dict[str, np.ndarray]) -> dict
     return got
 
 
+def run_exe(exe, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """An executable's outputs for `feeds` (its inputs by name), as NumPy arrays."""
+    outs = exe(*[torch.from_numpy(feeds[n]).to(DEVICE) for n in exe.input_names])
+    return [o.float().cpu().numpy() for o in outs]
+
+
 def check_template(model: onnx.ModelProto, feeds: dict[str, np.ndarray], schedule: GemmSchedule | None = None,
                    precision: str = "fp32", layouts: dict[str, tuple[int, ...]] | None = None,
                    graph: Graph | None = None) -> tuple[KernelSource, float]:
@@ -283,17 +289,17 @@ def mlp() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 
 def test_analytical_compiles_are_unchanged_unless_forced():
     model, feeds = mlp()
-    auto = compile_model(model)
+    auto = compile_model(model, CompileOptions(cost="analytical"))
     assert "template" not in {k.backend for k in auto.kernels}
-    off = compile_model(model, CompileOptions(templates="off"))
+    off = compile_model(model, CompileOptions(cost="analytical", templates="off"))
     assert [k.triton.source if k.triton else k.backend for k in auto.kernels] == \
         [k.triton.source if k.triton else k.backend for k in off.kernels]
-    exe = tessera.compile(model, CompileOptions(templates="force"))
+    exe = tessera.compile(model, CompileOptions(cost="analytical", templates="force"), DEVICE)
     assert exe.backends.get("template") == 2 and "linear" not in exe.backends
     (src,) = [s for n, s in exe.sources().items() if "erf" in s]
     assert "GEMM template" in src and "ONNX nodes: Add_1, Gelu_2, MatMul_0" in src
     ref = run_onnxruntime(model, feeds)["out"]
-    assert rel_l2(exe(torch.from_numpy(feeds["x"]))[0].numpy(), ref) < TOLERANCE["fp32"]
+    assert rel_l2(run_exe(exe, feeds)[0], ref) < TOLERANCE["fp32"]
 
 
 class TemplateFavouringProfiler:
@@ -341,10 +347,10 @@ def check_template_round_trip(model: onnx.ModelProto, feeds: dict, tmp_path, key
     assert len(saved) == count and all(k["schedule"]["form"] == form for k in saved)
     assert {k.name: k.triton.schedule for k in templates} == \
         {k["name"]: schedule_from_json(k["schedule"]) for k in saved}
-    exe = tessera.load(out)
+    exe = tessera.load(out, DEVICE)
     assert exe.backends.get("template") == count
     ref = run_onnxruntime(model, feeds)["out"]
-    assert rel_l2(exe(torch.from_numpy(feeds["x"]))[0].numpy(), ref) < TOLERANCE["fp32"]
+    assert rel_l2(run_exe(exe, feeds)[0], ref) < TOLERANCE["fp32"]
     keys.clear()
     again = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db")))
     assert not keys  # all from the database
@@ -367,12 +373,11 @@ def test_gpt2_tiny_with_every_matmul_on_its_template(monkeypatch):
     monkeypatch.setattr(schedule_model, "rank_templates", lambda *a, **k: sorted(
         ranking(*a, **k), key=lambda s: -s.block_m * s.block_n * s.block_k))
     path = models_dir() / "gpt2_tiny.onnx"
-    exe = tessera.compile(path, CompileOptions(templates="force"))
+    exe = tessera.compile(path, CompileOptions(cost="analytical", templates="force"), DEVICE)
     assert exe.backends.get("template") == 12 and "linear" not in exe.backends
     assert any("tanh" in s and "GEMM template" in s for s in exe.sources().values())  # GPT-2's GELU, fused
     model = load(path)
     feeds = random_inputs(model.graph, seed=11)
     ref = run_onnxruntime(model.model, feeds)
-    outs = exe(*[torch.from_numpy(feeds[n]) for n in exe.input_names])
-    for name, out in zip(exe.output_names, outs):
-        assert rel_l2(out.numpy(), ref[name]) < TOLERANCE["fp32"]
+    for name, out in zip(exe.output_names, run_exe(exe, feeds)):
+        assert rel_l2(out, ref[name]) < TOLERANCE["fp32"]
