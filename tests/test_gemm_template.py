@@ -381,3 +381,27 @@ def test_gpt2_tiny_with_every_matmul_on_its_template(monkeypatch):
     ref = run_onnxruntime(model.model, feeds)
     for name, out in zip(exe.output_names, run_exe(exe, feeds)):
         assert rel_l2(out, ref[name]) < TOLERANCE["fp32"]
+
+
+def test_a_template_candidate_that_disagrees_with_the_library_fails_its_build():
+    # The profiler's build phase runs each template candidate beside the library kernel on the
+    # same inputs: a kernel that Triton miscompiles must lose its measurement, never win it.
+    from tessera.cost.db import Key
+    from tessera.cost.profiler import _inputs, kernel_graph, template_disagreement
+    from tessera.runtime.executable import Executable
+
+    model, _ = dense(13, 17, 31, "relu")
+    g = fission(load(model).graph).graph
+    prims, pro, outputs = matmul_kernel(g)
+    s = rank_templates(g, pro + prims, outputs, "fp32")[0]
+    mini, plan = kernel_graph(Job(Key("d", "v", "sig", "s"), g, tuple(prims), tuple(pro), tuple(outputs), s))
+    use_interpreter(torch.device(DEVICE))
+    feeds = _inputs(mini, DEVICE, 0)
+    exe = Executable(mini, plan, DEVICE, cuda_graph=False)
+    got = exe._launch(feeds)
+    assert exe.backends == {"template": 1}
+    assert template_disagreement(mini, plan, feeds, got, DEVICE) == ""
+    off = {t: v * 1.01 for t, v in got.items()}  # 1% off: an fp32 template must agree far better
+    assert "wrong result" in template_disagreement(mini, plan, feeds, off, DEVICE)
+    library = {**plan, "kernels": [{k: v for k, v in plan["kernels"][0].items() if k != "schedule"}]}
+    assert template_disagreement(mini, library, feeds, off, DEVICE) == ""  # only templates are checked

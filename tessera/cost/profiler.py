@@ -176,13 +176,45 @@ def _build(payload: Payload) -> Result:
         mini, plan = payload
         exe = Executable(mini, plan, "cuda", cuda_graph=False)
         st("generate")
+        feeds = _inputs(mini, "cuda", 0)
         with exe.precision_flags():  # the plan's math flags (tf32 or full fp32 in the libraries)
-            exe._launch(_inputs(mini, "cuda", 0))
+            got = exe._launch(feeds)
         torch.cuda.synchronize()
         st("compile")
-        return 0.0, "", st.times
+        wrong = template_disagreement(mini, plan, feeds, got, "cuda")
+        st("check")
+        return (math.inf, f"build: {wrong}", st.times) if wrong else (0.0, "", st.times)
     except Exception as e:  # noqa: BLE001 - any failure is the candidate's, recorded with its reason
         return (*_fail("build", e), st.times)
+
+
+# How far a template's outputs may stray from the library kernel's on the same inputs. Both round
+# at the plan's precision, in different orders, so this is looser than the tolerance against a
+# float64 reference; a miscompiled tile is off by 1e-1 or more (session 8: 0.29-0.42).
+AGREEMENT = {"fp32": 1e-4, "tf32": 5e-3, "fp16": 1e-2, "bf16": 2e-2}
+
+
+def template_disagreement(mini: Graph, plan: dict[str, Any], feeds: dict[str, Any], got: dict[str, Any],
+                          device: str) -> str:
+    """Why a template candidate's outputs `got` are wrong ("" if they agree): the same kernel
+    through the library on the same `feeds`. A kernel that Triton miscompiles (session 8: a
+    flat-K convolution gather on Triton 3.6, H100) must fail its measurement, never win it."""
+    kernel = plan["kernels"][0]
+    if kernel.get("schedule", {}).get("form") not in ("gemm", "conv"):
+        return ""
+    from tessera.runtime.executable import Executable
+    from tessera.tolerance import rel_l2
+
+    library = {**plan, "kernels": [{k: v for k, v in kernel.items() if k != "schedule"}]}
+    ref_exe = Executable(mini, library, device, cuda_graph=False)
+    with ref_exe.precision_flags():
+        ref = ref_exe._launch(feeds)
+    bound = AGREEMENT[plan["precision"]]
+    for t in mini.outputs:
+        err = rel_l2(got[t].float().cpu().numpy(), ref[t].float().cpu().numpy())
+        if not err <= bound:
+            return f"wrong result: {t} is {err:.2g} (rel L2) from the library's, over {bound:g}"
+    return ""
 
 
 def _replay_seconds(graph: Any) -> float:
