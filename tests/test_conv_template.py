@@ -127,6 +127,24 @@ def test_shapes_forms_and_layouts(n, c, h, w, o, k, attrs, layout, form):
     check_conv(model, feeds, SMALL_DIRECT if "multiplier" in form else SMALL, layouts=lay)
 
 
+@pytest.mark.parametrize("case,layout,want", [
+    ((1, 16, 7, 7, 16, (3, 3), {"pads": [1, 1, 1, 1]}), NHWC, (0, 2, 3, 1)),  # by channel blocks
+    ((1, 5, 13, 7, 17, (3, 3), {"pads": [2, 2, 2, 2]}), NHWC, (0, 2, 3, 1)),  # flat K, channels innermost
+    ((1, 17, 7, 13, 17, (3, 3), {"group": 17, "pads": [1, 1, 1, 1]}), NHWC, (2, 3, 1, 0)),  # direct
+    ((2, 16, 5, 5, 3, (1, 1), {}), NCHW, None),  # a 1x1 window: already K-contiguous
+    ((1, 3, 13, 13, 5, (3, 3), {"pads": [1, 1, 1, 1]}), NCHW, None),  # flat K over (c, kh, kw): as stored
+])
+def test_constant_weights_are_read_k_contiguous(case, layout, want):
+    # An [O, C, KH, KW] weight gathered per tap with channels innermost would be read with a stride
+    # of KH*KW along K. Such templates read a copy stored (O, KH, KW, C), made once at load; the
+    # direct form reads a copy stored (KH, KW, C, O), a row of output channels per tap.
+    n, c, h, w, o, k, attrs = case
+    model, feeds = conv_relu(n, c, h, w, o, k, seed=4, **attrs)
+    ks, _ = check_conv(model, feeds, layouts={"x": layout, "out": layout} if layout else None)
+    assert ks.input_layouts == ({"w": want} if want else {})
+    assert ("# weight: read from a copy" in ks.source) == (want is not None)
+
+
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
 def test_narrow_and_tf32_math(precision):
     model, feeds = conv_relu(1, 16, 7, 7, 24, (3, 3), seed=5, pads=[1, 1, 1, 1])

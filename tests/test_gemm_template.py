@@ -68,7 +68,11 @@ def _memory(a: np.ndarray, t: TensorType) -> torch.Tensor:
 
 def run_template(g: Graph, ks: KernelSource, env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     use_interpreter(torch.device(DEVICE))  # on the CPU, with the interpreter computing as the GPU does
-    args = [_memory(np.asarray(env[t]), g.types[t]) for t in ks.inputs]
+    def stored(t: str) -> TensorType:  # a constant the kernel reads from a copy in another order
+        ty = g.types[t]
+        return TensorType(ty.shape, ty.dtype, ks.input_layouts[t]) if t in ks.input_layouts else ty
+
+    args = [_memory(np.asarray(env[t]), stored(t)) for t in ks.inputs]
     outs = [torch.empty(g.types[t].storage_shape, dtype=TORCH_DTYPES[g.types[t].dtype], device=DEVICE)
             for t in ks.outputs]
     TritonKernel(ks)(*args, *outs)

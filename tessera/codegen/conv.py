@@ -47,7 +47,7 @@ from tessera.codegen.tile import (DOT_TYPES, GRID_Y_MAX, MIN_BLOCK, Tile, cdiv, 
                                   dot_operand, jit_function, pow2, store_outputs)
 from tessera.codegen.triton_ops import Unsupported
 from tessera.ir.dtype import DType
-from tessera.ir.graph import Graph, Node
+from tessera.ir.graph import Graph, Node, TensorType
 from tessera.ir.prims import Category, Prim
 
 # The hardware's tile menus, as for GEMM templates (Hidet): cut to a problem, never grown for it.
@@ -186,6 +186,33 @@ class _Conv:
             raise Unsupported(f"{root.name}: {p.groups} groups exceed the grid")
         check_outputs(graph, outputs, self.y, "convolution", "convolution")
 
+    def weight_layout(self, k: KernelBody) -> tuple[int, ...] | None:
+        """The storage order this kernel reads its constant weight in, where that is not the
+        graph's, else None. An [O, C, KH, KW] weight gathered per tap with channels innermost would
+        be read with a stride of KH*KW along K, so those walks read a copy stored (O, KH, KW, C):
+        K-contiguous per output channel. The direct form reads one tap's row of output channels:
+        (KH, KW, C, O). Only a constant that the convolution alone reads is copied."""
+        p = self.p
+        if self.w not in k.em.inputs or self.w not in self.graph.constants \
+                or any(self.w in n.inputs for n in self.nodes if n is not self.root):
+            return None
+        if p.direct:
+            want: tuple[int, ...] = (2, 3, 1, 0)
+        elif p.by_channels(self.s.block_k) or self.channels_innermost():
+            want = (0, 2, 3, 1)
+        else:
+            return None
+        moved = TensorType(self.wt.shape, self.wt.dtype, want)
+        if all(a == b or n == 1 for a, b, n in zip(moved.strides, self.wt.strides, self.wt.shape)):
+            # the same memory order (a 1x1 window): size-1 dims never move an address
+            return None
+        self.wt = moved
+        return want
+
+    def channels_innermost(self) -> bool:
+        """A flat K walk ravels the window with channels innermost (x stores them innermost)."""
+        return self.xt.strides[1] == 1 and self.p.c > 1
+
     # ---- indices ---------------------------------------------------------------------------
     def pixels(self, t: Tile) -> list[Ix]:
         """(n, oh, ow) of the tile's rows."""
@@ -313,7 +340,7 @@ class _Conv:
         """(c, kh, kw) of flat K positions: channels innermost where x stores them innermost (a
         contiguous run per tap), kw innermost otherwise."""
         p = self.p
-        if self.xt.strides[1] == 1 and p.c > 1:
+        if self.channels_innermost():
             kh, kw, c = ix.unravel(rk, [p.kh, p.kw, p.cg])
             return c, kh, kw
         c, kh, kw = ix.unravel(rk, [p.cg, p.kh, p.kw])
@@ -388,6 +415,7 @@ def generate_conv(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], n
     cv = _Conv(graph, nodes, outputs, root, s, precision)
     p = cv.p
     k = KernelBody(graph, nodes, outputs)
+    relayout = cv.weight_layout(k)
     shape = (p.m, p.o) if p.direct else ((p.groups, p.m, p.og) if p.groups > 1 else (p.m, p.og))
     t = Tile(k, shape, s)
     coords = cv.direct(t) if p.direct else cv.implicit(t)
@@ -401,7 +429,8 @@ def generate_conv(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], n
     src = "\n".join(["import triton", "import triton.language as tl", "", ""] + _doc(cv, name, k, sources)
                     + jit_function(fn, params, t, consts)).rstrip() + "\n"
     return KernelSource(fn, src, k.inputs, k.outputs, p.m * p.o, p.k, s, [n.name for n in nodes],
-                        launches=[Launch(fn, (tiles, t.nbatch), meta)])
+                        launches=[Launch(fn, (tiles, t.nbatch), meta)],
+                        input_layouts={cv.w: relayout} if relayout else {})
 
 
 def _doc(cv: _Conv, name: str, k: KernelBody, sources: Sequence[str]) -> list[str]:
@@ -425,6 +454,9 @@ def _doc(cv: _Conv, name: str, k: KernelBody, sources: Sequence[str]) -> list[st
     doc = [f"# tessera kernel {name}: {form}",
            f"# conv: {root.name} ({g.types[cv.x]} * {g.types[cv.w]} -> {g.types[cv.y]}), strides {list(a['strides'])}, "
            f"pads {list(a['pads'])}, dilations {list(a['dilations'])}, group {a['group']}"]
+    if cv.wt != g.types[cv.w]:
+        order = "".join("OCHW"[d] for d in cv.wt.layout)
+        doc.append(f"# weight: read from a copy stored {order} (made once at load), not as the graph stores it")
     doc += describe(g, cv.nodes, root, k, sources)
     rd = sum(g.types[t].nbytes for t in k.inputs)
     wr = sum(g.types[t].nbytes for t in k.outputs)

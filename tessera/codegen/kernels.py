@@ -35,9 +35,10 @@ from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import REDUCTIONS, Prim
 
 # Bump when generated code changes: it is part of every tuning-database key.
-CODEGEN_VERSION = 6  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts;
+CODEGEN_VERSION = 7  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts;
 # 4: reduction rows numbered in storage order; 5: GEMM templates with fused epilogues (codegen/gemm.py);
-# 6: convolution templates (codegen/conv.py), the template tile shared in codegen/tile.py
+# 6: convolution templates (codegen/conv.py), the template tile shared in codegen/tile.py;
+# 7: convolution templates read their constant weight from a K-contiguous copy
 
 # Elements one program holds in registers per value (fp32: 16 KiB).
 BLOCK_ELEMENTS = 4096
@@ -143,6 +144,9 @@ class KernelSource:
     # the float32 elements of a scratch buffer passed between the inputs and the outputs (split-K).
     launches: list[Launch] = field(default_factory=list)
     workspace: int = 0
+    # Constants read in another storage order than their type's (tensor -> layout): a convolution
+    # template reads its weight K-contiguous. The runtime makes that copy once, at load.
+    input_layouts: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def grid(self) -> int:

@@ -38,6 +38,7 @@ class KernelBuildError(TesseraError):
 class Step:
     impl: KernelImpl
     kernel: TritonKernel | None
+    args: list[str] | None = None  # the kernel's input tensors by name, where they differ from its inputs
 
 
 class Executable:
@@ -65,6 +66,7 @@ class Executable:
                 raise KernelBuildError(f"kernel {k['name']} ({', '.join(k['prims'])}) cannot be built: {e}") from None
             self.steps.append(Step(impl, kernel))
         self._fold_torch_prologues()
+        self._relayout_constants()
         # Bias vectors the library calls take (constant-derived, computed once).
         self._bias = {s.impl.name: self.constants[s.impl.bias].reshape(-1).contiguous()
                       for s in self.steps if s.impl.bias}
@@ -90,6 +92,25 @@ class Executable:
         # When set, each step runs inside `torch.profiler.record_function(<plan kernel name>)`, so a
         # profile can attribute every CUDA kernel to the plan kernel that launched it (runtime/profile).
         self.annotate = False
+
+    def _relayout_constants(self) -> None:
+        """Constants a kernel reads in another storage order (`KernelSource.input_layouts`, a
+        convolution template's weight): a copy in that order, made once, under its own name."""
+        for step in self.steps:
+            ks = step.kernel.ks if step.kernel is not None else None
+            if ks is None or not ks.input_layouts:
+                continue
+            args = []
+            for t in ks.inputs:
+                lay = ks.input_layouts.get(t)
+                if lay is None:
+                    args.append(t)
+                    continue
+                key = f"{t}@{''.join(map(str, lay))}"
+                if key not in self.constants:
+                    self.constants[key] = as_layout(self.constants[t], lay)
+                args.append(key)
+            step.args = args
 
     def _fold_torch_prologues(self) -> None:
         """Free nodes that torch steps read depend only on constants: compute them once, now."""
@@ -285,7 +306,7 @@ class Executable:
         ks = step.kernel.ks
         outs = [self.pool.views[t] for t in ks.outputs]
         try:
-            step.kernel(*[env[t] for t in ks.inputs], *outs)
+            step.kernel(*[env[t] for t in step.args or ks.inputs], *outs)
         except KernelCompileError as e:
             raise KernelBuildError(str(e)) from None
         env.update(zip(ks.outputs, outs))
