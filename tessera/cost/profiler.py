@@ -188,12 +188,6 @@ def _build(payload: Payload) -> Result:
         return (*_fail("build", e), st.times)
 
 
-# How far a template's outputs may stray from the library kernel's on the same inputs. Both round
-# at the plan's precision, in different orders, so this is looser than the tolerance against a
-# float64 reference; a miscompiled tile is off by 1e-1 or more (session 8: 0.29-0.42).
-AGREEMENT = {"fp32": 1e-4, "tf32": 5e-3, "fp16": 1e-2, "bf16": 2e-2}
-
-
 def template_disagreement(mini: Graph, plan: dict[str, Any], feeds: dict[str, Any], got: dict[str, Any],
                           device: str) -> str:
     """Why a template candidate's outputs `got` are wrong ("" if they agree): the same kernel
@@ -203,7 +197,7 @@ def template_disagreement(mini: Graph, plan: dict[str, Any], feeds: dict[str, An
     if kernel.get("schedule", {}).get("form") not in ("gemm", "conv"):
         return ""
     from tessera.runtime.executable import Executable
-    from tessera.tolerance import rel_l2
+    from tessera.tolerance import AGREEMENT, rel_l2
 
     library = {**plan, "kernels": [{k: v for k, v in kernel.items() if k != "schedule"}]}
     ref_exe = Executable(mini, library, device, cuda_graph=False)
