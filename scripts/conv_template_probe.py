@@ -4,25 +4,28 @@ For each convolution (conv + bias + ReLU, the shape of a network's layer), stora
 NHWC) and precision (tf32, fp16), it generates the template under the schedule model's top
 `--top` schedules, checks each against a float64 reference, and times it and cuDNN (torch's
 conv2d in the same memory format, bias and ReLU after it) from CUDA graphs of 20 calls.
-`--no-linear` also times each template with x's pixels addressed through (oh, ow) as before
-codegen 8, to show what the linear address buys ('same' convolutions only).
 
-    TESSERA_TEST_DEVICE=cuda PYTHONPATH=. python scripts/conv_template_probe.py --out probe.json
+Findings of 2026-11-23 (H100, Triton 3.6; `scripts/results/conv_probe/`): addressing a 'same'
+convolution's pixels as one linear index (so Triton's analysis sees them contiguous) changed no
+template's time by more than noise, and was not kept.
+
+    PYTHONPATH=. python scripts/conv_template_probe.py --out probe.json
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
+os.environ.setdefault("TESSERA_TEST_DEVICE", "cuda")  # else the test helpers pick Triton's interpreter
 sys.path.insert(0, "tests")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from test_conv_template import NCHW, conv_kernel, conv_relu  # noqa: E402
 from test_gemm_template import _memory  # noqa: E402
 
-from tessera.codegen import conv as conv_codegen  # noqa: E402
 from tessera.codegen.launch import TritonKernel  # noqa: E402
 from tessera.codegen.select import implement  # noqa: E402
 from tessera.cost.schedule_model import rank_templates  # noqa: E402
@@ -32,6 +35,7 @@ from tessera.ir import interp  # noqa: E402
 from tessera.ir.graph import TensorType  # noqa: E402
 from tessera.orchestrate.layout import NHWC  # noqa: E402
 from tessera.rewrite import convert_precision  # noqa: E402
+from tessera.runtime.buffers import inverse_perm  # noqa: E402
 from tessera.runtime.torch_prims import TORCH_DTYPES  # noqa: E402
 from tessera.tolerance import TOLERANCE, rel_l2  # noqa: E402
 
@@ -89,14 +93,15 @@ def cudnn_us(x: np.ndarray, w: np.ndarray, b: np.ndarray, attrs: dict, layout, p
     return gpu_us(lambda: torch.relu(torch.nn.functional.conv2d(xt, wt, bt, **kw)))
 
 
-def probe(label, shape, o, k, attrs, layout, precision: str, top: int, ablate: bool) -> dict:
+def probe(label, shape, o, k, attrs, layout, precision: str, top: int) -> dict:
     n, c, h, w = shape
     model, feeds = conv_relu(n, c, h, w, o, k, seed=1, **attrs)
     g32 = fission(load(model).graph).graph
     g = convert_precision(g32, precision)
-    if layout:
-        for t in ("x", "out"):
-            g.types[t] = TensorType(g.types[t].shape, g.types[t].dtype, layout)
+    if layout:  # every activation (the casts of an fp16 graph too) stored channels-last
+        for t, ty in list(g.types.items()):
+            if ty.rank == 4 and t not in g.constants:
+                g.types[t] = TensorType(ty.shape, ty.dtype, layout)
     prims, pro, outputs = conv_kernel(g)
     ref = interp.run(g32, feeds, exact=True)[g32.outputs[0]]
     env = {**g.constants, **interp.run(g, feeds, keep_all=True)}
@@ -106,25 +111,22 @@ def probe(label, shape, o, k, attrs, layout, precision: str, top: int, ablate: b
            "templates": []}
     for sched in rank_templates(g, pro + prims, outputs, precision)[:top]:
         entry = {"schedule": str(sched)}
-        for linear in ((True, False) if ablate else (True,)):
-            conv_codegen.LINEAR_PIXELS = linear
-            try:
-                ks = implement(g, prims, pro, outputs, "k0_probe", ("Conv_0",), sched, precision).triton
-                stored = {t: TensorType(g.types[t].shape, g.types[t].dtype, ks.input_layouts[t])
-                          if t in ks.input_layouts else g.types[t] for t in ks.inputs}
-                args = [_memory(np.asarray(env[t]), stored[t]) for t in ks.inputs]
-                outs = [torch.empty(g.types[t].storage_shape, dtype=TORCH_DTYPES[g.types[t].dtype], device="cuda")
-                        for t in ks.outputs]
-                kern = TritonKernel(ks)
-                kern(*args, *outs)
-                got = outs[0].float().cpu().numpy()
-                got = got.transpose(0, 3, 1, 2) if layout else got
-                tag = "" if linear else "_nonlinear"
-                entry["rel_l2" + tag] = rel_l2(got, ref)
-                entry["us" + tag] = gpu_us(lambda: kern(*args, *outs))
-            except Exception as e:  # a schedule Triton cannot compile is a result too
-                entry["error" + ("" if linear else "_nonlinear")] = f"{type(e).__name__}: {str(e)[:200]}"
-        conv_codegen.LINEAR_PIXELS = True
+        try:
+            ks = implement(g, prims, pro, outputs, "k0_probe", ("Conv_0",), sched, precision).triton
+            stored = {t: TensorType(g.types[t].shape, g.types[t].dtype, ks.input_layouts[t])
+                      if t in ks.input_layouts else g.types[t] for t in ks.inputs}
+            args = [_memory(np.asarray(env[t]), stored[t]) for t in ks.inputs]
+            outs = [torch.empty(g.types[t].storage_shape, dtype=TORCH_DTYPES[g.types[t].dtype], device="cuda")
+                    for t in ks.outputs]
+            kern = TritonKernel(ks)
+            kern(*args, *outs)
+            lay = g.types[ks.outputs[0]].layout
+            got = outs[0].float().cpu().numpy()
+            got = got.transpose(inverse_perm(lay)) if lay else got
+            entry["rel_l2"] = rel_l2(got, ref)
+            entry["us"] = gpu_us(lambda: kern(*args, *outs))
+        except Exception as e:  # a schedule Triton cannot compile is a result too
+            entry["error"] = f"{type(e).__name__}: {str(e)[:200]}"
         row["templates"].append(entry)
     ok = [t for t in row["templates"] if "us" in t and t["rel_l2"] < TOLERANCE[precision]]
     row["best_template_us"] = min((t["us"] for t in ok), default=None)
@@ -137,7 +139,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=4)
     ap.add_argument("--precisions", default="tf32,fp16")
     ap.add_argument("--cases", default="", help="comma-separated substrings of case labels (default: all)")
-    ap.add_argument("--ablate", action="store_true", help="also time the pre-codegen-8 pixel addressing")
+    ap.add_argument("--layouts", default="nchw,nhwc")
     args = ap.parse_args()
     rows = []
     t0 = time.time()
@@ -145,14 +147,14 @@ def main() -> None:
         if args.cases and not any(s in label for s in args.cases.split(",")):
             continue
         for precision in args.precisions.split(","):
-            for layout in (NCHW, NHWC):
-                r = probe(label, shape, o, k, attrs, layout, precision, args.top, args.ablate)
+            for layout in [{"nchw": NCHW, "nhwc": NHWC}[s] for s in args.layouts.split(",")]:
+                r = probe(label, shape, o, k, attrs, layout, precision, args.top)
                 rows.append(r)
                 best = r["best_template_us"]
                 print(f"{label:26s} {precision:5s} {r['layout']}: cuDNN {r['cudnn_us']:7.1f} us, "
                       f"best template {best if best is None else round(best, 1)} us  "
                       + " ".join(f"[{t['schedule'][13:60]} {t.get('us', t.get('error', ''))!s:.6} "
-                                 f"{t.get('us_nonlinear', '')!s:.6}]" for t in r["templates"]), flush=True)
+                                 f"{t.get('rel_l2', '')!s:.7}]" for t in r["templates"]), flush=True)
                 json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,  # after each row:
                            "date": time.strftime("%Y-%m-%d"), "seconds": time.time() - t0, "rows": rows},  # a
                           open(args.out, "w"), indent=1)  # timed-out run keeps what it measured

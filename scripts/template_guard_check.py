@@ -5,7 +5,8 @@ Prints each tuning row (schedule, seconds, reason): miscompiled template candida
 
     PYTHONPATH=. python scripts/template_guard_check.py
 """
-import sqlite3, sys, tempfile
+import os, sqlite3, sys, tempfile
+os.environ.setdefault("TESSERA_TEST_DEVICE", "cuda")  # else the test helpers pick Triton's interpreter
 sys.path.insert(0, "tests")
 import numpy as np
 from test_conv_template import conv_relu

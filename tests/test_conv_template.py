@@ -145,27 +145,6 @@ def test_constant_weights_are_read_k_contiguous(case, layout, want):
     assert ("# weight: read from a copy" in ks.source) == (want is not None)
 
 
-@pytest.mark.parametrize("case,layout,linear", [
-    ((1, 32, 9, 11, 3, (9, 9), {"pads": [4, 4, 4, 4]}), NCHW, True),  # candy's last conv: 'same', stride 1
-    ((2, 5, 6, 5, 7, (3, 3), {"pads": [1, 1, 1, 1]}), NHWC, True),  # across images too
-    ((2, 5, 6, 5, 7, (3, 3), {"pads": [1, 1, 1, 1]}), NCHW, False),  # channels lie between the images
-    ((1, 5, 9, 9, 7, (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}), NCHW, False),  # rows skipped
-    ((1, 5, 9, 9, 7, (3, 3), {}), NCHW, False),  # 'valid': output rows are narrower than input rows
-])
-def test_same_convolutions_address_pixels_linearly(case, layout, linear):
-    # Where the window origin moves by a fixed step per output pixel, across rows (and images),
-    # x's pixel address is rm * step: no division in it, so Triton sees the tile's pixels as
-    # contiguous and coalesces an NCHW load along them.
-    n, c, h, w, o, k, attrs = case
-    model, feeds = conv_relu(n, c, h, w, o, k, seed=8, **attrs)
-    ks, _ = check_conv(model, feeds, SMALL, layouts={"x": layout, "out": layout} if layout else None)
-    lines = ks.source.splitlines()
-    param = next(ln.split()[1].rstrip(":") for ln in lines if ln.startswith("# in") and " x float32" in ln)
-    (setup,) = [ln.split(" = ")[1] for ln in lines if f" = {param} + " in ln]
-    offset = next(ln.split(" = ")[1] for ln in lines if ln.strip().startswith(setup.split(" + ")[1] + " = "))
-    assert (offset.startswith("rm") and "//" not in offset) == linear, offset
-
-
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
 def test_narrow_and_tf32_math(precision):
     model, feeds = conv_relu(1, 16, 7, 7, 24, (3, 3), seed=5, pads=[1, 1, 1, 1])

@@ -63,7 +63,6 @@ DIRECT_TILES = ((64, 64, 4), (128, 32, 4), (32, 128, 4), (256, 16, 4), (128, 64,
 DIRECT_MIN_CHANNELS = 4  # 16 bytes of fp32 channels per pixel: a narrower channel block buys nothing
 CONSTS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
 FLAT_SLACK = 1.25  # channel-block steps may outnumber flat steps by this much and still be preferred
-LINEAR_PIXELS = True  # address a 'same' convolution's pixels as rm * step (scripts/conv_template_probe.py ablates it)
 
 
 @dataclass(frozen=True)
@@ -264,14 +263,7 @@ class _Conv:
         xt, p = self.xt, self.p
         sn, sc, sh, sw = xt.strides
         scales = (sc, p.dilations[0] * sh, p.dilations[1] * sw)
-        step = p.strides[1] * sw  # x's address step from one output pixel to the next along a row
-        if LINEAR_PIXELS and p.ow * step == p.strides[0] * sh and (p.n == 1 or p.oh * p.ow * step == sn):
-            # The window origins advance by one step per output pixel across rows and images too
-            # (stride 1 with the image's own width, a 'same' convolution): the pixel part is
-            # rm * step, which Triton's contiguity analysis sees through, so the tile's loads
-            # coalesce along the pixels (NCHW) instead of gathering element by element.
-            pix = ix.add_const(ix.mul(t.rm, step), -p.pads[0] * sh - p.pads[1] * sw)
-        elif any(p.pads[:2]):  # a window origin may lie outside the image: its address is linear, not raveled
+        if any(p.pads[:2]):  # a window origin may lie outside the image: its address is linear, not raveled
             pix = _linear([n, *bases], (sn, sh, sw))
         else:
             pix = ix.ravel_stored([n, Ix.of(0), *bases], xt.shape, xt.layout)
