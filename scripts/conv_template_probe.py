@@ -35,7 +35,7 @@ from tessera.ir import interp  # noqa: E402
 from tessera.ir.graph import TensorType  # noqa: E402
 from tessera.orchestrate.layout import NHWC  # noqa: E402
 from tessera.rewrite import convert_precision  # noqa: E402
-from tessera.runtime.buffers import inverse_perm  # noqa: E402
+from tessera.runtime.buffers import inverse_perm, round_tf32  # noqa: E402
 from tessera.runtime.torch_prims import TORCH_DTYPES  # noqa: E402
 from tessera.tolerance import TOLERANCE, rel_l2  # noqa: E402
 
@@ -116,6 +116,7 @@ def probe(label, shape, o, k, attrs, layout, precision: str, top: int) -> dict:
             stored = {t: TensorType(g.types[t].shape, g.types[t].dtype, ks.input_layouts[t])
                       if t in ks.input_layouts else g.types[t] for t in ks.inputs}
             args = [_memory(np.asarray(env[t]), stored[t]) for t in ks.inputs]
+            args = [round_tf32(a) if t in ks.rounded_inputs else a for t, a in zip(ks.inputs, args)]
             outs = [torch.empty(g.types[t].storage_shape, dtype=TORCH_DTYPES[g.types[t].dtype], device="cuda")
                     for t in ks.outputs]
             kern = TritonKernel(ks)

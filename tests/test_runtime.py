@@ -58,3 +58,18 @@ def test_runtime_errors(tmp_path, capsys):
     exe = tessera.compile(MODELS / "gemm_g1.onnx")
     with pytest.raises(ShapeError, match="'a'"):
         exe(torch.randn(1, 5, 64), torch.randn(1, 64, 256), torch.randn(1, 256, 64))
+
+
+def test_a_user_set_triton_interpreter_is_refused_for_the_gpu(monkeypatch):
+    # Under TRITON_INTERPRET=1 Triton runs kernels on the host; a GPU executable would fail inside
+    # CUDA-graph capture with torch's copy error, naming neither cause nor fix. The user gets both.
+    from tessera.codegen import launch
+    from tessera.errors import TesseraError
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(launch, "_SET_BY_US", False)
+    with pytest.raises(TesseraError, match="TRITON_INTERPRET=1 is set.*unset it to run on the GPU"):
+        launch.use_interpreter(torch.device("cuda"))
+    monkeypatch.setattr(launch, "_SET_BY_US", True)  # tessera's own choice, for an earlier CPU run: undone
+    launch.use_interpreter(torch.device("cuda"))
+    assert "TRITON_INTERPRET" not in __import__("os").environ  # monkeypatch restores both afterwards

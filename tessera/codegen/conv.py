@@ -430,7 +430,7 @@ def generate_conv(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], n
                     + jit_function(fn, params, t, consts)).rstrip() + "\n"
     return KernelSource(fn, src, k.inputs, k.outputs, p.m * p.o, p.k, s, [n.name for n in nodes],
                         launches=[Launch(fn, (tiles, t.nbatch), meta)],
-                        input_layouts={cv.w: relayout} if relayout else {})
+                        input_layouts={cv.w: relayout} if relayout else {}, rounded_inputs=tuple(sorted(k.rounded)))
 
 
 def _doc(cv: _Conv, name: str, k: KernelBody, sources: Sequence[str]) -> list[str]:

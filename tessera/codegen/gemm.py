@@ -174,6 +174,7 @@ def generate_gemm(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], n
         params = ", ".join(ins + ["ws"] + outs)
         part = Tile(tp.kernel(), shape, s)
         tp.mainloop(part, chunk, split=True)
+        main.rounded |= part.k.rounded  # the launches share one argument list
         m = part.em.mask_expr(part.mask)
         part.em.stmt(f"tl.store(ws + {part.workspace_offset('pid_k')}, acc" + (f", mask={m})" if m else ")"))
         funcs.append(_function(f"{fn}_partial", params, part, ["pid_k = tl.program_id(2)"]))
@@ -200,7 +201,8 @@ def generate_gemm(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], n
                     + _doc(graph, name, form, tp, main, sources, workspace)
                     + [line for f in funcs for line in f + ["", ""]]).rstrip() + "\n"
     return KernelSource(fn, src, main.inputs, main.outputs, tp.batch * tp.m * tp.n, tp.k, s,
-                        [n.name for n in nodes], launches=launches, workspace=workspace)
+                        [n.name for n in nodes], launches=launches, workspace=workspace,
+                        rounded_inputs=tuple(sorted(main.rounded)))
 
 
 def _doc(graph: Graph, name: str, form: str, tp: _Template, k: KernelBody, sources: Sequence[str],

@@ -35,10 +35,11 @@ from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import REDUCTIONS, Prim
 
 # Bump when generated code changes: it is part of every tuning-database key.
-CODEGEN_VERSION = 7  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts;
+CODEGEN_VERSION = 8  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts;
 # 4: reduction rows numbered in storage order; 5: GEMM templates with fused epilogues (codegen/gemm.py);
 # 6: convolution templates (codegen/conv.py), the template tile shared in codegen/tile.py;
-# 7: convolution templates read their constant weight from a K-contiguous copy
+# 7: convolution templates read their constant weight from a K-contiguous copy;
+# 8: tf32 templates read constant operands rounded once at load, not in the K loop
 
 # Elements one program holds in registers per value (fp32: 16 KiB).
 BLOCK_ELEMENTS = 4096
@@ -147,6 +148,9 @@ class KernelSource:
     # Constants read in another storage order than their type's (tensor -> layout): a convolution
     # template reads its weight K-contiguous. The runtime makes that copy once, at load.
     input_layouts: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # Constants a tf32 template multiplies as they are (no rounding in its K loop): the runtime
+    # rounds them to tf32 once, at load (`runtime.buffers.round_tf32`, the same bits).
+    rounded_inputs: tuple[str, ...] = ()
 
     @property
     def grid(self) -> int:
@@ -212,6 +216,7 @@ class KernelBody:
                     reads[t] = None
         self.inputs = list(reads)
         self.outputs = list(outputs)
+        self.rounded: set[str] = set()  # constants read pre-rounded to tf32 (KernelSource.rounded_inputs)
         for t in self.inputs + self.outputs:
             if self.graph.types[t].dtype not in STORAGE:
                 raise Unsupported(f"tensor {t} has type {self.graph.types[t].dtype.value}")

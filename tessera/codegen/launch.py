@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from tessera import cache
+from tessera.errors import TesseraError
 from tessera.codegen.interpreter import match_gpu_semantics
 from tessera.codegen.kernels import KernelSource, Schedule
 
@@ -31,7 +32,10 @@ _SET_BY_US = False
 def use_interpreter(device: torch.device) -> None:
     """On a CPU, generated kernels run in Triton's interpreter (read when a kernel is loaded).
 
-    A GPU executable made later in the same process must not inherit that choice.
+    A GPU executable made later in the same process must not inherit that choice. One that the
+    user's environment sets is refused for a GPU: Triton would run every kernel on the host,
+    copying each tensor there and back, which fails inside a CUDA graph with torch's "Cannot copy
+    between CPU and CUDA tensors during CUDA graph capture", naming neither the cause nor the fix.
     """
     global _SET_BY_US
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -40,6 +44,9 @@ def use_interpreter(device: torch.device) -> None:
     elif device.type == "cuda" and _SET_BY_US:
         os.environ.pop("TRITON_INTERPRET", None)
         _SET_BY_US = False
+    elif device.type == "cuda" and os.environ.get("TRITON_INTERPRET") == "1":
+        raise TesseraError("TRITON_INTERPRET=1 is set, so Triton would run tessera's kernels on the CPU "
+                           "interpreter; unset it to run on the GPU")
     if device.type == "cpu":  # after the switch: it imports Triton's interpreter
         match_gpu_semantics()  # the interpreter as the GPU computes: bf16 rounding, boolean masks
 

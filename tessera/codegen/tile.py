@@ -171,7 +171,13 @@ def dot_operand(t: Tile, graph: Graph, math: DotMath, tensor: str, coords: list[
     if math.dot_type != "tl.float32" and (km or tensor not in em.inputs):
         v = em.emit(f"({v}).to({math.dot_type})", deps)
     if math.tf32:
-        v = em.emit(TF32_ROUND.format(x=v), deps)
+        if tensor in em.inputs and tensor in graph.constants \
+                and sum(tensor in n.inputs for n in t.k.nodes) == 1:
+            # A constant only the dot reads: the runtime stores it rounded (the same bits), so the
+            # loop spends no ALU work on it and the tensor cores read it exactly.
+            t.k.rounded.add(tensor)
+        else:
+            v = em.emit(TF32_ROUND.format(x=v), deps)
     if not need <= deps:
         v = em.emit(f"tl.broadcast_to({v}, {shape})", need | deps)
     return v
@@ -230,7 +236,8 @@ def describe(graph: Graph, nodes: Sequence[Node], root: Node, k: KernelBody, sou
     if sources:
         doc += textwrap.wrap("ONNX nodes: " + ", ".join(sources), 100, initial_indent="# ",
                              subsequent_indent="#   ")
-    doc += [f"# in{i}: {t} {graph.types[t]}" for i, t in enumerate(k.inputs)]
+    doc += [f"# in{i}: {t} {graph.types[t]}" + (" (rounded to tf32 once, at load)" if t in k.rounded else "")
+            for i, t in enumerate(k.inputs)]
     if workspace:
         doc.append(f"# ws: float32[{workspace}] split-K partial sums")
     doc += [f"# {arg}: {t} {graph.types[t]}" for t, arg in k.out_args.items()]

@@ -97,3 +97,17 @@ def as_layout(x: torch.Tensor, layout: Sequence[int]) -> torch.Tensor:
         return x
     y = torch.empty([x.shape[d] for d in layout], dtype=x.dtype, device=x.device).permute(*inverse_perm(layout))
     return y.copy_(x)
+
+
+def round_tf32(x: torch.Tensor) -> torch.Tensor:
+    """fp32 values rounded to tf32 (to nearest, ties away), bit for bit as a template's in-loop
+    rounding (`codegen.tile.TF32_ROUND`) would round them; infinities and NaN unchanged."""
+    r = ((x.view(torch.int32) + 4096) & -8192).view(torch.float32)
+    return torch.where(x.abs() < float("inf"), r, x)
+
+
+def stored_constant(x: torch.Tensor, layout: Sequence[int] | None, tf32: bool) -> torch.Tensor:
+    """A constant as a kernel reads it (`KernelSource.input_layouts` and `rounded_inputs`): in
+    `layout`'s storage order (None: as it is), rounded to tf32 where `tf32`."""
+    y = round_tf32(x) if tf32 else x
+    return as_layout(y, layout) if layout is not None else y

@@ -25,7 +25,7 @@ from tessera.codegen.triton_ops import Unsupported
 from tessera.errors import ShapeError, TesseraError
 from tessera.ir.graph import Graph, Node
 from tessera.ir.indices import check_feeds
-from tessera.runtime.buffers import BufferPool, Lifetime, as_layout
+from tessera.runtime.buffers import BufferPool, Lifetime, as_layout, stored_constant
 from tessera.runtime.graphs import quiet_capture
 from tessera.runtime.torch_prims import TORCH_DTYPES, pointwise_conv_as_gemm, run_linear_fused, run_node
 
@@ -94,23 +94,36 @@ class Executable:
         self.annotate = False
 
     def _relayout_constants(self) -> None:
-        """Constants a kernel reads in another storage order (`KernelSource.input_layouts`, a
-        convolution template's weight): a copy in that order, made once, under its own name."""
+        """Constants a kernel reads in another form: in another storage order
+        (`KernelSource.input_layouts`, a convolution template's weight) or rounded to tf32
+        (`rounded_inputs`, a tf32 template's constant operand). Each form is a copy made once,
+        under its own name; an original that no step reads any more is dropped, so a weight is
+        held once."""
+        copied: set[str] = set()
         for step in self.steps:
             ks = step.kernel.ks if step.kernel is not None else None
-            if ks is None or not ks.input_layouts:
+            if ks is None or not (ks.input_layouts or ks.rounded_inputs):
                 continue
             args = []
             for t in ks.inputs:
-                lay = ks.input_layouts.get(t)
-                if lay is None:
+                lay, tf32 = ks.input_layouts.get(t), t in ks.rounded_inputs
+                if lay is None and not tf32:
                     args.append(t)
                     continue
-                key = f"{t}@{''.join(map(str, lay))}"
+                key = t + (f"@{''.join(map(str, lay))}" if lay is not None else "") + ("@tf32" if tf32 else "")
                 if key not in self.constants:
-                    self.constants[key] = as_layout(self.constants[t], lay)
+                    self.constants[key] = stored_constant(self.constants[t], lay, tf32)
                 args.append(key)
+                copied.add(t)
             step.args = args
+        read = set(self.graph.outputs)
+        for step in self.steps:
+            if step.kernel is not None and step.impl.backend != "linear":
+                read.update(step.args or step.kernel.ks.inputs)
+            else:
+                read.update(self.reads(step))
+        for t in copied - read:
+            del self.constants[t]
 
     def _fold_torch_prologues(self) -> None:
         """Free nodes that torch steps read depend only on constants: compute them once, now."""
