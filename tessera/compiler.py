@@ -228,7 +228,7 @@ def measured_cost(og: OGraph, opt: CompileOptions, progress: Callable[[int, int]
     """
     bound = (lambda c: BOUND_FACTOR * analytical(c)) if opt.tune == "lazy" else None
     return MeasuredCost(og, db, profiler, torch.cuda.get_device_name(), software_versions(),
-                        progress, bound, opt.precision, gpu)
+                        progress, bound, opt.precision, gpu, templates=opt.templates == "auto")
 
 
 def forced_templates(graph: Graph, plan: Plan, precision: str, dev: Device) -> dict[str, AnySchedule]:

@@ -36,7 +36,7 @@ from tessera.ir.graph import Graph, GraphKind, Node, TensorType
 from tessera.orchestrate import build_ograph
 from tessera.orchestrate.graphview import bits
 from tessera.rewrite import convert_precision
-from tessera.runtime.buffers import inverse_perm
+from tessera.runtime.buffers import inverse_perm, round_tf32
 from tessera.runtime.torch_prims import TORCH_DTYPES
 from tessera.tolerance import TOLERANCE, rel_l2
 from tessera.verify import random_inputs, run_onnxruntime
@@ -73,6 +73,7 @@ def run_template(g: Graph, ks: KernelSource, env: dict[str, np.ndarray]) -> dict
         return TensorType(ty.shape, ty.dtype, ks.input_layouts[t]) if t in ks.input_layouts else ty
 
     args = [_memory(np.asarray(env[t]), stored(t)) for t in ks.inputs]
+    args = [round_tf32(a) if t in ks.rounded_inputs else a for t, a in zip(ks.inputs, args)]  # as the runtime
     outs = [torch.empty(g.types[t].storage_shape, dtype=TORCH_DTYPES[g.types[t].dtype], device=DEVICE)
             for t in ks.outputs]
     TritonKernel(ks)(*args, *outs)
@@ -280,15 +281,16 @@ def test_schedule_space_keys_and_json():
 
 
 # ---- wiring --------------------------------------------------------------------------------------
-def mlp() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+def mlp(weights_as_inputs: bool = False) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """Two dense layers with a GELU between: two matmul kernels with epilogues."""
     x = rand(13, 31, seed=30)
+    w = {"w1": rand(31, 67, seed=31, lo=-0.5, hi=0.5), "w2": rand(67, 7, seed=33, lo=-0.5, hi=0.5)}
     m = graph_model([helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
                      helper.make_node("Gelu", ["hb"], ["g"]), helper.make_node("MatMul", ["g", "w2"], ["y"]),
                      helper.make_node("Add", ["y", "b2"], ["out"])],
-                    {"x": x, "w1": Const(rand(31, 67, seed=31, lo=-0.5, hi=0.5)), "b1": Const(rand(67, seed=32)),
-                     "w2": Const(rand(67, 7, seed=33, lo=-0.5, hi=0.5)), "b2": Const(rand(7, seed=34))}, ["out"])
-    return m, {"x": x}
+                    {"x": x, **{k: v if weights_as_inputs else Const(v) for k, v in w.items()},
+                     "b1": Const(rand(67, seed=32)), "b2": Const(rand(7, seed=34))}, ["out"])
+    return m, {"x": x, **(w if weights_as_inputs else {})}
 
 
 def test_analytical_compiles_are_unchanged_unless_forced():
@@ -304,6 +306,40 @@ def test_analytical_compiles_are_unchanged_unless_forced():
     assert "GEMM template" in src and "ONNX nodes: Add_1, Gelu_2, MatMul_0" in src
     ref = run_onnxruntime(model, feeds)["out"]
     assert rel_l2(run_exe(exe, feeds)[0], ref) < TOLERANCE["fp32"]
+
+
+def test_tf32_constant_operands_are_rounded_once_at_load():
+    # A tf32 template rounds an activation operand in its K loop. A constant that only its dot
+    # reads is rounded once, at load, into a copy that replaces the original (the weight is held
+    # once). The same bits reach the dot: the output equals the one with the weights fed as inputs,
+    # which the loop rounds.
+    opts = CompileOptions(cost="analytical", templates="force", precision="tf32")
+    model, feeds = mlp()
+    exe = tessera.compile(model, opts, DEVICE)
+    tmpl = [s.kernel.ks for s in exe.steps if s.impl.backend == "template"]
+    assert [ks.rounded_inputs for ks in tmpl] == [("w1",), ("w2",)]
+    assert all(ks.source.count("& -8192") == 1 and "(rounded to tf32 once, at load)" in ks.source for ks in tmpl)
+    assert {"w1@tf32", "w2@tf32"} <= set(exe.constants) and not {"w1", "w2"} & set(exe.constants)
+    assert torch.equal(exe.constants["w1@tf32"].cpu(), round_tf32(torch.from_numpy(np.array(exe.graph.constants["w1"]))))
+    fed_model, fed = mlp(weights_as_inputs=True)
+    fed_exe = tessera.compile(fed_model, opts, DEVICE)
+    assert all(s.kernel.ks.rounded_inputs == () and s.kernel.ks.source.count("& -8192") == 2
+               for s in fed_exe.steps if s.impl.backend == "template")
+    got = run_exe(exe, feeds)[0]
+    assert np.array_equal(got, run_exe(fed_exe, fed)[0])
+    err = rel_l2(got, run_onnxruntime(model, feeds)["out"])
+    assert 1e-6 < err < TOLERANCE["tf32"]  # tf32's error, not fp32's
+
+
+def test_round_tf32_rounds_to_nearest_ties_away():
+    x = torch.tensor([1 + 2**-11, 1 + 2**-11 - 2**-23, -(1 + 3 * 2**-11), 1 + 2**-10 + 2**-11, 65504.0,
+                      float("inf"), -float("inf"), float("nan"), 3.4e38])
+    got = round_tf32(x)
+    want = torch.tensor([1 + 2**-10, 1.0, -(1 + 2 * 2**-10), 1 + 2 * 2**-10, 65504.0,
+                         float("inf"), -float("inf"), float("nan"), float(np.float32(3.4e38))])
+    # the last: its rounded mantissa stays finite (3.4e38 is below tf32's largest finite value)
+    assert torch.equal(got[:7], want[:7]) and torch.isnan(got[7]) and torch.isfinite(got[8])
+    assert (got.view(torch.int32) & 8191 == 0)[torch.isfinite(got)].all()
 
 
 class TemplateFavouringProfiler:
@@ -359,6 +395,42 @@ def check_template_round_trip(model: onnx.ModelProto, feeds: dict, tmp_path, key
     again = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db")))
     assert not keys  # all from the database
     assert [k.backend for k in again.kernels] == [k.backend for k in result.kernels]
+
+
+class FusionProfiler:
+    """A library call costs 1 us alone and 5 us with its epilogue kernel, an epilogue alone 1 us;
+    a template 3 us alone and 1.5 us with the whole epilogue fused (2.5 with part of it)."""
+
+    def measure(self, jobs: list[Job], record) -> None:
+        for i, j in enumerate(jobs):
+            linear = any(n.op == "matmul" for n in j.prims)
+            alone = len(j.prims) == 1
+            if isinstance(j.schedule, GemmSchedule):
+                us = 3.0 if alone else 1.5 if "out" in j.outputs else 2.5
+            else:
+                us = (1.0 if alone else 5.0) if linear else 1.0
+            record(i, us * 1e-6, "")
+
+
+def test_the_binary_program_weighs_template_costs(tmp_path, monkeypatch):
+    # Split, the library plan costs 1 + 1 us against 5 us fused; as a template the fused kernel
+    # costs 1.5. Measured as candidates (not only after the plan), the template changes the plan.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
+    monkeypatch.setattr(compiler, "new_profiler", lambda opt: FusionProfiler())
+    x = rand(13, 31, seed=40)
+    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"]),
+                         helper.make_node("Gelu", ["hb"], ["out"])],
+                        {"x": x, "w": Const(rand(31, 67, seed=41)), "b": Const(rand(67, seed=42))}, ["out"])
+    fused = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "a.db")))
+    assert [k.backend for k in fused.kernels] == ["template"]
+    assert fused.tuning["template_candidates"] > 0 and fused.tuning["templates_faster"] > 0
+    assert fused.plan.estimated_total_s == pytest.approx(1.5e-6)
+    split = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "b.db"), templates="off"))
+    assert sorted(k.backend for k in split.kernels) == ["linear", "triton"]
+    assert split.tuning["template_candidates"] == 0 and split.plan.estimated_total_s == pytest.approx(2e-6)
+    exe = tessera.compile(model, CompileOptions(cost="measured", db=str(tmp_path / "a.db")), DEVICE)
+    assert rel_l2(run_exe(exe, {"x": x})[0], run_onnxruntime(model, {"x": x})["out"]) < TOLERANCE["fp32"]
 
 
 def test_measured_compile_keeps_the_library_when_it_is_faster(tmp_path, fake_gpu, monkeypatch):

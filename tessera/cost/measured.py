@@ -21,6 +21,7 @@ from tessera.codegen.select import prologue_of
 from tessera.cost.db import Key, TuningDB
 from tessera.cost.devices import Device
 from tessera.ir.graph import Graph, Node
+from tessera.ir.prims import Category, Prim
 from tessera.log import logger
 from tessera.orchestrate.candidates import Candidate
 from tessera.orchestrate.graphview import OGraph, bits
@@ -122,7 +123,10 @@ class MeasuredCost:
 
     Each candidate is measured once, at the schedule the analytical schedule model ranks
     first (`cost/schedule_model.py`); the chosen kernels search further after the solve
-    (`tune_schedules`).
+    (`tune_schedules`). With `templates`, a candidate built on a matmul or a 2-D convolution that
+    has a template form is also measured as its best-ranked template, and costs the faster of
+    the two: the binary program then weighs a template's fused epilogue against every other way
+    to cover those primitives (Korch's point), instead of meeting templates only after the plan.
 
     `prepare(candidates)` measures what the database lacks in batches (so the
     profiler can compile in parallel); a call for a candidate not prepared
@@ -135,8 +139,9 @@ class MeasuredCost:
     def __init__(self, og: OGraph, db: TuningDB, profiler: Profiler, device: str, versions: str,
                  progress: Callable[[int, int], None] | None = None,
                  bound: Callable[[Candidate], float] | None = None, precision: str = "fp32",
-                 gpu: Device | None = None) -> None:
+                 gpu: Device | None = None, templates: bool = False) -> None:
         self.og, self.db, self.profiler = og, db, profiler
+        self.templates = templates
         self.precision = precision
         self.gpu = gpu  # the schedule model's rates (None: the H100 preset)
         # With a lower bound the orchestrator measures lazily: only what its solver picks.
@@ -146,7 +151,10 @@ class MeasuredCost:
         self.progress = progress
         self._cache: dict[tuple[int, int], float] = {}
         self._jobs: dict[tuple[int, int], Job] = {}  # signatures are computed once per candidate
-        self.stats = {"candidates": 0, "measured": 0, "failed": 0, "seconds": 0.0}
+        self._tjobs: dict[tuple[int, int], Job | None] = {}  # the template lane, where there is one
+        self._tspace: dict[str, TemplateSchedule | None] = {}  # by signature: identical layers generate once
+        self.stats = {"candidates": 0, "measured": 0, "failed": 0, "seconds": 0.0,
+                      "template_candidates": 0, "templates_faster": 0}
 
     def job(self, c: Candidate) -> Job:
         k = (c.nodes, c.outputs)
@@ -164,6 +172,26 @@ class MeasuredCost:
         key = "default" if sched is None else _schedule_key(sched)
         return Job(Key(self.device, self.versions, sig, key), self.og.graph, tuple(prims), tuple(pro),
                    tuple(outs), sched, self.precision)
+
+    def template_job(self, c: Candidate) -> Job | None:
+        """The candidate as its best-ranked template (None: templates off, or no template form).
+        It shares the library job's signature, so `tune_schedules` finds it measured."""
+        k = (c.nodes, c.outputs)
+        if k not in self._tjobs:
+            self._tjobs[k] = None
+            prims = [self.og.nodes[i] for i in bits(c.nodes)]
+            if self.templates and any(Prim(n.op).category is Category.LINEAR for n in prims):
+                lib = self.job(c)
+                sig = lib.key.signature
+                if sig not in self._tspace:
+                    ranked = template_space(self.og.graph, lib.prims, lib.prologue, lib.outputs, self.precision,
+                                            self.gpu)
+                    self._tspace[sig] = ranked[0] if ranked else None
+                top = self._tspace[sig]
+                if top is not None:
+                    key = Key(self.device, self.versions, sig, _schedule_key(top))
+                    self._tjobs[k] = Job(key, self.og.graph, lib.prims, lib.prologue, lib.outputs, top, self.precision)
+        return self._tjobs[k]
 
     def _best_ranked(self, prims: list[Node], pro: list[Node], outs: list[str]) -> Schedule | None:
         """The schedule model's first choice for a generated kernel, or None for the default."""
@@ -186,10 +214,14 @@ class MeasuredCost:
         t0 = time.perf_counter()
         new = list({(c.nodes, c.outputs): c for c in candidates if (c.nodes, c.outputs) not in self._cache}.values())
         jobs = [self.job(c) for c in new]
+        tjobs = [self.template_job(c) for c in new]
         before = len(self.db)
-        got = tune(jobs, self.profiler, self.db, progress=self.progress)
-        for c, j in zip(new, jobs):
-            self._cache[(c.nodes, c.outputs)] = got[j.key]
+        got = tune(jobs + [t for t in tjobs if t is not None], self.profiler, self.db, progress=self.progress)
+        for c, j, t in zip(new, jobs, tjobs):
+            lib, tpl = got[j.key], got[t.key] if t is not None else math.inf
+            self._cache[(c.nodes, c.outputs)] = min(lib, tpl)
+            self.stats["template_candidates"] += t is not None
+            self.stats["templates_faster"] += tpl < lib
         self.stats["candidates"] += len(new)
         self.stats["measured"] += len(self.db) - before
         self.stats["failed"] += sum(1 for j in jobs if not math.isfinite(got[j.key]))
@@ -202,10 +234,11 @@ class MeasuredCost:
         k = (c.nodes, c.outputs)
         if k in self._cache:
             return True
-        rec = self.db.get(self.job(c).key)
-        if rec is None:
+        t = self.template_job(c)
+        recs = [self.db.get(j.key) for j in (self.job(c), t) if j is not None]
+        if any(r is None for r in recs):
             return False
-        self._cache[k] = rec.seconds
+        self._cache[k] = min(r.seconds for r in recs if r is not None)
         return True
 
     def estimate(self, c: Candidate) -> float:
