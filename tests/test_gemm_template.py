@@ -219,6 +219,29 @@ def test_narrow_and_tf32_math(precision):
     assert 'input_precision="ieee"' in ks.source and err < 1e-6
 
 
+def test_an_elementwise_prologue_is_computed_at_the_operand():
+    # The ground a prologue candidate needs (the orchestrator does not form them yet): relu(x * s + t)
+    # computed at A's tile indices inside the K loop, s (constant along K) loaded once before it.
+    # Its value is never stored: it has no place among the product's indices.
+    x, sc = rand(13, 31, seed=50), rand(13, 1, seed=51)
+    model = graph_model([helper.make_node("Mul", ["x", "s"], ["xs"]), helper.make_node("Add", ["xs", "t"], ["xt"]),
+                         helper.make_node("Relu", ["xt"], ["xr"]), helper.make_node("MatMul", ["xr", "w"], ["out"])],
+                        {"x": x, "s": sc, "t": Const(rand(31, seed=52)), "w": Const(rand(31, 17, seed=53))}, ["out"])
+    g = fission(load(model).graph).graph
+    og = build_ograph(g)
+    prims = list(og.nodes)
+    sched = GemmSchedule(16, 16, 16, 2, 2, 1, 1)
+    ks = implement(g, prims, prologue_of(og, prims), ["out"], "k0_test", (), sched).triton
+    loop = ks.source[ks.source.index("for k"):ks.source.index("tl.dot")]
+    assert "tl.maximum" in loop and " * " in loop and "in1 + rm" not in loop  # s: outside the loop
+    feeds = {"x": x, "s": sc}
+    got = run_template(g, ks, {**g.constants, **feeds})
+    assert rel_l2(got["out"], interp.run(g, feeds, exact=True)["out"]) < TOLERANCE["fp32"]
+    relu = next(n for n in prims if n.op == "max").outputs[0]
+    with pytest.raises(Unsupported, match="not computed from the matmul"):
+        implement(g, prims, prologue_of(og, prims), ["out", relu], "k0_test", (), sched)
+
+
 def test_cast_and_multi_output_epilogue():
     # The product, the biased value and the activation are all written; one output is a cast.
     x = rand(13, 31, seed=19)

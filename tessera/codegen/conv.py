@@ -184,7 +184,7 @@ class _Conv:
             raise Unsupported(f"convolution blocks must be powers of two: {s}")
         if p.groups > GRID_Y_MAX:
             raise Unsupported(f"{root.name}: {p.groups} groups exceed the grid")
-        check_outputs(graph, outputs, self.y, "convolution", "convolution")
+        check_outputs(graph, nodes, outputs, self.y, "convolution", "convolution")
 
     def weight_layout(self, k: KernelBody) -> tuple[int, ...] | None:
         """The storage order this kernel reads its constant weight in, where that is not the

@@ -105,7 +105,7 @@ class _Template:
         for name in (s.block_m, s.block_n, s.block_k):
             if name < MIN_BLOCK or name & (name - 1):
                 raise Unsupported(f"GEMM blocks must be powers of two >= {MIN_BLOCK}: {s}")
-        check_outputs(graph, outputs, root.outputs[0], "matmul", "GEMM")
+        check_outputs(graph, nodes, outputs, root.outputs[0], "matmul", "GEMM")
 
     def kernel(self) -> KernelBody:
         return KernelBody(self.graph, self.nodes, self.outputs)

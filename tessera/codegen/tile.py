@@ -200,10 +200,20 @@ def store_outputs(t: Tile, graph: Graph, outputs: Sequence[str], product: str, c
         t.k.store(o, flat, v, t.mask, "[BLOCK_M, BLOCK_N]", frozenset({"m", "n"}))
 
 
-def check_outputs(graph: Graph, outputs: Sequence[str], product: str, what: str, form: str) -> None:
-    """A template writes one value per product element: every output has the product's size."""
+def check_outputs(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], product: str, what: str,
+                  form: str) -> None:
+    """A template writes one value per product element: every output is the product or computed
+    from it (an operand's prologue value is read at K indices, never stored at the tile's), and
+    has the product's size."""
     c = graph.types[product].numel
+    reach = {product}
+    for n in nodes:  # topological order
+        if any(t in reach for t in n.inputs):
+            reach.update(n.outputs)
     for o in outputs:
+        if o not in reach:
+            raise Unsupported(f"output {o} is not computed from the {what}: a {form} template stores only "
+                              f"the product and its epilogue")
         if graph.types[o].numel != c:
             raise Unsupported(f"output {o} has {graph.types[o].numel} elements, the {what} {c}: "
                               f"a {form} epilogue writes one value per product element")
