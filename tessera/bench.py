@@ -151,7 +151,7 @@ def bench(model: str, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
                                                     solver=solver, templates="off" if suffix else "auto"))
         exe = Executable(result.graph, plan_document(result), dev)
         compile_s = time.perf_counter() - t0
-        feeds = exe._feeds((), {k: torch.from_numpy(v) for k, v in feeds_np.items()})
+        feeds = exe.prepare_inputs(**{k: torch.from_numpy(v) for k, v in feeds_np.items()})
         got = exe.run_static(feeds)
         err, ok = _check([got[n] for n in exe.output_names], ref, exe.output_names, precision)
         ms = median_ms(lambda: exe.run_static(feeds), dev)

@@ -257,7 +257,7 @@ def _plan_rows(exe: Executable, rows: list[tuple[str | None, str, float, float]]
 
 def profile_executable(exe: Executable, feeds: Mapping[str, Any], reps: int = 30) -> Profile:
     """Where one call of `exe` spends its time, kernel by kernel (see the module's docstring)."""
-    feeds = exe._feeds((), feeds)
+    feeds = exe.prepare_inputs(**feeds)
     exe.run_static(feeds)  # compiles every kernel; on a GPU, captures the graph
     if exe.device.type != "cuda":
         return _cpu_profile(exe, feeds, reps)
