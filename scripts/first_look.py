@@ -47,7 +47,7 @@ def one(name: str, precision: str, tmp: Path, solver: str, cost: str, db: str | 
         args = tuple(a.half() if a.is_floating_point() else a for a in args)
     exe = tessera.compile(path, tessera.CompileOptions(precision=precision, solver=solver, cost=cost, db=db), device="cuda")
     feeds = dict(zip(exe.input_names, args))
-    feeds = exe._feeds((), feeds)
+    feeds = exe.prepare_inputs(**feeds)
     row = {"model": name, "precision": precision, "cost": cost, "kernels": len(exe.steps), "backends": exe.backends,
            "tuning": exe.plan.get("tuning", {}), "compile_s": exe.plan.get("timings_s", {})}
     with torch.no_grad():

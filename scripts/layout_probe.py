@@ -60,7 +60,7 @@ def probe(model: str, precision: str, layout: str, overrides: list[str], db: str
     loaded = frontend_load(path)
     feeds_np = random_inputs(loaded.graph, 0)
     ref = run_onnxruntime(loaded.model, feeds_np)
-    feeds = exe._feeds((), {k: torch.from_numpy(v) for k, v in feeds_np.items()})
+    feeds = exe.prepare_inputs(**{k: torch.from_numpy(v) for k, v in feeds_np.items()})
     got = exe.run_static(feeds)
     err, ok = _check([got[n] for n in exe.output_names], ref, exe.output_names, precision)
     ms = median_ms(lambda: exe.run_static(feeds), torch.device("cuda"))
