@@ -24,9 +24,8 @@ sys.path.insert(0, "tests")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from test_conv_template import NCHW, conv_kernel, conv_relu  # noqa: E402
-from test_gemm_template import _memory  # noqa: E402
+from test_gemm_template import template_launch  # noqa: E402
 
-from tessera.codegen.launch import TritonKernel  # noqa: E402
 from tessera.codegen.select import implement  # noqa: E402
 from tessera.cost.schedule_model import rank_templates  # noqa: E402
 from tessera.fission import fission  # noqa: E402
@@ -35,8 +34,7 @@ from tessera.ir import interp  # noqa: E402
 from tessera.ir.graph import TensorType  # noqa: E402
 from tessera.orchestrate.layout import NHWC  # noqa: E402
 from tessera.rewrite import convert_precision  # noqa: E402
-from tessera.runtime.buffers import inverse_perm, round_tf32  # noqa: E402
-from tessera.runtime.torch_prims import TORCH_DTYPES  # noqa: E402
+from tessera.runtime.buffers import inverse_perm  # noqa: E402
 from tessera.tolerance import TOLERANCE, rel_l2  # noqa: E402
 
 # (label, x [n, c, h, w], out channels, kernel, attrs): candy's distinct convolutions (its padding
@@ -113,13 +111,7 @@ def probe(label, shape, o, k, attrs, layout, precision: str, top: int) -> dict:
         entry = {"schedule": str(sched)}
         try:
             ks = implement(g, prims, pro, outputs, "k0_probe", ("Conv_0",), sched, precision).triton
-            stored = {t: TensorType(g.types[t].shape, g.types[t].dtype, ks.input_layouts[t])
-                      if t in ks.input_layouts else g.types[t] for t in ks.inputs}
-            args = [_memory(np.asarray(env[t]), stored[t]) for t in ks.inputs]
-            args = [round_tf32(a) if t in ks.rounded_inputs else a for t, a in zip(ks.inputs, args)]
-            outs = [torch.empty(g.types[t].storage_shape, dtype=TORCH_DTYPES[g.types[t].dtype], device="cuda")
-                    for t in ks.outputs]
-            kern = TritonKernel(ks)
+            kern, args, outs = template_launch(g, ks, env)
             kern(*args, *outs)
             lay = g.types[ks.outputs[0]].layout
             got = outs[0].float().cpu().numpy()

@@ -66,7 +66,10 @@ def _memory(a: np.ndarray, t: TensorType) -> torch.Tensor:
     return x.to(DEVICE, TORCH_DTYPES[t.dtype])
 
 
-def run_template(g: Graph, ks: KernelSource, env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def template_launch(g: Graph, ks: KernelSource, env: dict[str, np.ndarray]
+                    ) -> tuple[TritonKernel, list[torch.Tensor], list[torch.Tensor]]:
+    """The kernel, its inputs as the runtime stores them (a constant it reads in another order or
+    rounded to tf32: that copy) and its empty outputs, on DEVICE."""
     use_interpreter(torch.device(DEVICE))  # on the CPU, with the interpreter computing as the GPU does
     def stored(t: str) -> TensorType:  # a constant the kernel reads from a copy in another order
         ty = g.types[t]
@@ -76,7 +79,12 @@ def run_template(g: Graph, ks: KernelSource, env: dict[str, np.ndarray]) -> dict
     args = [round_tf32(a) if t in ks.rounded_inputs else a for t, a in zip(ks.inputs, args)]  # as the runtime
     outs = [torch.empty(g.types[t].storage_shape, dtype=TORCH_DTYPES[g.types[t].dtype], device=DEVICE)
             for t in ks.outputs]
-    TritonKernel(ks)(*args, *outs)
+    return TritonKernel(ks), args, outs
+
+
+def run_template(g: Graph, ks: KernelSource, env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    kernel, args, outs = template_launch(g, ks, env)
+    kernel(*args, *outs)
     got = {}
     for t, o in zip(ks.outputs, outs):
         a = o.float().cpu().numpy()

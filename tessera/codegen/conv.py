@@ -134,6 +134,12 @@ def conv_problem(graph: Graph, root: Node) -> ConvProblem:
                        tuple(a["pads"]), tuple(a["dilations"]), int(a["group"]))
 
 
+def channels_innermost(x: TensorType, p: ConvProblem) -> bool:
+    """x stores a pixel's channels innermost (channels-last), so a flat K walk ravels the window
+    with channels innermost and a tile's loads run along channels."""
+    return x.strides[1] == 1 and p.c > 1
+
+
 def conv_schedules(p: ConvProblem, itemsize: int = 4) -> list[ConvSchedule]:
     """A problem's template schedules: the tile menu of its form cut to the problem (blocks no
     larger than the next power of two of each extent; a K step no wider than the window, or than
@@ -198,7 +204,7 @@ class _Conv:
             return None
         if p.direct:
             want: tuple[int, ...] = (2, 3, 1, 0)
-        elif p.by_channels(self.s.block_k) or self.channels_innermost():
+        elif p.by_channels(self.s.block_k) or channels_innermost(self.xt, p):
             want = (0, 2, 3, 1)
         else:
             return None
@@ -208,10 +214,6 @@ class _Conv:
             return None
         self.wt = moved
         return want
-
-    def channels_innermost(self) -> bool:
-        """A flat K walk ravels the window with channels innermost (x stores them innermost)."""
-        return self.xt.strides[1] == 1 and self.p.c > 1
 
     # ---- indices ---------------------------------------------------------------------------
     def pixels(self, t: Tile) -> list[Ix]:
@@ -340,7 +342,7 @@ class _Conv:
         """(c, kh, kw) of flat K positions: channels innermost where x stores them innermost (a
         contiguous run per tap), kw innermost otherwise."""
         p = self.p
-        if self.channels_innermost():
+        if channels_innermost(self.xt, p):
             kh, kw, c = ix.unravel(rk, [p.kh, p.kw, p.cg])
             return c, kh, kw
         c, kh, kw = ix.unravel(rk, [p.cg, p.kh, p.kw])

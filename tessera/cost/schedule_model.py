@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from tessera.codegen.conv import ConvProblem, conv_problem, conv_root, conv_schedules
+from tessera.codegen.conv import ConvProblem, channels_innermost, conv_problem, conv_root, conv_schedules
 from tessera.codegen.gemm import matmul_root, problem, template_schedules
 from tessera.codegen.kernels import ConvSchedule, GemmSchedule, KernelSource, Schedule, TemplateSchedule, schedules
 from tessera.cost.devices import Device, device
@@ -216,7 +216,7 @@ def _rank_conv(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], root
     operands = sum(graph.types[t].nbytes for t in root.inputs)
     epilogue = _epilogue_bytes(graph, nodes, outputs, root)
     rate = template_rate(xt.dtype, precision, dev)
-    inner = xt.strides[1] == 1 and p.c > 1
+    inner = channels_innermost(xt, p)
     return sorted(space, key=lambda s: predict_conv(s, p, itemsize, operands, epilogue, rate, dev, inner))
 
 

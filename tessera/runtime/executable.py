@@ -66,15 +66,15 @@ class Executable:
                 raise KernelBuildError(f"kernel {k['name']} ({', '.join(k['prims'])}) cannot be built: {e}") from None
             self.steps.append(Step(impl, kernel))
         self._fold_torch_prologues()
-        self._relayout_constants()
+        self._stored_constants()
         # Bias vectors the library calls take (constant-derived, computed once).
         self._bias = {s.impl.name: self.constants[s.impl.bias].reshape(-1).contiguous()
                       for s in self.steps if s.impl.bias}
         # Constant weights of convolutions whose input is stored channels-last take the same
         # layout once, here, so cuDNN runs its NHWC kernels with no conversion per call. Generated
         # kernels (a convolution template among them) address a weight by its type's layout, so
-        # one that any of them reads keeps it.
-        generated = {t for st in self.steps if st.kernel is not None for t in st.kernel.ks.inputs}
+        # one that any of them reads as stored keeps it (a template reading its own copy does not).
+        generated = {t for st in self.steps if st.kernel is not None for t in st.args or st.kernel.ks.inputs}
         for st in self.steps:
             root = st.impl.linear
             if root is not None and root.op == "conv" and root.inputs[1] in self.constants \
@@ -93,7 +93,7 @@ class Executable:
         # profile can attribute every CUDA kernel to the plan kernel that launched it (runtime/profile).
         self.annotate = False
 
-    def _relayout_constants(self) -> None:
+    def _stored_constants(self) -> None:
         """Constants a kernel reads in another form: in another storage order
         (`KernelSource.input_layouts`, a convolution template's weight) or rounded to tf32
         (`rounded_inputs`, a tf32 template's constant operand). Each form is a copy made once,
