@@ -162,6 +162,47 @@ def test_measured_layouts_time_each_convolution_once_per_layout(tmp_path, fake_g
     assert [str(t) for t in again.graph.types.values()] == [str(t) for t in result.graph.types.values()]
 
 
+class AlignmentProfiler:
+    """A fake GPU whose channels-last convolutions are fast when every channel count is a multiple
+    of 16 bytes and slow otherwise, as cuDNN's aligned and unaligned NHWC kernels are."""
+
+    def __init__(self) -> None:
+        self.nhwc_channels: list[tuple[int, int]] = []
+
+    def measure(self, jobs: Sequence[Job], record: Record) -> None:
+        for i, j in enumerate(jobs):
+            seconds = 1e-6 * len(j.prims)
+            for n in j.prims:
+                if n.op == "conv" and j.graph.types[n.inputs[0]].layout == NHWC:
+                    o, c = j.graph.types[n.inputs[1]].shape[:2]
+                    self.nhwc_channels.append((c, o))
+                    seconds = 20e-6 if o % 4 or c % 4 else 5e-6
+                elif n.op == "conv":
+                    seconds = 10e-6
+            record(i, seconds, "")
+
+
+def test_channels_last_convolutions_are_priced_padded_as_they_run(tmp_path, monkeypatch):
+    """A convolution with 3 output channels is padded to 4 when stored NHWC (`_pad_conv_channels`),
+    so the layout pricer times it padded: timed unpadded, its unaligned kernel kept candy's last
+    region NCHW on the H100, with cuDNN's conversions around the convolution on every call."""
+    prof = AlignmentProfiler()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
+    monkeypatch.setattr(compiler, "new_profiler", lambda opt: prof)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w2", "b2"], ["out"], pads=[2, 2, 2, 2])]
+    model = graph_model(nodes, {"x": rand(1, 8, 40, 40), "w1": Const(rand(16, 8, 3, 3, seed=1)),
+                                "w2": Const(rand(3, 16, 5, 5, seed=2)), "b2": Const(rand(3, seed=3))},
+                        ["out"], opset=13)
+    result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db")))
+    assert (16, 4) in prof.nhwc_channels and (16, 3) not in prof.nhwc_channels  # timed as it runs
+    assert result.layouts.summary()["channels_last_regions"] == 1
+    assert result.layouts.summary()["convs_padded"] == 1
+    assert _check(result) < TOLERANCE["fp32"]
+
+
 def test_the_cli_says_what_the_layout_pass_chose(tmp_path, capsys):
     import onnx
 

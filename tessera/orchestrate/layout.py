@@ -334,6 +334,18 @@ def _cut_back(g: Graph, padded: str, y: str, node: str, source: tuple[str, ...])
                 {"starts": (0,) * rank, "steps": (1,) * rank, "shape": g.types[y].shape}, source=source)
 
 
+def padded_channels(g: Graph, n: Node) -> tuple[int, int] | None:
+    """(input channels, output channels) that convolution `n` is padded to when stored NHWC, or
+    None where it runs as it is: aligned already, grouped, or with a computed weight. The layout
+    pricer times a convolution in this form, since it is the form that runs."""
+    if n.op != Prim.CONV.value or n.attrs.get("group", 1) != 1 or n.inputs[1] not in g.constants:
+        return None
+    unit = max(1, ALIGN_BYTES // g.types[n.inputs[0]].dtype.itemsize)
+    o, c = g.types[n.inputs[1]].shape[:2]
+    cp, op = -(-c // unit) * unit, -(-o // unit) * unit
+    return None if (cp, op) == (c, o) else (cp, op)
+
+
 def _pad_conv_channels(g: Graph, region: Region) -> int:
     """Stored NHWC, a convolution's leading dimension is its channel count. Where that is not a
     multiple of 16 bytes (3 colour channels, a 150-label classifier), the library falls back to
@@ -346,17 +358,13 @@ def _pad_conv_channels(g: Graph, region: Region) -> int:
     nodes: list[Node] = []
     count = 0
     for n in g.nodes:
-        if n.name not in convs or n.attrs.get("group", 1) != 1 or n.inputs[1] not in g.constants:
+        padding = padded_channels(g, n) if n.name in convs else None
+        if padding is None:
             nodes.append(n)
             continue
         x, w, y = n.inputs[0], n.inputs[1], n.outputs[0]
         xt, wt, yt = g.types[x], g.types[w], g.types[y]
-        unit = max(1, ALIGN_BYTES // xt.dtype.itemsize)
-        c, o = wt.shape[1], wt.shape[0]
-        cp, op = -(-c // unit) * unit, -(-o // unit) * unit
-        if (cp, op) == (c, o):
-            nodes.append(n)
-            continue
+        (o, c), (cp, op) = wt.shape[:2], padding
         ins, outs, after = list(n.inputs), list(n.outputs), []
         if cp != c:
             xp = f"{x}/{n.name}/padded"
