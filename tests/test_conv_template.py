@@ -115,6 +115,14 @@ CASES = [
     (1, 32, 7, 7, 3, (9, 9), {"pads": [4, 4, 4, 4]}, NHWC, "by channel blocks"),  # candy's last conv
     (1, 32, 5, 7, 3, (9, 9), {"pads": [4, 4, 4, 4]}, NCHW, "K"),
 ]
+# Few output channels: the direct form on the CUDA cores, beside the implicit GEMM.
+DIRECT_CASES = [
+    (1, 6, 9, 11, 3, (9, 9), {"pads": [4, 4, 4, 4]}, NCHW),  # candy's last conv (32 -> 3), fewer channels
+    (1, 6, 9, 11, 3, (9, 9), {"pads": [4, 4, 4, 4]}, NHWC),
+    (2, 5, 7, 6, 7, (3, 3), {"strides": [2, 1], "pads": [0, 1, 2, 1], "dilations": [1, 2]}, NHWC),
+    (1, 12, 7, 7, 10, (3, 3), {"group": 2, "pads": [1, 1, 1, 1]}, NCHW),  # 6 channels per group -> 5
+    (1, 17, 6, 5, 1, (1, 1), {}, NHWC),  # one output channel, a 1x1 window
+]
 
 
 @pytest.mark.parametrize("n,c,h,w,o,k,attrs,layout,form", CASES, ids=[f"{c[1]}to{c[4]}-{c[8]}" for c in CASES])
@@ -125,6 +133,37 @@ def test_shapes_forms_and_layouts(n, c, h, w, o, k, attrs, layout, form):
     assert form in ks.source.splitlines()[4]
     assert ("tl.dot" in ks.source) == ("direct" not in ks.source.splitlines()[4])
     check_conv(model, feeds, SMALL_DIRECT if "multiplier" in form else SMALL, layouts=lay)
+
+
+@pytest.mark.parametrize("n,c,h,w,o,k,attrs,layout", DIRECT_CASES, ids=[f"{c[1]}to{c[4]}-{'nhwc' if c[7] else 'nchw'}"
+                                                                     for c in DIRECT_CASES])
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_few_output_channels_take_the_direct_form(n, c, h, w, o, k, attrs, layout, precision):
+    """A convolution with few output channels has two template forms: the implicit GEMM (N padded
+    to a tensor-core tile) and the direct form (a multiply-add per input channel and tap on the
+    CUDA cores). The best-ranked schedule of each leads the ranking, so both are measured."""
+    model, feeds = conv_relu(n, c, h, w, o, k, seed=c + o, **attrs)
+    lay = {"x": layout, "out": layout} if layout else None
+    g = convert_precision(fission(load(model).graph).graph, precision)
+    prims, pro, outputs = conv_kernel(g)
+    ranked = rank_templates(g, pro + prims, outputs, precision)
+    assert {ranked[0].block_k == 0, ranked[1].block_k == 0} == {True, False}
+    direct = next(s for s in ranked if s.block_k == 0)
+    ks, _ = check_conv(model, feeds, direct, precision, layouts=lay)
+    assert "direct convolution template" in ks.source and "tl.dot" not in ks.source
+    assert f"{c // attrs.get('group', 1)} input channels per group" in ks.source
+    # A row of output channels per step: read from a copy, unless only one dim of w exceeds 1.
+    assert ks.input_layouts == ({} if (o, *k) == (1, 1, 1) else {"w": (2, 3, 1, 0)})
+    check_conv(model, feeds, ConvSchedule(16, 4, 0, 1, 1, 1), precision, layouts=lay)  # ragged tiles
+
+
+def test_the_direct_form_refuses_many_output_channels():
+    model, _ = conv_relu(1, 8, 5, 5, 32, (3, 3), pads=[1, 1, 1, 1])
+    g = fission(load(model).graph).graph
+    prims, pro, outputs = conv_kernel(g)
+    assert all(s.block_k for s in rank_templates(g, pro + prims, outputs))
+    with pytest.raises(Unsupported, match="at most 16 output channels per group, not 32"):
+        implement(g, prims, pro, outputs, "k0", (), ConvSchedule(16, 16, 0, 1, 1, 1))
 
 
 @pytest.mark.parametrize("case,layout,want", [
@@ -210,11 +249,6 @@ def test_no_template_form():
     prims, pro, outputs = conv_kernel(g)
     with pytest.raises(Unsupported, match="direct form"):
         implement(g, prims, pro, outputs, "k0", (), SMALL)
-    model, _ = conv_relu(1, 4, 5, 5, 8, (3, 3), seed=14)
-    g = fission(load(model).graph).graph
-    prims, pro, outputs = conv_kernel(g)
-    with pytest.raises(Unsupported, match=">= 16"):
-        implement(g, prims, pro, outputs, "k0", (), SMALL_DIRECT)
     x = rand(1, 4, 9, seed=15)  # a 1-D convolution has no template
     g = fission(load(graph_model([helper.make_node("Conv", ["x", "w"], ["out"])],
                                  {"x": x, "w": Const(rand(2, 4, 3, seed=16))}, ["out"])).graph).graph
@@ -240,7 +274,7 @@ def test_schedule_space_ranking_keys_and_json():
         for itemsize in (2, 4):
             space = conv_schedules(p, itemsize)
             assert 1 <= len(space) <= 40 and len(set(space)) == len(space)
-            if p.direct:
+            if p.depthwise:
                 assert all(s.block_k == 0 for s in space)
             else:
                 assert all(min(s.block_m, s.block_n, s.block_k) >= 16 for s in space)

@@ -18,10 +18,15 @@ reads 0). K is walked one of two ways, derived from the problem and BLOCK_K:
 Operands are dotted as in the GEMM template: IEEE fp32, tf32 (operands rounded), fp16 or bf16,
 accumulating in fp32.
 
-Direct form (one input channel per group: depthwise convolutions, with or without a channel
-multiplier). There is no K to speak of, so no `tl.dot`: the tile loops over the window, and each
-tap is a multiply-add of a [BLOCK_M, BLOCK_N] input tile (output channel o reads input channel
-o // multiplier) by a [1, BLOCK_N] weight row on the CUDA cores, in fp32.
+Direct form, on the CUDA cores in fp32, with no `tl.dot`: a [BLOCK_M pixels, BLOCK_N channels]
+tile loops over the window (and over the input channels of a group), each step a multiply-add of
+an input tile by a [1, BLOCK_N] weight row. It is the only form of a depthwise convolution (one
+input channel per group, output channel o reading input channel o // multiplier: a [BLOCK_M,
+BLOCK_N] input tile per tap), and a second form of a convolution with few output channels per
+group (at most DIRECT_MAX_OUT), where an implicit GEMM pads N to a tensor-core tile and wastes
+most of it: candy's last convolution, 32 -> 3 channels over a 9x9 window, multiplies a [BLOCK_M,
+1] column of one input channel by a row of 3 weights per step. The schedule picks the form
+(block_k 0 is the direct form); measurement picks the schedule.
 
 Addresses. Every tensor is addressed in the storage order its type carries (NCHW, NHWC or any
 other). Operand pointers are set up before the K loop (the pixel part of x's address and the
@@ -61,6 +66,7 @@ TILES = (
 # Direct form: (block_m pixels, block_n channels, num_warps).
 DIRECT_TILES = ((64, 64, 4), (128, 32, 4), (32, 128, 4), (256, 16, 4), (128, 64, 8), (16, 256, 4), (32, 32, 2))
 DIRECT_MIN_CHANNELS = 4  # 16 bytes of fp32 channels per pixel: a narrower channel block buys nothing
+DIRECT_MAX_OUT = 16  # output channels per group up to which a multi-channel convolution also takes the direct form
 CONSTS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
 FLAT_SLACK = 1.25  # channel-block steps may outnumber flat steps by this much and still be preferred
 
@@ -102,9 +108,14 @@ class ConvProblem:
         return self.cg * self.kh * self.kw
 
     @property
-    def direct(self) -> bool:
-        """One input channel per group (depthwise, with or without a multiplier): the direct form."""
+    def depthwise(self) -> bool:
+        """One input channel per group (with or without a multiplier): the direct form only."""
         return self.cg == 1
+
+    @property
+    def takes_direct(self) -> bool:
+        """Whether the direct form applies: depthwise, or few output channels per group."""
+        return self.cg == 1 or self.og <= DIRECT_MAX_OUT
 
     def by_channels(self, block_k: int) -> bool:
         """Walk K by channel blocks per window tap (else flat): unless that pads much more."""
@@ -145,12 +156,13 @@ def conv_schedules(p: ConvProblem, itemsize: int = 4) -> list[ConvSchedule]:
     larger than the next power of two of each extent; a K step no wider than the window, or than
     the channels of a group, which the channel-block walk favours). Deduplicated."""
     out: list[ConvSchedule] = []
-    if p.direct:
+    if p.takes_direct:
         for bm, bn, warps in DIRECT_TILES:
             bm, bn = min(bm, max(MIN_BLOCK, pow2(p.m))), min(bn, max(DIRECT_MIN_CHANNELS, pow2(p.o)))
             warps = max(1, min(warps, bm * bn // 128))  # at least 4 outputs per thread
             tm, tn = cdiv(p.m, bm), cdiv(p.o, bn)
             out.append(ConvSchedule(bm, bn, 0, warps, 1, 8 if tm > 1 and tn > 1 else 1))
+    if p.depthwise:
         return list(dict.fromkeys(out))
     for bm, bn, bk, warps, stages in TILES:
         bk = bk * 4 // max(1, min(itemsize, 4))
@@ -173,13 +185,17 @@ class _Conv:
         self.y = root.outputs[0]
         self.xt, self.wt = graph.types[self.x], graph.types[self.w]
         self.p = p = conv_problem(graph, root)
-        if p.direct:
+        self.direct_form = s.block_k == 0
+        if p.depthwise and not self.direct_form:
+            raise Unsupported(f"{root.name}: a depthwise convolution takes the direct form (block_k 0): {s}")
+        if self.direct_form:
+            if not p.takes_direct:
+                raise Unsupported(f"{root.name}: the direct form takes depthwise convolutions or at most "
+                                  f"{DIRECT_MAX_OUT} output channels per group, not {p.og}: {s}")
             if self.xt.dtype != self.wt.dtype or self.xt.dtype not in DOT_TYPES:
                 raise Unsupported(f"{root.name}: a convolution template multiplies fp32, fp16 or bf16, "
                                   f"not {self.xt.dtype.value} x {self.wt.dtype.value}")
             self.math = None
-            if s.block_k != 0:
-                raise Unsupported(f"{root.name}: a depthwise convolution takes the direct form (block_k 0): {s}")
             blocks = (s.block_m, s.block_n)
         else:
             self.math = dot_math(self.xt.dtype, self.wt.dtype, precision, f"{root.name}: a convolution template")
@@ -196,13 +212,13 @@ class _Conv:
         """The storage order this kernel reads its constant weight in, where that is not the
         graph's, else None. An [O, C, KH, KW] weight gathered per tap with channels innermost would
         be read with a stride of KH*KW along K, so those walks read a copy stored (O, KH, KW, C):
-        K-contiguous per output channel. The direct form reads one tap's row of output channels:
+        K-contiguous per output channel. The direct form reads one step's row of output channels:
         (KH, KW, C, O). Only a constant that the convolution alone reads is copied."""
         p = self.p
         if self.w not in k.em.inputs or self.w not in self.graph.constants \
                 or any(self.w in n.inputs for n in self.nodes if n is not self.root):
             return None
-        if p.direct:
+        if self.direct_form:
             want: tuple[int, ...] = (2, 3, 1, 0)
         elif p.by_channels(self.s.block_k) or channels_innermost(self.xt, p):
             want = (0, 2, 3, 1)
@@ -348,27 +364,32 @@ class _Conv:
         c, kh, kw = ix.unravel(rk, [p.cg, p.kh, p.kw])
         return c, kh, kw
 
-    # ---- direct (depthwise) ----------------------------------------------------------------
+    # ---- direct (CUDA cores) ---------------------------------------------------------------
     def direct(self, t: Tile) -> list[Ix]:
-        """acc = the tile's depthwise convolution, one window tap at a time; returns y's coordinates."""
+        """acc = the tile's convolution, one step per input channel of the group and window tap
+        (channels outermost, so consecutive taps re-read neighbouring pixels from L1); returns
+        y's coordinates."""
         em, p = t.em, self.p
         n, oh, ow = pix = self.pixels(t)
         o = t.rn
-        c = ix.floordiv(o, p.og)  # the input channel of output channel o (og: the channel multiplier)
         z = Ix.of(0)
+        # The group's first input channel: per output channel lane (o // og: the multiplier of a
+        # depthwise convolution), or 0 with one group.
+        c0 = ix.mul(ix.floordiv(o, p.og), p.cg) if p.groups > 1 else z
         em.stmt("acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
-        taps: list[Ix] = []
-        for extent in (p.kh, p.kw):
+        loops: list[Ix] = []
+        for extent, name in ((p.cg, "c"), (p.kh, "w"), (p.kw, "w")):
             if extent == 1:
-                taps.append(z)
+                loops.append(z)
                 continue
-            tag = em.fresh("w")
+            tag = em.fresh(name)
             em.push(f"for {tag} in range({extent}):", tag)
-            taps.append(Ix(tag, None, extent, frozenset({tag})))
-        kh, kw = taps
+            loops.append(Ix(tag, None, extent, frozenset({tag})))
+        ci, kh, kw = loops
+        c = ix.add(c0, ci)
         bases, (ih, iw), pad = self.window(t, pix, kh, kw)
-        mask = t.mmask | t.nmask | pad
-        xptr = self.x_pointer(t, n, bases, [c, z, z], [z, kh, kw])
+        mask = t.mmask | (t.nmask if p.groups > 1 else frozenset()) | pad
+        xptr = self.x_pointer(t, n, bases, [c0, z, z], [ci, kh, kw])
         if xptr is not None:
             m = em.mask_expr(mask, xptr.deps)
             wide = "" if self.xt.dtype is DType.FLOAT32 else ".to(tl.float32)"
@@ -377,16 +398,16 @@ class _Conv:
             val = em.value(self.x, [n, c, ih, iw], mask)
             valid = em.mask_expr(pad)
             xv = em.emit(f"tl.where({valid}, {val.expr}, 0.0)" if valid else val.expr, val.deps | em.mask_deps(pad))
-        wptr = self.w_pointer(t, [o, z, z, z], [z, z, kh, kw])
+        wptr = self.w_pointer(t, [o, z, z, z], [z, ci, kh, kw])
         if wptr is not None:
             m = em.mask_expr(t.nmask, wptr.deps)
             wide = "" if self.wt.dtype is DType.FLOAT32 else ".to(tl.float32)"
             wv = em.emit(f"tl.load({wptr.expr}" + (f", mask={m}, other=0.0)" if m else ")") + wide, wptr.deps, "a")
         else:
-            wv = em.value(self.w, [o, z, kh, kw], t.nmask).expr
+            wv = em.value(self.w, [o, ci, kh, kw], t.nmask).expr
         em.stmt(f"acc += {xv} * {wv}")
-        for tp in taps:
-            if tp.const is None:
+        for lp in loops:
+            if lp.const is None:
                 em.pop()
         return [n, o, oh, ow]
 
@@ -418,14 +439,14 @@ def generate_conv(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], n
     p = cv.p
     k = KernelBody(graph, nodes, outputs)
     relayout = cv.weight_layout(k)
-    shape = (p.m, p.o) if p.direct else ((p.groups, p.m, p.og) if p.groups > 1 else (p.m, p.og))
+    shape = (p.m, p.o) if cv.direct_form else ((p.groups, p.m, p.og) if p.groups > 1 else (p.m, p.og))
     t = Tile(k, shape, s)
-    coords = cv.direct(t) if p.direct else cv.implicit(t)
+    coords = cv.direct(t) if cv.direct_form else cv.implicit(t)
     store_outputs(t, graph, outputs, cv.y, coords)
     fn = sanitize(name)
     params = ", ".join([f"in{i}" for i in range(len(k.inputs))] + list(k.out_args.values()))
     tiles = cdiv(p.m, s.block_m) * cdiv(shape[-1], s.block_n)
-    consts = [c for c in CONSTS if c != "BLOCK_K" or not p.direct]  # the direct form has no K step
+    consts = [c for c in CONSTS if c != "BLOCK_K" or not cv.direct_form]  # the direct form has no K step
     meta = tuple((c, getattr(s, c.lower())) for c in consts) + (("num_warps", s.num_warps),
                                                                  ("num_stages", s.num_stages))
     src = "\n".join(["import triton", "import triton.language as tl", "", ""] + _doc(cv, name, k, sources)
@@ -438,11 +459,11 @@ def generate_conv(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], n
 def _doc(cv: _Conv, name: str, k: KernelBody, sources: Sequence[str]) -> list[str]:
     """The header: what the kernel computes, from which primitives and ONNX nodes, and its roofline."""
     g, p, s, root = cv.graph, cv.p, cv.s, cv.root
-    if p.direct:
-        form = (f"direct convolution template (depthwise, channel multiplier {p.og}: a window loop on the "
-                f"CUDA cores), pixels M {p.m} (N {p.n} x {p.oh} x {p.ow}) x channels {p.o} x window {p.kh}x{p.kw}, "
-                "fp32 math")
-        padded = 2 * cdiv(p.m, s.block_m) * s.block_m * cdiv(p.o, s.block_n) * s.block_n * p.kh * p.kw
+    if cv.direct_form:
+        kind = f"depthwise, channel multiplier {p.og}" if p.depthwise else f"{p.cg} input channels per group"
+        form = (f"direct convolution template ({kind}: a window loop on the CUDA cores), pixels M {p.m} "
+                f"(N {p.n} x {p.oh} x {p.ow}) x channels {p.o} x window {p.kh}x{p.kw}, fp32 math")
+        padded = 2 * cdiv(p.m, s.block_m) * s.block_m * cdiv(p.o, s.block_n) * s.block_n * p.kh * p.kw * p.cg
     else:
         assert cv.math is not None
         walk = "K by channel blocks per tap" if p.by_channels(s.block_k) else "flat K"

@@ -166,9 +166,11 @@ def predict_conv(s: ConvSchedule, p: ConvProblem, itemsize: int, operand_bytes: 
     schedule walks it (per-tap channel blocks, or flat), so padding is charged as work; the
     operand stream per tile is the gathered window, each input element once per tap covering it
     (KH x KW / strides times, per channel tile: wider channel tiles reuse the input window more).
-    Direct form: per tap, a [block_m, block_n] input tile and a multiply-add on the CUDA cores,
-    in waves of resident programs; loads are as wide as the contiguous run of a tile (channels
-    for a channels-last input, pixels otherwise), in 32-byte sectors.
+    Direct form: per step (a window tap, and an input channel of the group), an input tile and
+    a multiply-add on the CUDA cores, in waves of resident programs. The tile is [block_m,
+    block_n] where each output channel reads its own input channel (groups), else a [block_m, 1]
+    column; loads are as wide as its contiguous run (channels of a channels-last depthwise input,
+    pixels of a row-major one), in 32-byte sectors.
     """
     if s.block_k:
         g = GemmSchedule(s.block_m, s.block_n, s.block_k, s.num_warps, s.num_stages, s.group_m, 1)
@@ -178,11 +180,12 @@ def predict_conv(s: ConvSchedule, p: ConvProblem, itemsize: int, operand_bytes: 
     resident = max(1, p_.max_warps_per_sm // s.num_warps)
     waves = math.ceil(programs / (dev.sms * resident))
     per_sm = math.ceil(min(programs, dev.sms * resident) / dev.sms)
-    taps = p.kh * p.kw
+    taps = p.kh * p.kw * p.cg
     compute = 2.0 * s.block_m * s.block_n * taps / (dev.fp32 / dev.sms)
-    run = s.block_n if channels_inner else (s.block_m if p.strides[1] == 1 else 1)
+    lanes = s.block_n if p.groups > 1 else 1  # input channels a step's tile spans
+    run = lanes if channels_inner else (s.block_m if p.strides[1] == 1 else 1)
     sector = min(1.0, run * itemsize / SECTOR_BYTES)
-    stream = s.block_m * s.block_n * taps * itemsize / sector / (dev.bandwidth * p_.l2_factor / dev.sms)
+    stream = s.block_m * lanes * taps * itemsize / sector / (dev.bandwidth * p_.l2_factor / dev.sms)
     latency = taps * p_.step_s
     dram = (operand_bytes + epilogue_bytes) / dev.bandwidth
     return max(waves * max(per_sm * compute, per_sm * stream, latency), dram)
@@ -217,7 +220,12 @@ def _rank_conv(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], root
     epilogue = _epilogue_bytes(graph, nodes, outputs, root)
     rate = template_rate(xt.dtype, precision, dev)
     inner = channels_innermost(xt, p)
-    return sorted(space, key=lambda s: predict_conv(s, p, itemsize, operands, epilogue, rate, dev, inner))
+    ranked = sorted(space, key=lambda s: predict_conv(s, p, itemsize, operands, epilogue, rate, dev, inner))
+    # Each form's best leads (implicit GEMM, direct): the model compares schedules of one form far
+    # better than the two forms, so both get measured.
+    heads = list({s.block_k == 0: s for s in reversed(ranked)}.values())
+    heads.sort(key=ranked.index)
+    return heads + [s for s in ranked if s not in heads]
 
 
 def _rank_gemm(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], root: Node, precision: str = "fp32",
