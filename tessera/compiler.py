@@ -148,7 +148,7 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
     """The passes from `layout` on (the driver owns the tuning database and profiler)."""
     if db is not None and profiler is not None:
         pricer: Any = MeasuredLayoutPrice(dev, opt.precision, db, profiler, torch.cuda.get_device_name(),
-                                          software_versions(), tune_progress)
+                                          software_versions(), tune_progress, templates=opt.templates == "auto")
         if opt.layout == "auto":  # every convolution that could go either way, measured in one batch
             by_name = {n.name: n for n in graph.nodes}
             pricer.prepare(graph, [by_name[c] for r in regions(graph) for c in r.convs], [(), NHWC])

@@ -13,6 +13,7 @@ from opcheck import Const, graph_model, models_dir, rand
 import tessera.compiler as compiler
 import tessera.runtime.executable as executable
 from tessera.compiler import CompileOptions, compile_model, plan_document
+from tessera.cost.layout_price import TEMPLATE_PRICES
 from tessera.cost.measured import Job, Record
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, GraphKind, TensorType
@@ -153,7 +154,8 @@ def test_measured_layouts_time_each_convolution_once_per_layout(tmp_path, fake_g
     opts = CompileOptions(cost="measured", db=str(tmp_path / "t.db"))
     result = compile_model(conv_model(), opts)
     assert result.layouts.summary()["channels_last_regions"] == 1
-    assert result.tuning["layout_convs_measured"] == 6  # 3 convolutions x 2 layouts
+    # 3 convolutions x 2 layouts, each as the library call and its best-ranked templates
+    assert result.tuning["layout_convs_measured"] == 3 * 2 * (1 + TEMPLATE_PRICES)
     assert len(set(fake_gpu.keys)) == len(fake_gpu.keys)  # nothing measured twice
     assert _check(result) < TOLERANCE["fp32"]
     fake_gpu.keys.clear()
@@ -180,6 +182,33 @@ class AlignmentProfiler:
                 elif n.op == "conv":
                     seconds = 10e-6
             record(i, seconds, "")
+
+
+class TemplateLayoutProfiler:
+    """A fake GPU on which the library's channels-last convolutions are slow and a template's fast."""
+
+    def measure(self, jobs: Sequence[Job], record: Record) -> None:
+        for i, j in enumerate(jobs):
+            seconds = 1e-6 * len(j.prims)
+            for n in j.prims:
+                if n.op == "conv":
+                    nhwc = j.graph.types[n.inputs[0]].layout == NHWC
+                    seconds = (5e-6 if nhwc else 12e-6) if j.schedule is not None else (20e-6 if nhwc else 10e-6)
+            record(i, seconds, "")
+
+
+@pytest.mark.parametrize("templates,channels_last", [("auto", 1), ("off", 0)])
+def test_layouts_are_priced_at_the_faster_of_library_and_template(tmp_path, monkeypatch, templates, channels_last):
+    """A convolution costs what the plan would run: the library call or its template. On the
+    H100 in tf32, cuDNN ran candy's last convolution faster NCHW, its template faster still NHWC."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
+    monkeypatch.setattr(compiler, "new_profiler", lambda opt: TemplateLayoutProfiler())
+    opts = CompileOptions(cost="measured", db=str(tmp_path / "t.db"), templates=templates)
+    result = compile_model(conv_model(), opts)
+    assert result.layouts.summary()["channels_last_regions"] == channels_last
+    assert result.tuning["layout_convs_measured"] == 3 * 2 * (1 + (TEMPLATE_PRICES if templates == "auto" else 0))
+    assert _check(result) < TOLERANCE["fp32"]
 
 
 def test_channels_last_convolutions_are_priced_padded_as_they_run(tmp_path, monkeypatch):
