@@ -141,13 +141,13 @@ def test_shapes_forms_and_layouts(n, c, h, w, o, k, attrs, layout, form):
 def test_few_output_channels_take_the_direct_form(n, c, h, w, o, k, attrs, layout, precision):
     """A convolution with few output channels has two template forms: the implicit GEMM (N padded
     to a tensor-core tile) and the direct form (a multiply-add per input channel and tap on the
-    CUDA cores). The best-ranked schedule of each leads the ranking, so both are measured."""
+    CUDA cores); both are in the schedule space."""
     model, feeds = conv_relu(n, c, h, w, o, k, seed=c + o, **attrs)
     lay = {"x": layout, "out": layout} if layout else None
     g = convert_precision(fission(load(model).graph).graph, precision)
     prims, pro, outputs = conv_kernel(g)
     ranked = rank_templates(g, pro + prims, outputs, precision)
-    assert {ranked[0].block_k == 0, ranked[1].block_k == 0} == {True, False}
+    assert any(s.block_k for s in ranked)
     direct = next(s for s in ranked if s.block_k == 0)
     ks, _ = check_conv(model, feeds, direct, precision, layouts=lay)
     assert "direct convolution template" in ks.source and "tl.dot" not in ks.source
@@ -155,6 +155,21 @@ def test_few_output_channels_take_the_direct_form(n, c, h, w, o, k, attrs, layou
     # A row of output channels per step: read from a copy, unless only one dim of w exceeds 1.
     assert ks.input_layouts == ({} if (o, *k) == (1, 1, 1) else {"w": (2, 3, 1, 0)})
     check_conv(model, feeds, ConvSchedule(16, 4, 0, 1, 1, 1), precision, layouts=lay)  # ragged tiles
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_each_promising_form_leads_the_ranking(layout):
+    """Candy's last convolution (32 -> 3 channels, 9x9, tf32): the best implicit GEMM and the best
+    direct schedule lead the ranking stored NCHW, so both are measured first. Channels-last, the
+    direct form reads strided columns (4-8x slower on the H100) and is ranked out of the lead."""
+    model, _ = conv_relu(1, 32, 224, 224, 3, (9, 9), pads=[4, 4, 4, 4])
+    g = convert_precision(fission(load(model).graph).graph, "tf32")
+    if layout == "nhwc":
+        for t in ("x", "out"):
+            g.types[t] = TensorType(g.types[t].shape, g.types[t].dtype, NHWC)
+    prims, pro, outputs = conv_kernel(g)
+    ranked = rank_templates(g, pro + prims, outputs, "tf32")
+    assert ranked[0].block_k and (ranked[1].block_k == 0) == (layout == "nchw")
 
 
 def test_the_direct_form_refuses_many_output_channels():
