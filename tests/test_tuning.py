@@ -445,3 +445,15 @@ def test_two_compiles_share_one_database_at_once(tmp_path):
     logs = [tmp_path / f"log{i}" for i in range(2)]
     begun = sum(sum(1 for line in open(f) if line.startswith("begin")) for f in logs if f.exists())
     assert begun > len(keys)
+
+
+def test_reading_the_software_versions_leaves_triton_unimported():
+    """Importing Triton fixes for the process whether its standard library's jit functions run in
+    the interpreter. The tuning keys' versions once imported it before any CPU executable had set
+    TRITON_INTERPRET, and that process's interpreted reductions then failed ("Cannot call
+    @triton.jit'd outside of the scope of a kernel"): a measured compile followed by a CPU run."""
+    code = ("import sys; from tessera.cost.db import software_versions; v = software_versions(); "
+            "assert 'triton ' in v and 'triton' not in sys.modules, (v, 'triton' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -32,15 +32,22 @@ def default_db_path() -> Path:
 
 
 def software_versions() -> str:
-    """The versions that change generated code or its speed: part of every key."""
+    """The versions that change generated code or its speed: part of every key.
+
+    Triton's version comes from its package metadata, not an import: importing Triton fixes, for
+    the whole process, whether its standard library's jit functions (the reductions' combine
+    functions) run in the interpreter, so an import here, before any CPU executable set
+    TRITON_INTERPRET, broke that process's later interpreted kernels with "Cannot call
+    @triton.jit'd outside of the scope of a kernel"."""
+    from importlib.metadata import version
+
     import torch
-    import triton
 
     from tessera.codegen.kernels import CODEGEN_VERSION
     from tessera.version import __version__
 
     return (f"tessera {__version__} codegen {CODEGEN_VERSION}; torch {torch.__version__}; "
-            f"triton {triton.__version__}; cuda {torch.version.cuda}")
+            f"triton {version('triton')}; cuda {torch.version.cuda}")
 
 
 _SCHEMA = """
