@@ -292,7 +292,8 @@ def write_artifacts(result: CompileResult, out: Path) -> None:
             (kdir / f"{impl.triton.name}.py").write_text(impl.triton.source)
     save_artifact(out, result.graph, result.loaded.model,
                   {"tessera": __version__, "model": result.loaded.label, "precision": result.plan.precision,
-                   "input_shapes": {k: list(v) for k, v in result.loaded.input_shapes.items()}},
+                   "input_shapes": {k: list(v) for k, v in result.loaded.input_shapes.items()},
+                   "layout_unpadded": result.layouts.unpadded if result.layouts is not None else []},
                   result.layouts.choices if result.layouts is not None else [])
 
 

@@ -57,6 +57,10 @@ class AnalyticalLayoutPrice:
     def conversion(self, graph: Graph, tensor: str) -> float:
         return self.device.launch + 2 * _bytes(graph, tensor) / self.device.bandwidth
 
+    def pad(self, graph: Graph, node: Node) -> bool:
+        """The alignment rule: a library kernel wants 16-byte channels."""
+        return True
+
     def strided(self, graph: Graph, tensor: str) -> float:
         # A generated kernel that reads or writes a tensor across its storage order pays little:
         # its tiled and strided-row schedules keep the accesses coalesced. Measured on the H100
@@ -85,12 +89,15 @@ class MeasuredLayoutPrice(AnalyticalLayoutPrice):
         self.db, self.profiler, self.device_name, self.versions = db, profiler, device_name, versions
         self.progress = progress
         self.templates = templates
-        self._seconds: dict[tuple[str, tuple[int, ...]], float] = {}
+        # (convolution, layout, channels padded) -> seconds
+        self._seconds: dict[tuple[str, tuple[int, ...], bool], float] = {}
         self.measured = 0
 
     def prepare(self, graph: Graph, convs: Sequence[Node], layouts: Sequence[tuple[int, ...]]) -> None:
-        """Measure every (convolution, layout) pair at once, so the profiler builds in parallel."""
-        jobs = {(n.name, lay): self._jobs(graph, n, lay) for n in convs for lay in layouts}
+        """Measure every (convolution, layout) pair at once, so the profiler builds in parallel:
+        a misaligned one channels-last both padded and as it is."""
+        jobs = {(n.name, lay, padded): self._jobs(graph, n, lay, padded) for n in convs for lay in layouts
+                for padded in ((False, True) if lay and padded_channels(graph, n) is not None else (False,))}
         before = len(self.db)
         got = tune([j for js in jobs.values() for j in js], self.profiler, self.db, progress=self.progress)
         self.measured += len(self.db) - before
@@ -98,15 +105,25 @@ class MeasuredLayoutPrice(AnalyticalLayoutPrice):
             s = min(got[j.key] for j in js)
             self._seconds[k] = s if math.isfinite(s) else FAILED_S
 
-    def conv(self, graph: Graph, node: Node, layout: tuple[int, ...]) -> float:
-        if (node.name, layout) not in self._seconds:
+    def _variants(self, graph: Graph, node: Node, layout: tuple[int, ...]) -> dict[bool, float]:
+        """Seconds of `node` in `layout`, by channels padded or not (the forms that apply)."""
+        forms = (False, True) if layout and padded_channels(graph, node) is not None else (False,)
+        if any((node.name, layout, p) not in self._seconds for p in forms):
             self.prepare(graph, [node], [layout])
-        return self._seconds[(node.name, layout)]
+        return {p: self._seconds[(node.name, layout, p)] for p in forms}
 
-    def _jobs(self, graph: Graph, node: Node, layout: tuple[int, ...]) -> list[Job]:
+    def conv(self, graph: Graph, node: Node, layout: tuple[int, ...]) -> float:
+        """The faster form: the layout pass pads where that is faster (`pad`)."""
+        return min(self._variants(graph, node, layout).values())
+
+    def pad(self, graph: Graph, node: Node) -> bool:
+        v = self._variants(graph, node, (0, 2, 3, 1))
+        return v.get(True, math.inf) <= v[False]
+
+    def _jobs(self, graph: Graph, node: Node, layout: tuple[int, ...], padded: bool) -> list[Job]:
         """The library call, then the best-ranked templates (with `templates`), of one convolution
-        in one layout; each shares the library job's signature."""
-        lib = self._job(graph, node, layout)
+        in one layout (its channels padded or not); each shares the library job's signature."""
+        lib = self._job(graph, node, layout, padded)
         if not self.templates:
             return [lib]
         (conv,), y = lib.prims, lib.outputs
@@ -114,14 +131,15 @@ class MeasuredLayoutPrice(AnalyticalLayoutPrice):
         return [lib] + [Job(Key(self.device_name, self.versions, lib.key.signature, _schedule_key(s)), lib.graph,
                             (conv,), (), y, s, self.precision) for s in ranked]
 
-    def _job(self, graph: Graph, node: Node, layout: tuple[int, ...]) -> Job:
-        """The convolution alone, its input and output stored in `layout` (part of the signature).
-        Channels-last, it is timed as the layout pass will run it: with its channels padded to
-        the library's alignment (`padded_channels`). Unpadded, a 3-channel output picks cuDNN's
-        unaligned kernels (candy's last convolution: 123 µs against 72 µs aligned, H100 tf32),
-        which kept a whole region in NCHW."""
+    def _job(self, graph: Graph, node: Node, layout: tuple[int, ...], padded: bool = False) -> Job:
+        """The convolution alone, its input and output stored in `layout` (part of the signature),
+        with its channels padded to the library's alignment (`padded_channels`) or as it is. Both
+        are timed where padding applies: cuDNN's fp16 kernels ran resnet50's first convolution
+        in 22 µs with 4 input channels and 39 µs with 8 (H100), and a template on a padded RGB
+        input does 8/3 times the work, where candy's last convolution padded or not still
+        picked cuDNN's slow channels-last kernels (118-148 µs against 83 NCHW, tf32)."""
         g = replace(graph, types=dict(graph.types), constants=dict(graph.constants))  # arrays shared
-        padding = padded_channels(graph, node) if layout else None
+        padding = padded_channels(graph, node) if layout and padded else None
         if padding is not None:
             node = self._padded(g, node, *padding)
         for t in (node.inputs[0], node.outputs[0]):

@@ -71,6 +71,11 @@ class LayoutPricer(Protocol):
         """What a generated kernel loses reading or writing `tensor` out of its storage order."""
         ...
 
+    def pad(self, graph: Graph, node: Node) -> bool:
+        """Whether channels-last convolution `node` should have its channels padded to the
+        library's alignment (`padded_channels`): whether it runs faster so."""
+        ...
+
 
 @dataclass
 class Region:
@@ -94,6 +99,7 @@ class LayoutResult:
     regions: list[Region] = field(default_factory=list)
     split_reductions: int = 0  # reductions over strided rows split in two levels (`_split_strided_reductions`)
     padded_matmuls: int = 0  # matmuls whose k or n was padded to the library's alignment (`_pad_matmuls`)
+    unpadded: list[str] = field(default_factory=list)  # misaligned channels-last convolutions left unpadded
 
     @property
     def choices(self) -> list[bool]:
@@ -108,6 +114,7 @@ class LayoutResult:
         cl = [r for r in self.regions if r.layout]
         return {"regions": len(self.regions), "channels_last_regions": len(cl),
                 "convs_channels_last": sum(len(r.convs) for r in cl), "convs_padded": sum(r.padded for r in cl),
+                "convs_unpadded": len(self.unpadded),
                 "convs": sum(len(r.convs) for r in self.regions), "conversions": self.conversions,
                 "split_reductions": self.split_reductions, "matmuls_padded": self.padded_matmuls,
                 "detail": [r.to_json() for r in self.regions]}
@@ -234,13 +241,15 @@ def price(graph: Graph, region: Region, pricer: LayoutPricer, wiring: _Wiring | 
 
 
 def assign_layouts(graph: Graph, pricer: LayoutPricer | None, policy: str = "auto",
-                   replay: list[bool] | None = None) -> LayoutResult:
+                   replay: list[bool] | None = None, unpadded: list[str] | None = None) -> LayoutResult:
     """`graph` with a storage layout on every tensor (a new graph when anything changes).
 
     policy "auto" prices each region; "nhwc" stores every region with a convolution channels-last;
     "nchw" keeps everything row-major. `replay` (one flag per region, in `regions` order, as
     `LayoutResult.choices` gives them) repeats an earlier choice without pricing: how an artifact
-    rebuilds its graph.
+    rebuilds its graph; `unpadded` (`LayoutResult.unpadded`) repeats its padding choice. Otherwise
+    a misaligned channels-last convolution is padded where the pricer says it runs faster so
+    (without a pricer, always).
     """
     if policy not in LAYOUT_POLICIES:
         raise ValueError(f"layout policy must be one of {LAYOUT_POLICIES}, got {policy!r}")
@@ -257,19 +266,23 @@ def assign_layouts(graph: Graph, pricer: LayoutPricer | None, policy: str = "aut
         if (replay[i] if replay is not None else policy == "nhwc" or r.gain_s > 0):
             r.layout = NHWC
     chosen = [r for r in found if r.layout]
+    if unpadded is None:
+        by_name = wiring.by_name if wiring else {}
+        unpadded = [c for r in chosen for c in r.convs if padded_channels(graph, by_name[c]) is not None
+                    and pricer is not None and replay is None and not pricer.pad(graph, by_name[c])]
     g = graph.clone()
     for r in chosen:
         for t in r.tensors:
             ty = g.types[t]
             g.types[t] = TensorType(ty.shape, ty.dtype, r.layout)
         r.conversions = _convert_conv_operands(g, r)
-        r.padded = _pad_conv_channels(g, r)
+        r.padded = _pad_conv_channels(g, r, set(unpadded))
     split = _split_strided_reductions(g) if chosen else 0
     matmuls = _pad_matmuls(g)
     if not chosen and not matmuls:
         return LayoutResult(graph, found)
     g.validate()
-    return LayoutResult(g, found, split, matmuls)
+    return LayoutResult(g, found, split, matmuls, list(unpadded))
 
 
 def _convert_conv_operands(g: Graph, region: Region) -> int:
@@ -346,14 +359,16 @@ def padded_channels(g: Graph, n: Node) -> tuple[int, int] | None:
     return None if (cp, op) == (c, o) else (cp, op)
 
 
-def _pad_conv_channels(g: Graph, region: Region) -> int:
+def _pad_conv_channels(g: Graph, region: Region, keep: set[str]) -> int:
     """Stored NHWC, a convolution's leading dimension is its channel count. Where that is not a
     multiple of 16 bytes (3 colour channels, a 150-label classifier), the library falls back to
     slow unaligned kernels, so the channels are padded with zeros: the input by a PAD primitive
     (which fuses into the kernel that writes it), the constant weight once here, and the
     output cut back by a SLICE that the next kernel reads through. Zero channels add nothing to
-    the result, so it is exact. Grouped convolutions keep their shape."""
-    convs = set(region.convs)
+    the result, so it is exact. Grouped convolutions keep their shape, and so do those in `keep`
+    (where the pricer found the padded form slower: a template on an RGB input does 8/3 times
+    the work padded, and cuDNN's fp16 kernels for 4 channels beat those for 8)."""
+    convs = set(region.convs) - keep
     padded_w: dict[tuple[str, int, int], str] = {}
     nodes: list[Node] = []
     count = 0

@@ -65,7 +65,8 @@ def rebuild_graph(model: Path | bytes, meta: dict[str, Any]) -> Graph:
     choices it recorded."""
     loaded = frontend_load(model, {k: tuple(v) for k, v in meta["input_shapes"].items()})
     graph = convert_precision(fission(loaded.graph).graph, meta["precision"])
-    return assign_layouts(graph, None, "nchw", replay=list(meta["layout_choices"])).graph
+    return assign_layouts(graph, None, "nchw", replay=list(meta["layout_choices"]),
+                          unpadded=list(meta.get("layout_unpadded", []))).graph
 
 
 def save_artifact(out: Path, graph: Graph, model: onnx.ModelProto, meta: dict[str, Any],
