@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from tessera.codegen.kernels import AnySchedule, ConvSchedule, GemmSchedule
-from tessera.codegen.select import KernelImpl, TritonLegality, implement
+from tessera.codegen.select import KernelImpl, TritonLegality, implement, operand_prologue
 from tessera.codegen.triton_ops import Unsupported
 from tessera.cost import AnalyticalCost, device
 from tessera.cost.db import TuningDB, default_db_path, software_versions
@@ -175,7 +175,7 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
     tuned: dict[str, AnySchedule] = {}
     tuned_s: dict[str, float] = {}
     plan = orchestrate(og, cost, strategy=opt.strategy, rules=CandidateRules(max_nodes=opt.max_kernel_nodes),
-                       legality=TritonLegality(),
+                       legality=TritonLegality(templates=isinstance(cost, MeasuredCost) and opt.templates == "auto"),
                        solver=opt.solver, time_limit=opt.time_limit, max_states=opt.max_states,
                        model=loaded.label, device=device_name, precision=opt.precision, cost_model=cost_kind,
                        progress=progress)
@@ -250,9 +250,12 @@ def generate_kernels(graph: Graph, plan: Plan, tuned: Mapping[str, AnySchedule] 
     by_name = {n.name: n for n in graph.nodes}
     out = []
     for k in plan.kernels:
+        prims, pro = [by_name[n] for n in k.prims], [by_name[n] for n in k.prologue]
+        schedule = (tuned or {}).get(k.name)
+        if schedule is None and operand_prologue(prims):  # only a template computes it: its best-ranked
+            schedule = next(iter(template_space(graph, prims, pro, k.outputs, plan.precision, None)), None)
         try:
-            out.append(implement(graph, [by_name[n] for n in k.prims], [by_name[n] for n in k.prologue],
-                                 k.outputs, k.name, k.source_nodes, (tuned or {}).get(k.name), plan.precision))
+            out.append(implement(graph, prims, pro, k.outputs, k.name, k.source_nodes, schedule, plan.precision))
         except Unsupported as e:
             raise TesseraError(f"kernel {k.name} ({', '.join(k.prims)}) has no code: {e}") from None
     return out

@@ -363,6 +363,43 @@ def test_measured_compile_picks_conv_templates_and_the_artifact_reloads_them(tmp
 
 
 @pytest.mark.slow
+class ConvPrologueProfiler:
+    """Convolution templates cost 1.5 us whatever they fuse, other kernels 1 us per primitive; a
+    library job holding an operand prologue fails, as the real profiler's build would."""
+
+    def measure(self, jobs: list[Job], record) -> None:
+        from tessera.codegen.select import operand_prologue
+
+        for i, j in enumerate(jobs):
+            if not isinstance(j.schedule, ConvSchedule) and any(n.op == "conv" for n in j.prims) \
+                    and operand_prologue(j.prims):
+                record(i, float("inf"), "a library call cannot compute its operands' prologue")
+            else:
+                record(i, 1.5e-6 if isinstance(j.schedule, ConvSchedule) else 1e-6 * len(j.prims), "")
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_a_normalization_apply_and_relu_fuse_into_the_convolution_template(tmp_path, monkeypatch, layout):
+    # relu(x * s + t) -> conv: a BatchNorm's apply and its ReLU before a convolution (pre-activation
+    # ResNets), computed while the template gathers its input tile.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
+    monkeypatch.setattr(compiler, "new_profiler", lambda opt: ConvPrologueProfiler())
+    x = rand(1, 8, 9, 9, seed=70)
+    model = graph_model([helper.make_node("Mul", ["x", "s"], ["xs"]), helper.make_node("Add", ["xs", "t"], ["xt"]),
+                         helper.make_node("Relu", ["xt"], ["xr"]),
+                         helper.make_node("Conv", ["xr", "w"], ["out"], pads=[1, 1, 1, 1])],
+                        {"x": x, "s": Const(rand(1, 8, 1, 1, seed=71)), "t": Const(rand(1, 8, 1, 1, seed=72)),
+                         "w": Const(rand(16, 8, 3, 3, seed=73, lo=-0.5, hi=0.5))}, ["out"])
+    result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db"), layout=layout))
+    conv = next(k for k in result.kernels if any(n.op == "conv" for n in k.prims))
+    assert conv.backend == "template" and {"mul", "add", "max"} <= {n.op for n in conv.prims}
+    out = tmp_path / "art"
+    compiler.write_artifacts(result, out)
+    ref = run_onnxruntime(model, {"x": x})["out"]
+    assert rel_l2(run_exe(tessera.load(out, DEVICE), {"x": x})[0], ref) < TOLERANCE["fp32"]
+
+
 def test_candy_small_with_every_conv_on_its_template(monkeypatch):
     # The largest tiles whose dots stay single-threaded in the interpreter (see the module doc).
     from tessera.cost import schedule_model

@@ -9,6 +9,7 @@ and a whole model with every matmul kernel forced onto its template.
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import onnx
@@ -464,6 +465,64 @@ def test_the_binary_program_weighs_template_costs(tmp_path, monkeypatch):
     assert rel_l2(run_exe(exe, {"x": x})[0], run_onnxruntime(model, {"x": x})["out"]) < TOLERANCE["fp32"]
 
 
+class PrologueProfiler:
+    """A kernel costs 1 us per primitive outside a template; a template 1.5 us whatever it fuses.
+    A library job that cannot run (an operand prologue) fails, as the real profiler's would."""
+
+    def __init__(self) -> None:
+        self.failed = 0
+
+    def measure(self, jobs: list[Job], record) -> None:
+        from tessera.codegen.select import operand_prologue
+
+        for i, j in enumerate(jobs):
+            if not isinstance(j.schedule, GemmSchedule) and any(n.op == "matmul" for n in j.prims) \
+                    and operand_prologue(j.prims):
+                self.failed += 1
+                record(i, math.inf, "a library call cannot compute its operands' prologue")
+            else:
+                record(i, 1.5e-6 if isinstance(j.schedule, GemmSchedule) else 1e-6 * len(j.prims), "")
+
+
+def test_an_operand_prologue_fuses_into_a_measured_template(tmp_path, monkeypatch):
+    # relu(x * s + t) @ w: three elementwise primitives feed the matmul's A operand. With templates
+    # measured, the binary program may put them in the matmul's kernel, computed as A is loaded
+    # (issue 14: prologue fusion); the library cannot, so its job fails and the template prices it.
+    prof = PrologueProfiler()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
+    monkeypatch.setattr(compiler, "new_profiler", lambda opt: prof)
+    x, sc = rand(13, 31, seed=60), rand(13, 1, seed=61)
+    model = graph_model([helper.make_node("Mul", ["x", "s"], ["xs"]), helper.make_node("Add", ["xs", "t"], ["xt"]),
+                         helper.make_node("Relu", ["xt"], ["xr"]), helper.make_node("MatMul", ["xr", "w"], ["out"])],
+                        {"x": x, "s": sc, "t": Const(rand(31, seed=62)), "w": Const(rand(31, 17, seed=63))}, ["out"])
+    result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db")))
+    (k,) = result.kernels
+    assert k.backend == "template" and {n.op for n in k.prims} >= {"mul", "add", "max", "matmul"}
+    assert prof.failed > 0  # the library form of a prologue candidate was tried and refused
+    feeds = {"x": x, "s": sc}
+    ref = run_onnxruntime(model, feeds)["out"]
+    out = tmp_path / "art"
+    write_artifacts(result, out)
+    assert rel_l2(run_exe(tessera.load(out, DEVICE), feeds)[0], ref) < TOLERANCE["fp32"]
+    # Without templates, or with analytical costs, no kernel holds an operand prologue.
+    for opts in (CompileOptions(cost="measured", db=str(tmp_path / "t.db"), templates="off"),
+                 CompileOptions(cost="analytical")):
+        plain = compile_model(model, opts)
+        assert len(plain.kernels) == 2 and all(k.backend != "template" for k in plain.kernels)
+
+
+def test_the_library_refuses_an_operand_prologue():
+    x = rand(13, 31, seed=64)
+    model = graph_model([helper.make_node("Relu", ["x"], ["xr"]), helper.make_node("MatMul", ["xr", "w"], ["out"])],
+                        {"x": x, "w": Const(rand(31, 17, seed=65))}, ["out"])
+    g = fission(load(model).graph).graph
+    og = build_ograph(g)
+    prims = list(og.nodes)
+    with pytest.raises(Unsupported, match="cannot compute its operands' prologue"):
+        implement(g, prims, prologue_of(og, prims), ["out"], "k0")
+
+
 def test_measured_compile_keeps_the_library_when_it_is_faster(tmp_path, fake_gpu, monkeypatch):
     monkeypatch.setattr(fake_gpu, "measure", lambda jobs, record: [
         record(i, 1e-5 if isinstance(j.schedule, GemmSchedule) else 1e-6, "") for i, j in enumerate(jobs)])
@@ -512,3 +571,27 @@ def test_a_template_candidate_that_disagrees_with_the_library_fails_its_build():
     assert "wrong result" in template_disagreement(mini, plan, feeds, off, DEVICE)
     library = {**plan, "kernels": [{k: v for k, v in plan["kernels"][0].items() if k != "schedule"}]}
     assert template_disagreement(mini, library, feeds, off, DEVICE) == ""  # only templates are checked
+
+
+def test_a_prologue_template_is_checked_against_the_prologue_then_the_library():
+    # No library call computes an operand prologue: the reference runs it as a generated kernel
+    # first, then the library call, so a prologue candidate can pass its check (and fail it).
+    from tessera.cost.db import Key
+    from tessera.cost.profiler import _inputs, kernel_graph, template_disagreement
+    from tessera.runtime.executable import Executable
+
+    model = graph_model([helper.make_node("Mul", ["x", "s"], ["xs"]), helper.make_node("Relu", ["xs"], ["xr"]),
+                         helper.make_node("MatMul", ["xr", "w"], ["out"])],
+                        {"x": rand(13, 31, seed=66), "s": Const(rand(31, seed=67)), "w": Const(rand(31, 17, seed=68))},
+                        ["out"])
+    g = fission(load(model).graph).graph
+    og = build_ograph(g)
+    prims = list(og.nodes)
+    pro = prologue_of(og, prims)
+    s = rank_templates(g, pro + prims, ["out"], "fp32")[0]
+    mini, plan = kernel_graph(Job(Key("d", "v", "sig", "s"), g, tuple(prims), tuple(pro), ("out",), s))
+    use_interpreter(torch.device(DEVICE))
+    feeds = _inputs(mini, DEVICE, 0)
+    got = Executable(mini, plan, DEVICE, cuda_graph=False)._launch(feeds)
+    assert template_disagreement(mini, plan, feeds, got, DEVICE) == ""
+    assert "wrong result" in template_disagreement(mini, plan, feeds, {t: v * 1.01 for t, v in got.items()}, DEVICE)

@@ -125,6 +125,10 @@ def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], out
         return KernelImpl(name, "template", prims, prologue, list(outputs), linear=root,
                           triton=generate_conv(graph, nodes, outputs, name, schedule, sources, precision))
     if root is not None:
+        pre = operand_prologue(prims)
+        if pre:
+            raise Unsupported(f"{root.name}: a library call cannot compute its operands' prologue "
+                              f"({', '.join(n.name for n in pre)}); a template schedule can")
         impl = KernelImpl(name, "linear", prims, prologue, list(outputs), linear=root)
         impl.bias, impl.fused, impl.relu = _library_epilogue(graph, nodes, prologue, root, outputs)
         done = {root.name} | {n.name for n in impl.fused}
@@ -211,10 +215,14 @@ def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[No
 
 
 class TritonLegality:
-    """StructuralLegality, then: a kernel of several primitives must have a Triton form."""
+    """StructuralLegality, then: a kernel of several primitives must have a Triton form.
 
-    def __init__(self) -> None:
-        self.structural = StructuralLegality()
+    With `templates`, a linear kernel may compute its operands' prologue (`StructuralLegality`'s
+    `prologues`); such a kernel has only a template form, which the best-ranked template schedule
+    must generate."""
+
+    def __init__(self, templates: bool = False) -> None:
+        self.structural = StructuralLegality(prologues=templates)
         self.cache: dict[int, str | None] = {}
 
     def check(self, og: OGraph, mask: int) -> str | None:
@@ -229,8 +237,34 @@ class TritonLegality:
     def _generate(self, og: OGraph, mask: int) -> str | None:
         prims = [og.nodes[i] for i in bits(mask)]
         outputs = [o for i in bits(og.consumers_outside(mask) | og.sinks(mask)) for o in og.nodes[i].outputs if o]
+        pro = prologue_of(og, prims)
+        schedule = None
+        if operand_prologue(prims):
+            from tessera.cost.schedule_model import rank_templates  # cost/ builds on codegen/
+
+            ranked = rank_templates(og.graph, pro + prims, outputs)
+            if not ranked:
+                return "an operand prologue needs a template form"
+            schedule = ranked[0]
         try:
-            implement(og.graph, prims, prologue_of(og, prims), outputs, "legality")
+            implement(og.graph, prims, pro, outputs, "legality", (), schedule)
         except Unsupported as e:
             return str(e)
         return None
+
+
+def operand_prologue(prims: Sequence[Node]) -> list[Node]:
+    """The primitives of a linear kernel that compute its operands (before the linear primitive),
+    not counting the free prologue (which `prims` does not hold): only a template computes them."""
+    root = _linear_root(prims)
+    if root is None:
+        return []
+    producer = {o: n for n in prims for o in n.outputs}
+    found: dict[str, Node] = {}
+    todo = [t for t in root.inputs if t]
+    while todo:
+        n = producer.get(todo.pop())
+        if n is not None and n is not root and n.name not in found:
+            found[n.name] = n
+            todo.extend(t for t in n.inputs if t)
+    return list(found.values())

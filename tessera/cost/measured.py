@@ -290,10 +290,12 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
         try:
             impl = implement(graph, prims, prologue, outputs, name)
         except Unsupported:
-            continue
-        ks = impl.triton
+            impl = None  # no library or generated form: a kernel with an operand prologue has templates only
+        ks = impl.triton if impl is not None else None
         tpl = template_space(graph, prims, prologue, outputs, precision, gpu) \
-            if templates and impl.backend == "linear" else []
+            if templates and (impl is None or impl.backend == "linear") else []
+        if impl is None and not tpl:
+            continue
         if ks is None and not tpl:
             continue
         sig = kernel_signature(graph, prims, prologue, outputs, math_mode(prims, precision))
@@ -323,7 +325,7 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
                 firsts[lane] -= 1
         elif known:  # the library call alone: the candidate's own measurement
             measured[name].append((None, default.seconds))
-        else:
+        elif impl is not None:
             lanes[(name, "library")], firsts[(name, "library")] = [job(None)], 1
         if tpl:
             lanes[(name, "template")], firsts[(name, "template")] = [job(s) for s in tpl[:most]], first

@@ -199,7 +199,7 @@ def template_disagreement(mini: Graph, plan: dict[str, Any], feeds: dict[str, An
     from tessera.runtime.executable import Executable
     from tessera.tolerance import AGREEMENT, rel_l2
 
-    library = {**plan, "kernels": [{k: v for k, v in kernel.items() if k != "schedule"}]}
+    library = {**plan, "kernels": _library_kernels(mini, kernel)}
     ref_exe = Executable(mini, library, device, cuda_graph=False)
     with ref_exe.precision_flags():
         ref = ref_exe._launch(feeds)
@@ -209,6 +209,25 @@ def template_disagreement(mini: Graph, plan: dict[str, Any], feeds: dict[str, An
         if not err <= bound:
             return f"wrong result: {t} is {err:.2g} (rel L2) from the library's, over {bound:g}"
     return ""
+
+
+def _library_kernels(mini: Graph, kernel: dict[str, Any]) -> list[dict[str, Any]]:
+    """The template kernel's reference as plan kernels for the library: itself without its schedule,
+    or, where it computes its operands' prologue (which no library call can), that prologue as a
+    generated kernel first."""
+    from tessera.codegen.select import operand_prologue
+
+    by_name = {n.name: n for n in mini.nodes}
+    pre = operand_prologue([by_name[n] for n in kernel["prims"]])
+    rest = {k: v for k, v in kernel.items() if k != "schedule"}
+    if not pre:
+        return [rest]
+    names = {n.name for n in pre}
+    made = {o for n in pre for o in n.outputs}
+    read = {t for n in mini.nodes if n.name not in names for t in n.inputs}
+    first = {"name": "ref_prologue", "prims": [n.name for n in pre], "prologue": list(kernel["prologue"]),
+             "outputs": sorted(made & read)}
+    return [first, {**rest, "prims": [n for n in kernel["prims"] if n not in names]}]
 
 
 def _replay_seconds(graph: Any) -> float:

@@ -76,10 +76,15 @@ class StructuralLegality:
     A kernel with a linear primitive holds only that primitive and an epilogue
     computed from its result (elementwise and reshape primitives that read it,
     directly or through each other), as GEMM/conv templates with fused
-    epilogues allow. Reductions in one kernel share one shape and one set of
-    axes (one reduction loop), and a pooling window does not mix with them.
-    Everything else (elementwise, layout) may mix.
+    epilogues allow; with `prologues`, also elementwise and reshape primitives
+    that feed its operands (a template computes them while it loads the
+    operand tile; the library cannot). Reductions in one kernel share one shape
+    and one set of axes (one reduction loop), and a pooling window does not mix
+    with them. Everything else (elementwise, layout) may mix.
     """
+
+    def __init__(self, prologues: bool = False) -> None:
+        self.prologues = prologues
 
     def check(self, og: OGraph, mask: int) -> str | None:
         g = og.graph
@@ -96,8 +101,9 @@ class StructuralLegality:
             cat = Prim(og.nodes[i].op).category
             if not (cat is Category.ELEMENTWISE or og.nodes[i].op in (Prim.RESHAPE.value, Prim.BROADCAST.value)):
                 return f"{og.nodes[i].op} cannot join a linear kernel"
-            if not (og.anc[i] >> root) & 1:
-                return f"{og.nodes[i].name} is not computed from the linear result (only epilogues fuse)"
+            if (og.anc[i] >> root) & 1 or (self.prologues and (og.desc[i] >> root) & 1):
+                continue  # an epilogue, or an operand prologue
+            return f"{og.nodes[i].name} is neither computed from the linear result nor feeds its operands"
         return None
 
 
