@@ -51,6 +51,9 @@ class CompileOptions:
     # (every such kernel that has a template form runs its best-ranked one, in any compile: for tests
     # and experiments)
     templates: str = "auto"
+    # With measured templates: elementwise primitives that feed a matmul or convolution operand may
+    # join its kernel, computed as the template loads the tile (off: epilogues only, for A/B runs)
+    prologues: bool = True
     gpu: str = "h100"
     precision: str = "fp32"
     layout: str = "auto"  # storage layouts: "auto" (by cost), "nchw" (all row-major), "nhwc" (conv regions channels-last)
@@ -175,7 +178,8 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
     tuned: dict[str, AnySchedule] = {}
     tuned_s: dict[str, float] = {}
     plan = orchestrate(og, cost, strategy=opt.strategy, rules=CandidateRules(max_nodes=opt.max_kernel_nodes),
-                       legality=TritonLegality(templates=isinstance(cost, MeasuredCost) and opt.templates == "auto"),
+                       legality=TritonLegality(templates=isinstance(cost, MeasuredCost) and opt.templates == "auto"
+                                               and opt.prologues),
                        solver=opt.solver, time_limit=opt.time_limit, max_states=opt.max_states,
                        model=loaded.label, device=device_name, precision=opt.precision, cost_model=cost_kind,
                        progress=progress)

@@ -485,6 +485,8 @@ class PrologueProfiler:
 
 
 def test_an_operand_prologue_fuses_into_a_measured_template(tmp_path, monkeypatch):
+    from tessera.codegen.select import operand_prologue
+
     # relu(x * s + t) @ w: three elementwise primitives feed the matmul's A operand. With templates
     # measured, the binary program may put them in the matmul's kernel, computed as A is loaded
     # (issue 14: prologue fusion); the library cannot, so its job fails and the template prices it.
@@ -505,11 +507,12 @@ def test_an_operand_prologue_fuses_into_a_measured_template(tmp_path, monkeypatc
     out = tmp_path / "art"
     write_artifacts(result, out)
     assert rel_l2(run_exe(tessera.load(out, DEVICE), feeds)[0], ref) < TOLERANCE["fp32"]
-    # Without templates, or with analytical costs, no kernel holds an operand prologue.
+    # Without templates, with prologues off, or with analytical costs, no kernel holds an operand prologue.
     for opts in (CompileOptions(cost="measured", db=str(tmp_path / "t.db"), templates="off"),
+                 CompileOptions(cost="measured", db=str(tmp_path / "t.db"), prologues=False),
                  CompileOptions(cost="analytical")):
         plain = compile_model(model, opts)
-        assert len(plain.kernels) == 2 and all(k.backend != "template" for k in plain.kernels)
+        assert len(plain.kernels) == 2 and not any(operand_prologue(k.prims) for k in plain.kernels)
 
 
 def test_the_library_refuses_an_operand_prologue():

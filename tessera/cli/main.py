@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GEMM and convolution templates for matmul and 2-D conv kernels: auto (a measured "
                         "compile times them beside the library call and keeps the faster), off, or force "
                         "(every such kernel that has one)")
+    p.add_argument("--prologues", choices=["on", "off"], default="on",
+                   help="with measured templates, let elementwise primitives that feed a matmul or "
+                        "convolution operand join its kernel (off: epilogues only)")
     p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
     p.add_argument("--time-limit", type=_positive, default=60.0, help="seconds per subgraph solve")
     p.add_argument("--max-states", type=_count(1), default=2000, help="execution states per subgraph")
@@ -153,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vs", default="eager,inductor,inductor-cudagraphs",
                    help="peers: eager, inductor, inductor-cudagraphs, inductor-max-autotune")
     p.add_argument("--strategy", default="optimal,greedy",
-                   help="tessera strategies to time; NAME-notemplates times NAME with templates off")
+                   help="tessera strategies to time; NAME-notemplates times NAME with templates off, "
+                        "NAME-noprologues with templates but no operand prologues")
     p.add_argument("--cost", choices=["auto", "analytical", "measured"], default="auto")
     p.add_argument("--db", help="tuning database")
     p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
@@ -316,7 +320,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                           solver=args.solver, time_limit=args.time_limit, max_states=args.max_states,
                           max_kernel_nodes=args.max_kernel_nodes, input_shapes=parse_input_shapes(args.input_shape),
                           db=args.db, tune_workers=args.tune_workers, tune=args.tune, layout=args.layout,
-                          templates=args.templates)
+                          templates=args.templates, prologues=args.prologues == "on")
     quiet = not sys.stderr.isatty()
     # Each bar opens once its total is known and keeps it: orchestration counts primitives (known
     # once partitioned; a split subgraph changes no total), tuning one bar per batch of measurements.
