@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from tessera.codegen.kernels import AnySchedule, ConvSchedule, GemmSchedule, KernelSource, Schedule, TemplateSchedule
-from tessera.codegen.select import prologue_of
+from tessera.codegen.select import operand_prologue, prologue_of
 from tessera.cost.db import Key, TuningDB
 from tessera.cost.devices import Device
 from tessera.ir.graph import Graph, Node
@@ -173,6 +173,12 @@ class MeasuredCost:
         return Job(Key(self.device, self.versions, sig, key), self.og.graph, tuple(prims), tuple(pro),
                    tuple(outs), sched, self.precision)
 
+    def library_job(self, c: Candidate) -> Job | None:
+        """The candidate as the library call or a generated kernel (`job`); None for a candidate
+        that computes a linear primitive's operand prologue, which only a template can."""
+        j = self.job(c)
+        return None if operand_prologue(j.prims) else j
+
     def template_job(self, c: Candidate) -> Job | None:
         """The candidate as its best-ranked template (None: templates off, or no template form).
         It shares the library job's signature, so `tune_schedules` finds it measured."""
@@ -213,18 +219,19 @@ class MeasuredCost:
     def prepare(self, candidates: Sequence[Candidate]) -> None:
         t0 = time.perf_counter()
         new = list({(c.nodes, c.outputs): c for c in candidates if (c.nodes, c.outputs) not in self._cache}.values())
-        jobs = [self.job(c) for c in new]
+        jobs = [self.library_job(c) for c in new]
         tjobs = [self.template_job(c) for c in new]
         before = len(self.db)
-        got = tune(jobs + [t for t in tjobs if t is not None], self.profiler, self.db, progress=self.progress)
+        got = tune([j for j in jobs + tjobs if j is not None], self.profiler, self.db, progress=self.progress)
         for c, j, t in zip(new, jobs, tjobs):
-            lib, tpl = got[j.key], got[t.key] if t is not None else math.inf
+            lib = got[j.key] if j is not None else math.inf
+            tpl = got[t.key] if t is not None else math.inf
             self._cache[(c.nodes, c.outputs)] = min(lib, tpl)
             self.stats["template_candidates"] += t is not None
             self.stats["templates_faster"] += tpl < lib
         self.stats["candidates"] += len(new)
         self.stats["measured"] += len(self.db) - before
-        self.stats["failed"] += sum(1 for j in jobs if not math.isfinite(got[j.key]))
+        self.stats["failed"] += sum(1 for j in jobs if j is not None and not math.isfinite(got[j.key]))
         self.stats["seconds"] += time.perf_counter() - t0
         logger.info("tuning: %d candidates, %d measured now, %.1f s", len(new), len(self.db) - before,
                     time.perf_counter() - t0)
@@ -235,7 +242,7 @@ class MeasuredCost:
         if k in self._cache:
             return True
         t = self.template_job(c)
-        recs = [self.db.get(j.key) for j in (self.job(c), t) if j is not None]
+        recs = [self.db.get(j.key) for j in (self.library_job(c), t) if j is not None]
         if any(r is None for r in recs):
             return False
         self._cache[k] = min(r.seconds for r in recs if r is not None)
