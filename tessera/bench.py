@@ -161,8 +161,8 @@ def bench(model: str, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
         ms = median_ms(lambda: exe.run_static(feeds), dev)
         entries.append(Entry(f"tessera-{strategy}", ms, err, ok, extra={
             "kernels": len(exe.steps), "backends": exe.backends, "compile_s": round(compile_s, 2),
-            "cost_model": result.plan.cost_model, "tuning": result.tuning, "layouts": result.layouts.summary() if result.layouts else None,
-            "profile": kernel_profile(result)}))
+            "cost_model": result.plan.cost_model, "tuning": result.tuning,
+            "layouts": result.layouts.summary() if result.layouts else None, "profile": kernel_profile(result)}))
         if run_profile:
             entries[-1].extra["run_profile"] = profile_executable(exe, feeds, reps).to_json()
     if module is not None:

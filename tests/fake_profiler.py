@@ -80,6 +80,25 @@ class PooledFakeProfiler(FakeProfiler):
         self.pool.close()
 
 
+class TemplatePrologueProfiler:
+    """Templates of `template` (a schedule class) cost 1.5 us whatever they fuse, other kernels 1 us
+    per primitive. A library job holding an operand prologue fails, as the real profiler's build
+    would; `failed` counts them (the compiler should form none)."""
+
+    def __init__(self, template: type) -> None:
+        self.template, self.failed = template, 0
+
+    def measure(self, jobs: Sequence[Job], record: Record) -> None:
+        from tessera.codegen.select import operand_prologue
+
+        for i, j in enumerate(jobs):
+            if not isinstance(j.schedule, self.template) and operand_prologue(j.prims):
+                self.failed += 1
+                record(i, math.inf, "a library call cannot compute its operands' prologue")
+            else:
+                record(i, 1.5e-6 if isinstance(j.schedule, self.template) else 1e-6 * len(j.prims), "")
+
+
 def plan_with(model: str, db_path: str, log: str | None, delay: float) -> list[list[str]]:
     from tessera.cost.db import TuningDB
     from tessera.codegen.select import TritonLegality

@@ -18,6 +18,7 @@ import onnx
 import pytest
 import torch
 from onnx import helper
+from fake_profiler import TemplatePrologueProfiler
 from opcheck import Const, graph_model, models_dir, rand
 from kernelcheck import DEVICE
 from test_gemm_template import check_template_round_trip, run_exe, run_template
@@ -363,28 +364,13 @@ def test_measured_compile_picks_conv_templates_and_the_artifact_reloads_them(tmp
 
 
 @pytest.mark.slow
-class ConvPrologueProfiler:
-    """Convolution templates cost 1.5 us whatever they fuse, other kernels 1 us per primitive; a
-    library job holding an operand prologue fails, as the real profiler's build would."""
-
-    def measure(self, jobs: list[Job], record) -> None:
-        from tessera.codegen.select import operand_prologue
-
-        for i, j in enumerate(jobs):
-            if not isinstance(j.schedule, ConvSchedule) and any(n.op == "conv" for n in j.prims) \
-                    and operand_prologue(j.prims):
-                record(i, float("inf"), "a library call cannot compute its operands' prologue")
-            else:
-                record(i, 1.5e-6 if isinstance(j.schedule, ConvSchedule) else 1e-6 * len(j.prims), "")
-
-
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_a_normalization_apply_and_relu_fuse_into_the_convolution_template(tmp_path, monkeypatch, layout):
     # relu(x * s + t) -> conv: a BatchNorm's apply and its ReLU before a convolution (pre-activation
     # ResNets), computed while the template gathers its input tile.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
-    monkeypatch.setattr(compiler, "new_profiler", lambda opt: ConvPrologueProfiler())
+    monkeypatch.setattr(compiler, "new_profiler", lambda opt: TemplatePrologueProfiler(ConvSchedule))
     x = rand(1, 8, 9, 9, seed=70)
     model = graph_model([helper.make_node("Mul", ["x", "s"], ["xs"]), helper.make_node("Add", ["xs", "t"], ["xt"]),
                          helper.make_node("Relu", ["xt"], ["xr"]),

@@ -9,7 +9,6 @@ and a whole model with every matmul kernel forced onto its template.
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import onnx
@@ -17,6 +16,7 @@ import pytest
 import torch
 from kernelcheck import DEVICE
 from onnx import helper
+from fake_profiler import TemplatePrologueProfiler
 from opcheck import Const, graph_model, models_dir, rand
 
 import tessera
@@ -465,32 +465,13 @@ def test_the_binary_program_weighs_template_costs(tmp_path, monkeypatch):
     assert rel_l2(run_exe(exe, {"x": x})[0], run_onnxruntime(model, {"x": x})["out"]) < TOLERANCE["fp32"]
 
 
-class PrologueProfiler:
-    """A kernel costs 1 us per primitive outside a template; a template 1.5 us whatever it fuses.
-    A library job that cannot run (an operand prologue) fails, as the real profiler's would."""
-
-    def __init__(self) -> None:
-        self.failed = 0
-
-    def measure(self, jobs: list[Job], record) -> None:
-        from tessera.codegen.select import operand_prologue
-
-        for i, j in enumerate(jobs):
-            if not isinstance(j.schedule, GemmSchedule) and any(n.op == "matmul" for n in j.prims) \
-                    and operand_prologue(j.prims):
-                self.failed += 1
-                record(i, math.inf, "a library call cannot compute its operands' prologue")
-            else:
-                record(i, 1.5e-6 if isinstance(j.schedule, GemmSchedule) else 1e-6 * len(j.prims), "")
-
-
 def test_an_operand_prologue_fuses_into_a_measured_template(tmp_path, monkeypatch):
     from tessera.codegen.select import operand_prologue
 
     # relu(x * s + t) @ w: three elementwise primitives feed the matmul's A operand. With templates
     # measured, the binary program may put them in the matmul's kernel, computed as A is loaded
     # (issue 14: prologue fusion); the library cannot, so only its template prices the candidate.
-    prof = PrologueProfiler()
+    prof = TemplatePrologueProfiler(GemmSchedule)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
     monkeypatch.setattr(compiler, "new_profiler", lambda opt: prof)

@@ -18,15 +18,13 @@ import math
 from dataclasses import replace
 from typing import Callable, Sequence
 
-import numpy as np
-
 from tessera.cost.analytical import cudnn_nchw_conversions, tensor_cores
 from tessera.cost.db import Key, TuningDB
 from tessera.cost.devices import Device
 from tessera.cost.measured import (FAILED_S, Job, Profiler, _schedule_key, kernel_signature, math_mode,
                                    template_space, tune)
 from tessera.ir.graph import Graph, Node, TensorType
-from tessera.orchestrate.layout import padded_channels
+from tessera.orchestrate.layout import padded_channels, zero_padded
 
 
 # The fraction of one extra pass over a tensor that strided access costs a generated kernel.
@@ -70,6 +68,12 @@ class AnalyticalLayoutPrice:
         return STRIDED_PASS * _bytes(graph, tensor) / self.device.bandwidth
 
 
+def _forms(graph: Graph, node: Node, layout: tuple[int, ...]) -> tuple[bool, ...]:
+    """Channels padded or not, the forms a convolution is timed in: both where it is misaligned
+    and stored channels-last (`padded_channels`), else as it is."""
+    return (False, True) if layout and padded_channels(graph, node) is not None else (False,)
+
+
 TEMPLATE_PRICES = 3  # best-ranked convolution templates timed per (convolution, layout)
 
 
@@ -97,7 +101,7 @@ class MeasuredLayoutPrice(AnalyticalLayoutPrice):
         """Measure every (convolution, layout) pair at once, so the profiler builds in parallel:
         a misaligned one channels-last both padded and as it is."""
         jobs = {(n.name, lay, padded): self._jobs(graph, n, lay, padded) for n in convs for lay in layouts
-                for padded in ((False, True) if lay and padded_channels(graph, n) is not None else (False,))}
+                for padded in _forms(graph, n, lay)}
         before = len(self.db)
         got = tune([j for js in jobs.values() for j in js], self.profiler, self.db, progress=self.progress)
         self.measured += len(self.db) - before
@@ -107,7 +111,7 @@ class MeasuredLayoutPrice(AnalyticalLayoutPrice):
 
     def _variants(self, graph: Graph, node: Node, layout: tuple[int, ...]) -> dict[bool, float]:
         """Seconds of `node` in `layout`, by channels padded or not (the forms that apply)."""
-        forms = (False, True) if layout and padded_channels(graph, node) is not None else (False,)
+        forms = _forms(graph, node, layout)
         if any((node.name, layout, p) not in self._seconds for p in forms):
             self.prepare(graph, [node], [layout])
         return {p: self._seconds[(node.name, layout, p)] for p in forms}
@@ -156,9 +160,7 @@ class MeasuredLayoutPrice(AnalyticalLayoutPrice):
         xt, wt, yt = g.types[x], g.types[w], g.types[y]
         names = (f"{x}/price/padded{cp}", f"{w}/price/padded{op}x{cp}", f"{y}/price/padded{op}")
         g.types[names[0]] = TensorType((xt.shape[0], cp, *xt.shape[2:]), xt.dtype)
-        g.types[names[1]] = TensorType((op, cp, *wt.shape[2:]), wt.dtype)
+        zero_padded(g, w, (op, cp, *wt.shape[2:]), names[1], "", node.source)  # a constant: padded here
         g.types[names[2]] = TensorType((yt.shape[0], op, *yt.shape[2:]), yt.dtype)
-        widths = [(0, n - m) for m, n in zip(wt.shape, g.types[names[1]].shape)]
-        g.constants[names[1]] = np.pad(g.constants[w], widths)
         return Node(node.name, node.op, (names[0], names[1], *node.inputs[2:]), (names[2],), dict(node.attrs),
                     node.domain, node.source)

@@ -301,8 +301,6 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
         ks = impl.triton if impl is not None else None
         tpl = template_space(graph, prims, prologue, outputs, precision, gpu) \
             if templates and (impl is None or impl.backend == "linear") else []
-        if impl is None and not tpl:
-            continue
         if ks is None and not tpl:
             continue
         sig = kernel_signature(graph, prims, prologue, outputs, math_mode(prims, precision))

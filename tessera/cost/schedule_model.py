@@ -229,9 +229,10 @@ def _rank_conv(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], root
     # best: it compares schedules of one form far better than the two forms, so both get measured.
     # (The direct form on a channels-last multi-channel input reads strided columns: 4-8x slower,
     # H100 probe; it is ranked out of the heads.)
-    heads = [s for s in list({s.block_k == 0: s for s in reversed(ranked)}.values())
-             if seconds[s] <= FORM_SLACK * seconds[ranked[0]]]
-    heads.sort(key=ranked.index)
+    firsts: dict[bool, ConvSchedule] = {}
+    for s in ranked:  # each form's best, in rank order
+        firsts.setdefault(s.block_k == 0, s)
+    heads = [s for s in firsts.values() if seconds[s] <= FORM_SLACK * seconds[ranked[0]]]
     return heads + [s for s in ranked if s not in heads]
 
 

@@ -266,10 +266,12 @@ def assign_layouts(graph: Graph, pricer: LayoutPricer | None, policy: str = "aut
         if (replay[i] if replay is not None else policy == "nhwc" or r.gain_s > 0):
             r.layout = NHWC
     chosen = [r for r in found if r.layout]
-    if unpadded is None:
+    if unpadded is None and (pricer is None or replay is not None):
+        unpadded = []  # the alignment rule: pad every misaligned one
+    elif unpadded is None:
         by_name = wiring.by_name if wiring else {}
         unpadded = [c for r in chosen for c in r.convs if padded_channels(graph, by_name[c]) is not None
-                    and pricer is not None and replay is None and not pricer.pad(graph, by_name[c])]
+                    and not pricer.pad(graph, by_name[c])]
     g = graph.clone()
     for r in chosen:
         for t in r.tensors:
@@ -326,7 +328,7 @@ def _conversion(g: Graph, name: str, src: str, dst: str, logical: TensorType, la
 ALIGN_BYTES = 16  # what cuBLAS and cuDNN want of a leading dimension for their aligned tensor-core kernels
 
 
-def _zero_padded(g: Graph, t: str, shape: tuple[int, ...], out: str, node: str, source: tuple[str, ...],
+def zero_padded(g: Graph, t: str, shape: tuple[int, ...], out: str, node: str, source: tuple[str, ...],
                  layout: tuple[int, ...] = ()) -> Node | None:
     """`t` zero-padded at the end of each dim to `shape`, as tensor `out`: a constant is padded once
     here (None returned), a computed tensor by the returned PAD primitive."""
@@ -383,7 +385,7 @@ def _pad_conv_channels(g: Graph, region: Region, keep: set[str]) -> int:
         ins, outs, after = list(n.inputs), list(n.outputs), []
         if cp != c:
             xp = f"{x}/{n.name}/padded"
-            node = _zero_padded(g, x, (xt.shape[0], cp, *xt.shape[2:]), xp, f"{n.name}/pad_channels", n.source,
+            node = zero_padded(g, x, (xt.shape[0], cp, *xt.shape[2:]), xp, f"{n.name}/pad_channels", n.source,
                                 region.layout)
             if node is not None:
                 nodes.append(node)
@@ -391,7 +393,7 @@ def _pad_conv_channels(g: Graph, region: Region, keep: set[str]) -> int:
         key = (w, cp, op)
         if key not in padded_w:
             padded_w[key] = f"{w}/padded{op}x{cp}"
-            _zero_padded(g, w, (op, cp, *wt.shape[2:]), padded_w[key], "", n.source)
+            zero_padded(g, w, (op, cp, *wt.shape[2:]), padded_w[key], "", n.source)
         ins[1] = padded_w[key]
         if op != o:
             yp = f"{y}/padded"
@@ -427,7 +429,7 @@ def _pad_matmuls(g: Graph) -> int:
         key = (t, shape)
         if key not in padded:
             out = f"{t}/{name}/dim{dim}"  # A @ A pads one tensor along two dims: two names
-            node = _zero_padded(g, t, shape, out, f"{out}/pad", source)
+            node = zero_padded(g, t, shape, out, f"{out}/pad", source)
             if node is not None:
                 nodes.append(node)
             padded[key] = out
