@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 
 import fuzzcheck
@@ -151,6 +152,38 @@ REGRESSIONS = {
 }
 
 
+# ---- bugs the fuzzer found on the GPU (H100, 2026-11-24), run on CUDA --------------------------------
+GPU_REGRESSIONS = {
+    # runtime/executable.py: an opaque primitive runs on the host (onnxruntime); capturing the plan
+    # as one CUDA graph failed ("Cannot copy between CPU and CUDA tensors during CUDA graph
+    # capture"). Plans with host steps are now captured as one graph per run of GPU steps.
+    "opaque_only": GraphSpec(
+        opset=17, precision="fp32", layout="auto", strategy="optimal", seed=0, schedule_seed=0,
+        inputs=[T("in1", (1,), "float32")], consts=[],
+        nodes=[N("Sin", ["in1"], ["t2"], family="opaque")], outputs=["t2"]),
+    "opaque_after_gpu": GraphSpec(
+        opset=13, precision="fp32", layout="auto", strategy="optimal", seed=0, schedule_seed=0,
+        inputs=[T("in1", (1,), "float32")], consts=[C("c2", (), "float32", values=(0.0,))],
+        nodes=[N("Greater", ["in1", "c2"], ["t3"], family="compare"),
+               N("Xor", ["t3", "t3"], ["t4"], family="opaque")], outputs=["t4"]),
+    # Host steps between GPU work on both sides, and a GPU output that stays live across them.
+    "opaque_between_gpu": GraphSpec(
+        opset=17, precision="fp16", layout="auto", strategy="optimal", seed=0, schedule_seed=0,
+        inputs=[T("in1", (3, 37), "float32")], consts=[],
+        nodes=[N("Relu", ["in1"], ["t2"], family="elementwise"), N("Sin", ["t2"], ["t3"], family="opaque"),
+               N("Add", ["t3", "t2"], ["t4"], family="elementwise"), N("Cos", ["t4"], ["t5"], family="opaque"),
+               N("Mul", ["t5", "t2"], ["t6"], family="elementwise")], outputs=["t6", "t3"]),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", sorted(GPU_REGRESSIONS))
+def test_fuzzer_gpu_regressions(name):
+    outcome = fuzzcheck.check(copy.deepcopy(GPU_REGRESSIONS[name]), "cuda")
+    assert outcome.status == "pass", f"{outcome.status}: {outcome.reason}: {outcome.detail}"
+
+
 @pytest.mark.parametrize("name", sorted(REGRESSIONS))
 def test_fuzzer_regressions(name):
     outcome = fuzzcheck.check(copy.deepcopy(REGRESSIONS[name]))
@@ -235,3 +268,16 @@ def test_the_driver_writes_its_summary(tmp_path):
                 "device", "wall_s", "graphs_per_minute", "opaque_fallback"):
         assert key in doc
     assert proc.returncode == (1 if doc["failures"] else 0)
+
+
+def test_host_steps_split_the_cuda_graph():
+    """The plan of `opaque_between_gpu` runs in five pieces: GPU, host (Sin), GPU, host (Cos), GPU.
+    On a GPU each GPU run is captured as its own graph (test_fuzzer_gpu_regressions runs them)."""
+    import tessera
+
+    spec = copy.deepcopy(GPU_REGRESSIONS["opaque_between_gpu"])
+    fuzzcheck.complete_types(spec)
+    run = tessera.compile(fuzzcheck.to_onnx(spec), tessera.CompileOptions(gpu="h100"))
+    pieces = run._segments()
+    assert [host for host, _ in pieces] == [False, True, False, True, False]
+    assert sorted(i for _, steps in pieces for i in steps) == list(range(len(run.steps)))

@@ -6,7 +6,8 @@ library call where it can take them) plus a generated epilogue, a GEMM
 template (a matmul and its epilogue in one generated kernel), a view for
 reshapes, or torch for an opaque primitive. Tensors that generated kernels write live in
 buffers allocated once and reused by lifetime (`runtime/buffers.py`). On the
-GPU the whole sequence is captured once as a CUDA graph and replayed; on the
+GPU the whole sequence is captured once as a CUDA graph and replayed (as one graph per run of
+GPU steps where an opaque primitive must run on the host between them); on the
 CPU the same kernels run through Triton's interpreter.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tessera.codegen.triton_ops import Unsupported
 from tessera.errors import ShapeError, TesseraError
 from tessera.ir.graph import Graph, Node
 from tessera.ir.indices import check_feeds
+from tessera.ir.prims import Prim
 from tessera.runtime.buffers import BufferPool, Lifetime, as_layout, stored_constant
 from tessera.runtime.graphs import quiet_capture
 from tessera.runtime.torch_prims import TORCH_DTYPES, pointwise_conv_as_gemm, run_linear_fused, run_node
@@ -32,6 +34,32 @@ from tessera.runtime.torch_prims import TORCH_DTYPES, pointwise_conv_as_gemm, ru
 
 class KernelBuildError(TesseraError):
     """A plan kernel could not be generated or compiled; names the kernel and its primitives."""
+
+
+@dataclass
+class _HostPiece:
+    """Steps run on the host between two captured graphs, with the tensors they read (the graph
+    before them wrote these) and the static buffers that receive what they compute."""
+    steps: list[int]
+    reads: dict[str, torch.Tensor]
+    statics: dict[str, torch.Tensor]
+
+
+class _PiecewiseGraph:
+    """A plan with host steps, replayed as its captured graphs with the host steps between them."""
+
+    def __init__(self, exe: "Executable", pieces: list[Any]) -> None:
+        self.exe, self.pieces = exe, pieces
+
+    def replay(self) -> None:
+        for piece in self.pieces:
+            if isinstance(piece, _HostPiece):
+                env = dict(piece.reads)
+                self.exe._run_steps(piece.steps, env)
+                for t, buf in piece.statics.items():
+                    buf.copy_(env[t])
+            else:
+                piece.replay()
 
 
 @dataclass
@@ -86,7 +114,7 @@ class Executable:
         self.allow_tf32 = plan.get("precision") == "tf32"
         self._plan_memory()
         self.cuda_graph = cuda_graph and self.device.type == "cuda"
-        self._graph: torch.cuda.CUDAGraph | None = None
+        self._graph: torch.cuda.CUDAGraph | _PiecewiseGraph | None = None
         self._static_in: dict[str, torch.Tensor] = {}
         self._static_out: dict[str, torch.Tensor] = {}
         # When set, each step runs inside `torch.profiler.record_function(<plan kernel name>)`, so a
@@ -240,10 +268,51 @@ class Executable:
         with torch.cuda.stream(stream):
             self._launch(self._static_in)  # compiles every kernel before capture
         torch.cuda.current_stream().wait_stream(stream)
-        g = torch.cuda.CUDAGraph()
-        with quiet_capture(), torch.cuda.graph(g):
-            self._static_out = self._launch(self._static_in)
-        self._graph = g
+        env = self._feed_env(self._static_in)
+        self._pieces = []
+        pool = None
+        for host, steps in self._segments():
+            if host:
+                # Runs on the host (onnxruntime) between graphs: its inputs stay where the graph
+                # before it wrote them, and its outputs go to static buffers the graph after it
+                # reads; each replay copies fresh results into them.
+                reads = {t: env[t] for t in self._reads_of(steps) if t in env}
+                before = set(env)
+                self._run_steps(steps, env)
+                statics = {t: env[t].clone() for t in env if t not in before}
+                env.update(statics)
+                self._pieces.append(_HostPiece(steps, reads, statics))
+                continue
+            g = torch.cuda.CUDAGraph()
+            with quiet_capture(), torch.cuda.graph(g, pool=pool):
+                self._run_steps(steps, env)
+            pool = g.pool()  # one memory pool, replayed in capture order
+            g.replay()  # real values for a host step that follows
+            self._pieces.append(g)
+        self._static_out = {t: env[t] for t in self.graph.outputs}
+        self._graph = self._pieces[0] if len(self._pieces) == 1 and not isinstance(self._pieces[0], _HostPiece) \
+            else _PiecewiseGraph(self, self._pieces)
+
+    def _segments(self) -> list[tuple[bool, list[int]]]:
+        """Step indices in runs: steps that launch GPU work (captured as one CUDA graph per run),
+        and steps with an opaque primitive, which run on the host through onnxruntime and so
+        cannot be captured."""
+        runs: list[tuple[bool, list[int]]] = []
+        for i, step in enumerate(self.steps):
+            host = any(n.op == Prim.OPAQUE.value for n in step.impl.prims)
+            if runs and runs[-1][0] == host:
+                runs[-1][1].append(i)
+            else:
+                runs.append((host, [i]))
+        return runs
+
+    def _reads_of(self, steps: Sequence[int]) -> set[str]:
+        made: set[str] = set()
+        reads: set[str] = set()
+        for i in steps:
+            reads |= {t for n in self.steps[i].impl.prims for t in n.inputs if t and t not in made}
+            made |= {t for n in self.steps[i].impl.prims for t in n.outputs if t}
+        return reads
 
     def precision_flags(self) -> Any:
         """A context with the plan's math flags (TF32 on or off in the libraries) and no autograd."""
@@ -265,16 +334,22 @@ class Executable:
 
         return _Flags()
 
-    def _launch(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _feed_env(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         # Graph inputs are row-major for users; a kernel measured alone may read one in a layout.
-        env: dict[str, torch.Tensor] = {**self.constants,
-                                        **{t: as_layout(v, self.graph.types[t].layout) for t, v in feeds.items()}}
-        for i, step in enumerate(self.steps):
+        return {**self.constants, **{t: as_layout(v, self.graph.types[t].layout) for t, v in feeds.items()}}
+
+    def _launch(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        env = self._feed_env(feeds)
+        self._run_steps(range(len(self.steps)), env)
+        return {t: env[t] for t in self.graph.outputs}
+
+    def _run_steps(self, steps: Sequence[int], env: dict[str, torch.Tensor]) -> None:
+        for i in steps:
+            step = self.steps[i]
             with torch.profiler.record_function(step.impl.name) if self.annotate else nullcontext():
                 self.run_step(step, env)
             for t in self.free_after[i]:
                 env.pop(t, None)
-        return {t: env[t] for t in self.graph.outputs}
 
     def run_step(self, step: Step, env: dict[str, torch.Tensor]) -> None:
         """Run one plan kernel over `env` (tensors by name), adding its outputs to it."""
