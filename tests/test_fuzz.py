@@ -149,6 +149,18 @@ REGRESSIONS = {
         opset=13, precision="fp32", layout="auto", strategy="optimal", seed=0, schedule_seed=0,
         inputs=[T("in1", (1, 1, 1, 1), "float32"), T("in2", (3, 5, 17, 17), "float32")], consts=[],
         nodes=[N("MatMul", ["in2", "in2"], ["t3"], family="linear")], outputs=["t3"]),
+    # rewrite/precision.py: under fp16 an output that folds to a constant (Relu(|c| + 0.25)) was
+    # returned as float16, though the model declares float32 (found on the H100, 2026-11-24).
+    "constant_output_keeps_its_dtype": GraphSpec(
+        opset=13, precision="fp16", layout="auto", strategy="optimal", seed=0, schedule_seed=0,
+        inputs=[T("in1", (1,), "float32"), T("in3", (1, 4, 1, 1), "float32")],
+        consts=[C("c5", (1, 1, 2, 2), "float32"), C("c7", (), "float32", values=(0.25,))],
+        nodes=[N("Relu", ["in1"], ["t2"], family="elementwise"),
+               N("DepthToSpace", ["in3"], ["t4"], {"blocksize": 2, "mode": "DCR"}, family="layout"),
+               N("Abs", ["c5"], ["t6"], family="elementwise"), N("Add", ["t6", "c7"], ["t8"], family="elementwise"),
+               N("Tanh", ["t4"], ["t9"], family="elementwise"), N("Pow", ["t8", "t9"], ["t10"], family="elementwise"),
+               N("Relu", ["t10"], ["t11"], family="elementwise"), N("Relu", ["t8"], ["t12"], family="elementwise")],
+        outputs=["t12", "t11", "t2"]),
 }
 
 

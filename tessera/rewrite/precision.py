@@ -108,7 +108,13 @@ def _keep_boundary_types(g: Graph, declared: Graph, wide: set[str], to: DType) -
             rename[t] = narrow
     tail: list[Node] = []
     for t in g.outputs:
-        if t in wide and t not in g.inputs and t not in g.constants:
+        if t in wide and t in g.constants and t not in g.inputs:
+            # A constant output is returned as the model declares it; kernels read a narrow copy.
+            narrow = f"{t}/{to.value}"
+            g.types[t], g.types[narrow] = declared.types[t], g.types[t]
+            g.constants[narrow], g.constants[t] = g.constants[t], declared.constants[t]
+            rename[t] = narrow
+        elif t in wide and t not in g.inputs:
             narrow = f"{t}/{to.value}"
             g.types[t], g.types[narrow] = declared.types[t], g.types[t]
             tail.append(Node(f"{t}/cast_out", Prim.CAST.value, (narrow,), (t,), {"dtype": DType.FLOAT32.value}))
