@@ -16,10 +16,13 @@ model that produced the ONNX file.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
 import time
+import warnings
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -305,11 +308,28 @@ def read_by_relu(model: torch.nn.Module, example: tuple[torch.Tensor, ...],
     return watch.fed
 
 
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """The exporter's own chatter, which a benchmark user cannot act on: onnxscript's constant
+    folder logs a warning for each node it declines to fold ("Evaluation failed: ..."), and
+    torch.export's internals raise deprecation warnings about their own APIs."""
+    log = logging.getLogger("onnxscript")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    finally:
+        log.setLevel(level)
+
+
 def build(name: str, out: Path, seed: int = 0) -> Path:
     """Export model `name` to OUT/name.onnx (weights inside the file)."""
     model, args = make(name, seed)
     path = out / f"{name}.onnx"
-    with torch.no_grad():
+    with torch.no_grad(), _quiet_exporter():
         try:
             prog = torch.onnx.export(model, args, dynamo=True, optimize=True, verbose=False)
         except ImportError as e:  # onnxscript, which the dynamo exporter needs
