@@ -342,6 +342,26 @@ def test_matmul(dev: str) -> None:
     one(Prim.MATMUL, {"a": n.astype(np.int32), "c": m.astype(np.int32)}, None, dev)
 
 
+
+_ACTIVATIONS = {None: lambda y: y, "relu": torch.relu,
+                "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh")}
+
+
+@pytest.mark.parametrize("activation", list(_ACTIVATIONS))
+@pytest.mark.parametrize("a_shape,b_shape", [((1, 6, 13), (13, 5)), ((3, 6, 13), (3, 13, 5))])
+def test_linear_fused_activations(activation: str | None, a_shape, b_shape, dev: str) -> None:
+    # The bias and activation in the library call (2-D: addmm) or after it (batched): the tanh GELU
+    # either way. torch's CPU `_addmm_activation(use_gelu=True)` is the erf GELU, 1e-4 away.
+    rng = np.random.default_rng(26)
+    a, b, bias = (torch.from_numpy(rand(rng, *s)).to(dev) for s in (a_shape, b_shape, (5,)))
+    node = Node("mm", Prim.MATMUL.value, ("a", "b"), ("y",))
+    out = TensorType(a_shape[:-1] + (5,), F32)
+    got = torch_prims.run_linear_fused(node, [a, b], out, bias, activation)
+    want = _ACTIVATIONS[activation](torch.matmul(a.double(), b.double()) + bias.double())
+    assert rel_l2(got.cpu().numpy(), want.cpu().numpy()) < 1e-6
+    with pytest.raises(ValueError, match="activation"):
+        torch_prims.run_linear_fused(node, [a, b], out, bias, "gelu_erf")
+
 def _conv_attrs(n: int, strides=None, pads=None, dilations=None, group: int = 1) -> dict:
     return {"strides": strides or (1,) * n, "pads": pads or (0,) * (2 * n),
             "dilations": dilations or (1,) * n, "group": group}

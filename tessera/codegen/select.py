@@ -4,12 +4,13 @@ The fallback chain is explicit:
 
 1. a kernel of reshapes only is a view of its input (no launch);
 2. a kernel with a linear primitive runs it through torch (cuBLAS/cuDNN on
-   the GPU), with a bias add and ReLU inside the library call where it takes
-   them, and the rest of its epilogue as one generated Triton kernel; or, when
-   its schedule is a template's (chosen by measurement), the linear primitive
-   and its whole epilogue run as one generated template kernel: a matmul under
-   a `GemmSchedule` (`codegen/gemm.py`), a 2-D convolution under a
-   `ConvSchedule` (`codegen/conv.py`);
+   the GPU), with a bias add and a ReLU (or, after a matmul, a tanh GELU) inside
+   the library call where it takes them, and the rest of its epilogue as one
+   generated Triton kernel; or, when its schedule is a template's (chosen by
+   measurement), the linear primitive and its whole epilogue run as one
+   generated template kernel: a matmul under a `GemmSchedule`
+   (`codegen/gemm.py`), a 2-D convolution under a `ConvSchedule`
+   (`codegen/conv.py`);
 3. any other memory-intensive kernel is one generated Triton kernel;
 4. an opaque primitive, or a single primitive the generator cannot handle,
    runs through torch (`runtime/torch_prims.py`).
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from tessera.codegen.conv import generate_conv
+from tessera.codegen.gelu import GELU_TANH, gelu_tanh_nodes
 from tessera.codegen.gemm import generate_gemm
 from tessera.codegen.kernels import AnySchedule, ConvSchedule, GemmSchedule, KernelSource, Schedule, generate
 from tessera.codegen.triton_ops import Unsupported
@@ -56,9 +58,10 @@ class KernelImpl:
     folded: list[Node] = field(default_factory=list)
     # Linear kernels: what the library call absorbs. `bias` is a constant-derived tensor
     # holding one value per output column (matmul) or channel (conv); `fused` are the
-    # epilogue nodes the call computes (the bias add, then a ReLU if `relu`).
+    # epilogue nodes the call computes (the bias add, then the nodes of `activation`: None,
+    # "relu" or "gelu_tanh", cuBLASLt's RELU_BIAS and GELU_BIAS epilogues).
     bias: str | None = None
-    relu: bool = False
+    activation: str | None = None
     fused: list[Node] = field(default_factory=list)
 
     @property
@@ -130,7 +133,7 @@ def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], out
             raise Unsupported(f"{root.name}: a library call cannot compute its operands' prologue "
                               f"({', '.join(n.name for n in pre)}); a template schedule can")
         impl = KernelImpl(name, "linear", prims, prologue, list(outputs), linear=root)
-        impl.bias, impl.fused, impl.relu = _library_epilogue(graph, nodes, prologue, root, outputs)
+        impl.bias, impl.fused, impl.activation = _library_epilogue(graph, nodes, prologue, root, outputs)
         done = {root.name} | {n.name for n in impl.fused}
         epi = [n for n in _epilogue(graph, nodes, root) if n.name not in done]
         # Kept only by the fused add: the bias's own producers, folded once at load.
@@ -163,55 +166,71 @@ def _live(nodes: list[Node], outputs: Sequence[str]) -> list[Node]:
 
 
 def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[Node], root: Node,
-                      outputs: Sequence[str]) -> tuple[str | None, list[Node], bool]:
-    """A bias add (and a ReLU after it) that the library call can absorb: (bias tensor, fused nodes, relu).
+                      outputs: Sequence[str]) -> tuple[str | None, list[Node], str | None]:
+    """A bias add (and an activation after it) that the library call can absorb: (bias tensor,
+    fused nodes, activation name or None).
 
     The bias must be a broadcast of a tensor that varies only along the output's
-    column axis (matmul) or channel axis (conv), so it is one vector.
+    column axis (matmul) or channel axis (conv), so it is one vector. The activation is a ReLU,
+    or after a matmul the tanh GELU (`codegen/gelu.py`); cuDNN convolutions take no GELU.
     """
     if not graph.types[root.outputs[0]].dtype.is_float:
-        return None, [], False
+        return None, [], None
     readers: dict[str, list[Node]] = {}
     for n in nodes:
         for t in n.inputs:
             readers.setdefault(t, []).append(n)
     producer = {o: n for n in nodes for o in n.outputs}
     r = root.outputs[0]
-    out_shape = graph.types[r].shape
-    views: list[Node] = []
+    matmul = root.op == Prim.MATMUL.value
     # A matmul result may be reshaped (a view) before its bias add, if the columns stay last.
-    while root.op == Prim.MATMUL.value and r not in outputs and len(readers.get(r, [])) == 1 \
-            and readers[r][0].op == Prim.RESHAPE.value \
-            and graph.types[readers[r][0].outputs[0]].shape[-1:] == out_shape[-1:]:
-        views.append(readers[r][0])
-        r = views[-1].outputs[0]
+    views = _views(graph, readers, r, outputs, columns=True) if matmul else []
+    r = views[-1].outputs[0] if views else r
     if r in outputs or len(readers.get(r, [])) != 1 or readers[r][0].op != Prim.ADD.value:
-        return None, [], False
+        return None, [], None
     add = readers[r][0]
     other = add.inputs[1] if add.inputs[0] == r else add.inputs[0]
     bcast = producer.get(other)
     if bcast is None or bcast.op != Prim.BROADCAST.value:
-        return None, [], False
+        return None, [], None
     src = bcast.inputs[0]
     # Free prologue nodes read only constants, so their outputs are constants too (folded at load).
     constant = src in graph.constants or any(src in n.outputs for n in prologue)
     added_shape = graph.types[r].shape
-    axis = len(added_shape) - 1 if root.op == Prim.MATMUL.value else 1
+    axis = len(added_shape) - 1 if matmul else 1
     src_shape = graph.types[src].shape
     if not constant or len(src_shape) != len(added_shape) or src_shape[axis] != added_shape[axis] \
             or any(n != 1 for d, n in enumerate(src_shape) if d != axis):
-        return None, [], False
+        return None, [], None
     fused = views + [add]
     a = add.outputs[0]
     nxt = readers.get(a, [])
-    relu = False
     if a not in outputs and len(nxt) == 1 and nxt[0].op == Prim.MAX.value:
         mx = nxt[0]
         zero = producer.get(mx.inputs[1] if mx.inputs[0] == a else mx.inputs[0])
         if zero is not None and zero.op == Prim.FILL.value and float(zero.attrs["value"]) == 0.0:
-            fused.append(mx)
-            relu = True
-    return src, fused, relu
+            return src, fused + [mx], "relu"
+    if not matmul:
+        return src, fused, None
+    # Views of the sum may come before the GELU (GPT-2 adds in 2-D, then views it in 3-D), and
+    # after it: the library result reshaped, rather than a copy kernel for the reshape alone.
+    pre = _views(graph, readers, a, outputs)
+    gelu = gelu_tanh_nodes(graph, nodes, prologue, pre[-1].outputs[0] if pre else a, outputs)
+    if not gelu:
+        return src, fused, None
+    return src, fused + pre + gelu + _views(graph, readers, gelu[-1].outputs[0], outputs), GELU_TANH
+
+
+def _views(graph: Graph, readers: dict[str, list[Node]], t: str, outputs: Sequence[str],
+           columns: bool = False) -> list[Node]:
+    """The reshapes that alone read `t`, then each other's result, while what they read is no kernel
+    output (the library call writes only the last); with `columns`, those that keep the last axis."""
+    chain: list[Node] = []
+    while t not in outputs and len(readers.get(t, [])) == 1 and readers[t][0].op == Prim.RESHAPE.value \
+            and (not columns or graph.types[readers[t][0].outputs[0]].shape[-1:] == graph.types[t].shape[-1:]):
+        chain.append(readers[t][0])
+        t = chain[-1].outputs[0]
+    return chain
 
 
 class TritonLegality:

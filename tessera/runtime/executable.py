@@ -367,19 +367,19 @@ class Executable:
             env.update({t: v for t, v in self._torch(impl.prims, env).items() if t in impl.outputs})
 
     def _linear(self, impl: KernelImpl, env: dict[str, torch.Tensor]) -> None:
-        """The library call of a linear kernel (with the bias and ReLU it absorbs)."""
+        """The library call of a linear kernel (with the bias and activation it absorbs)."""
         root = impl.linear
         assert root is not None
         names = [t for t in root.inputs if t]
         args = [env[t] for t in names]
-        gemm = pointwise_conv_as_gemm(root, args, self._bias.get(impl.name), impl.relu) \
+        gemm = pointwise_conv_as_gemm(root, args, self._bias.get(impl.name), impl.activation) \
             if not self.graph.types[root.outputs[0]].plain else None
         if gemm is not None:
             last = impl.fused[-1].outputs[0] if impl.bias else root.outputs[0]
             env[last] = self._settle(last, gemm)
         elif impl.bias:
             last = impl.fused[-1].outputs[0]
-            y = run_linear_fused(root, args, self.graph.types[last], self._bias[impl.name], impl.relu)
+            y = run_linear_fused(root, args, self.graph.types[last], self._bias[impl.name], impl.activation)
             env[last] = self._settle(last, y)
         else:
             outs = run_node(root, args, [self.graph.types[o] for o in root.outputs if o], device=self.device,

@@ -277,13 +277,36 @@ def _matmul(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.
     return (a.unsqueeze(-1) * b.unsqueeze(-3)).sum(dim=-2)
 
 
-def run_linear_fused(node: Node, args: Sequence[torch.Tensor], out: TensorType, bias: torch.Tensor,
-                     relu: bool) -> torch.Tensor:
-    """A linear primitive with a bias vector (and ReLU) computed by the library call itself.
+def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
+    """`y` through the activation a linear kernel absorbed (`KernelImpl.activation`), in place where it can."""
+    if activation is None:
+        return y
+    if activation == "relu":
+        return torch.relu_(y)
+    if activation == "gelu_tanh":
+        return F.gelu(y, approximate="tanh")
+    raise ValueError(f"unknown library epilogue activation {activation!r}")
 
-    matmul: cuBLAS(Lt) addmm with the bias (and ReLU) epilogue when both operands
+
+def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, activation: str | None) -> torch.Tensor:
+    """bias + a @ b, then the activation, in cuBLASLt's epilogue where torch offers it: RELU_BIAS
+    always, GELU_BIAS (the tanh GELU) on CUDA. On the CPU `use_gelu` computes the erf GELU, and on
+    ROCm it is not documented as tanh: there the tanh GELU follows the addmm."""
+    if activation == "relu":
+        return torch._addmm_activation(bias, a, b)
+    if activation == "gelu_tanh" and a.is_cuda and torch.version.hip is None:
+        return torch._addmm_activation(bias, a, b, use_gelu=True)
+    return _activate(torch.addmm(bias, a, b), activation)
+
+
+def run_linear_fused(node: Node, args: Sequence[torch.Tensor], out: TensorType, bias: torch.Tensor,
+                     activation: str | None) -> torch.Tensor:
+    """A linear primitive with a bias vector (and an activation: None, "relu" or "gelu_tanh")
+    computed by the library call itself.
+
+    matmul: cuBLAS(Lt) addmm with the bias (and activation) epilogue when both operands
     flatten to 2-D; conv: the bias argument of the convolution. Anything else
-    adds afterwards, with the same result.
+    adds (and activates) afterwards, with the same result.
     """
     prim = Prim(node.op)
     if prim is Prim.MATMUL:
@@ -291,9 +314,9 @@ def run_linear_fused(node: Node, args: Sequence[torch.Tensor], out: TensorType, 
         batch = a.shape[:-2].numel() if a.dim() > 2 else 1
         if batch == 1 and (b.dim() == 2 or b.shape[:-2].numel() == 1):
             a2, b2 = a.reshape(-1, a.shape[-1]), b.reshape(b.shape[-2], b.shape[-1])
-            y = torch._addmm_activation(bias, a2, b2) if relu else torch.addmm(bias, a2, b2)
+            y = _addmm(bias, a2, b2, activation)
             return _conform(node, y.reshape(out.shape), out)
-        y = torch.matmul(a, b) + bias
+        y = (torch.matmul(a, b) + bias).reshape(out.shape)  # through the views the kernel fused
     elif prim is Prim.CONV:
         x, w = args
         a = node.attrs
@@ -307,15 +330,14 @@ def run_linear_fused(node: Node, args: Sequence[torch.Tensor], out: TensorType, 
     else:
         y = _conv_transpose(node, args, out, args[0].device)
         y = y + bias.reshape([1, -1] + [1] * (y.dim() - 2))
-    if relu:
-        y = torch.relu_(y)
-    return _conform(node, y, out)
+    return _conform(node, _activate(y, activation), out)
 
 
 def pointwise_conv_as_gemm(node: Node, args: Sequence[torch.Tensor], bias: torch.Tensor | None = None,
-                           relu: bool = False) -> torch.Tensor | None:
+                           activation: str | None = None) -> torch.Tensor | None:
     """A 1x1 convolution (stride 1, no padding, one group) on channels-last data is one GEMM over the
-    storage: [N*H*W, C] @ [C, O], leading dimension C, with the bias and ReLU in cuBLASLt's epilogue.
+    storage: [N*H*W, C] @ [C, O], leading dimension C, with the bias and activation in cuBLASLt's
+    epilogue.
     cuDNN's NHWC path for such small convolutions costs more (setup kernels beside the GEMM), and
     its NCHW path is a GEMM of leading dimension H*W, which only unaligned kernels take. Returns the
     result channels-last, or None where this does not apply."""
@@ -329,10 +351,7 @@ def pointwise_conv_as_gemm(node: Node, args: Sequence[torch.Tensor], bias: torch
     o = w.shape[0]
     x2 = x.permute(0, 2, 3, 1).reshape(n * h * wd, c)  # a view of the NHWC storage
     w2 = w.reshape(o, c).t()
-    if bias is None:
-        y2 = torch.relu(x2 @ w2) if relu else x2 @ w2
-    else:
-        y2 = torch._addmm_activation(bias, x2, w2) if relu else torch.addmm(bias, x2, w2)
+    y2 = _activate(x2 @ w2, activation) if bias is None else _addmm(bias, x2, w2, activation)
     return y2.view(n, h, wd, o).permute(0, 3, 1, 2)
 
 
