@@ -24,6 +24,9 @@ from tessera.tolerance import rel_l2
 from tessera.verify import random_inputs, run_onnxruntime
 
 MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
+# These tests pin the analytical plan's structure: on a GPU machine the default cost is measured,
+# and a measured template may take a kernel the library path would run.
+CPU_PLAN = tessera.CompileOptions(cost="analytical")
 I64 = np.int64
 
 
@@ -65,7 +68,7 @@ def test_conv_bias_relu_is_one_library_call():
     m = graph_model([helper.make_node("Conv", ["x", "w", "bias"], ["c"], pads=[1, 1, 1, 1]),
                      helper.make_node("Relu", ["c"], ["out"])],
                     {"x": x, "w": Const(w), "bias": Const(rand(4, seed=6))}, ["out"])
-    exe = tessera.compile(m)
+    exe = tessera.compile(m, CPU_PLAN)
     assert exe.backends == {"linear": 1}
     (step,) = exe.steps
     assert step.impl.linear.op == "conv" and step.impl.bias and step.impl.activation == "relu"
@@ -83,7 +86,7 @@ def test_gemm_bias_then_generated_epilogue(write_product):
              helper.make_node("Add", ["y", "r"], ["z"]), helper.make_node("Tanh", ["z"], ["out"])]
     outs = ["out", "p"] if write_product else ["out"]
     m = graph_model(nodes, {"x": x, "r": r, "w": Const(rand(7, 4, seed=9)), "b": Const(rand(4, seed=10))}, outs)
-    exe = tessera.compile(m)
+    exe = tessera.compile(m, CPU_PLAN)
     lin = [s for s in exe.steps if s.impl.backend == "linear"]
     assert len(lin) == 1
     assert bool(lin[0].impl.bias) is not write_product and lin[0].impl.activation is None
@@ -96,12 +99,12 @@ def test_gemm_bias_then_generated_epilogue(write_product):
 def test_known_kernel_counts():
     # Softmax is one generated kernel, and so is LayerNorm's 14 orchestrated primitives under the
     # default 16-primitive candidate cap; a cap of 12 splits it in two (the mean, then the rest).
-    exe = tessera.compile(build_model("Softmax", {"x": rand(4, 33)}, {"axis": -1}, opset=13))
+    exe = tessera.compile(build_model("Softmax", {"x": rand(4, 33)}, {"axis": -1}, opset=13), CPU_PLAN)
     assert exe.backends == {"triton": 1}
     ln = build_model("LayerNormalization", {"x": rand(4, 33), "s": Const(rand(33)), "b": Const(rand(33))},
                      {"axis": -1}, opset=17)
-    assert tessera.compile(ln).backends == {"triton": 1}
-    assert tessera.compile(ln, tessera.CompileOptions(max_kernel_nodes=12)).backends == {"triton": 2}
+    assert tessera.compile(ln, CPU_PLAN).backends == {"triton": 1}
+    assert tessera.compile(ln, tessera.CompileOptions(max_kernel_nodes=12, cost="analytical")).backends == {"triton": 2}
 
 
 def test_opaque_operator_runs_inside_the_executable_in_fp32_and_fp16():
@@ -113,7 +116,7 @@ def test_opaque_operator_runs_inside_the_executable_in_fp32_and_fp16():
                     ["out", "i"], opset=13)
     ref = run_onnxruntime(m, {"x": x})
     for precision, tol in (("fp32", 1e-5), ("fp16", 1e-2)):
-        exe = tessera.compile(m, tessera.CompileOptions(precision=precision))
+        exe = tessera.compile(m, tessera.CompileOptions(precision=precision, cost="analytical"))
         assert exe.backends.get("torch") == 1 and exe.backends.get("triton", 0) >= 1
         out, idx = exe(torch.from_numpy(x))
         assert rel_l2(out.float().numpy(), ref["out"]) < tol
@@ -176,7 +179,7 @@ def test_compile_writes_readable_kernels(tmp_path):
 
 
 def test_fp16_model_runs_and_checks_on_cpu():
-    exe = tessera.compile(MODELS / "candy_small.onnx", tessera.CompileOptions(precision="fp16"))
+    exe = tessera.compile(MODELS / "candy_small.onnx", tessera.CompileOptions(precision="fp16", cost="analytical"))
     model = load(MODELS / "candy_small.onnx")
     feeds = random_inputs(model.graph, seed=3)
     ref = run_onnxruntime(model.model, feeds)
@@ -191,7 +194,7 @@ def test_matmul_bias_relu_uses_the_addmm_activation_epilogue():
     m = graph_model([helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"], ["y"]),
                      helper.make_node("Relu", ["y"], ["out"])],
                     {"x": x, "w": Const(rand(7, 5, seed=12)), "b": Const(rand(5, seed=13))}, ["out"])
-    exe = tessera.compile(m)
+    exe = tessera.compile(m, CPU_PLAN)
     # The 3-D input is reshaped to 2-D first: a view, not a copy kernel.
     assert exe.backends == {"view": 1, "linear": 1}
     step = exe.steps[1]
