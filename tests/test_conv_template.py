@@ -386,6 +386,30 @@ def test_a_normalization_apply_and_relu_fuse_into_the_convolution_template(tmp_p
     assert rel_l2(run_exe(tessera.load(out, DEVICE), {"x": x})[0], ref) < TOLERANCE["fp32"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_a_reflect_pad_and_a_concat_fuse_into_the_convolution_template(tmp_path, monkeypatch, layout):
+    # conv(reflect_pad(concat(x, relu(y)))): candy pads every convolution's input by reflection; the
+    # template gathers its input tile through the pad and the concat, so neither is a copy kernel.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
+    monkeypatch.setattr(compiler, "new_profiler", lambda opt: TemplatePrologueProfiler(ConvSchedule))
+    x, y = rand(1, 5, 9, 11, seed=74), rand(1, 3, 9, 11, seed=75)
+    model = graph_model([helper.make_node("Relu", ["y"], ["yr"]),
+                         helper.make_node("Concat", ["x", "yr"], ["c"], axis=1),
+                         helper.make_node("Pad", ["c", "pads"], ["p"], mode="reflect"),
+                         helper.make_node("Conv", ["p", "w"], ["out"])],
+                        {"x": x, "y": y, "pads": Const(np.array([0, 0, 2, 1, 0, 0, 2, 1], np.int64)),
+                         "w": Const(rand(16, 8, 3, 3, seed=76, lo=-0.5, hi=0.5))}, ["out"])
+    result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db"), layout=layout))
+    conv = next(k for k in result.kernels if any(n.op == "conv" for n in k.prims))
+    assert conv.backend == "template" and {"concat", "pad", "max"} <= {n.op for n in conv.prims}
+    out = tmp_path / "art"
+    compiler.write_artifacts(result, out)
+    ref = run_onnxruntime(model, {"x": x, "y": y})["out"]
+    assert rel_l2(run_exe(tessera.load(out, DEVICE), {"x": x, "y": y})[0], ref) < TOLERANCE["fp32"]
+
+
 def test_candy_small_with_every_conv_on_its_template(monkeypatch):
     # The largest tiles whose dots stay single-threaded in the interpreter (see the module doc).
     from tessera.cost import schedule_model

@@ -251,6 +251,82 @@ def test_an_elementwise_prologue_is_computed_at_the_operand():
         implement(g, prims, prologue_of(og, prims), ["out", relu], "k0_test", (), sched)
 
 
+def _prologue_kernel(model: onnx.ModelProto, feeds: dict[str, np.ndarray], sched: GemmSchedule) -> KernelSource:
+    """The whole (one-matmul) model as one template kernel with its operand prologue, checked against
+    the float64 reference; the kernel is legal for the orchestrator only with prologues."""
+    from tessera.orchestrate.candidates import StructuralLegality
+
+    g = fission(load(model).graph).graph
+    og = build_ograph(g)
+    assert StructuralLegality(prologues=True).check(og, og.all) is None
+    assert StructuralLegality().check(og, og.all) is not None
+    prims = list(og.nodes)
+    ks = implement(g, prims, prologue_of(og, prims), list(g.outputs), "k0_test", (), sched).triton
+    got = run_template(g, ks, {**g.constants, **feeds})
+    for o in g.outputs:
+        assert rel_l2(got[o], interp.run(g, feeds, exact=True)[o]) < TOLERANCE["fp32"]
+    return ks
+
+
+def test_layout_prologues_transpose_and_bias():
+    # Attention's scores: (q + b) @ transpose(k) over a batch of heads, with q's bias add and k's
+    # transpose computed as the tiles load: no copy kernel for K^T or the bias (issue 14).
+    q, k = rand(2, 13, 24, seed=70), rand(2, 19, 24, seed=71)
+    model = graph_model([helper.make_node("Add", ["q", "b"], ["qb"]),
+                         helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+                         helper.make_node("MatMul", ["qb", "kt"], ["out"])],
+                        {"q": q, "k": k, "b": Const(rand(24, seed=72))}, ["out"])
+    ks = _prologue_kernel(model, {"q": q, "k": k}, GemmSchedule(16, 16, 16, 2, 2, 1, 1))
+    assert "transpose" in ks.source
+
+
+def test_layout_prologues_slice_pad_and_concat():
+    # [x[:, 1:18] padded by one column each side, y] @ w: the operand assembled while it loads.
+    x, y = rand(13, 20, seed=73), rand(13, 5, seed=74)
+    model = graph_model([helper.make_node("Slice", ["x", "st", "en", "ax"], ["xs"]),
+                         helper.make_node("Pad", ["xs", "pads"], ["xp"]),
+                         helper.make_node("Concat", ["xp", "y"], ["a"], axis=1),
+                         helper.make_node("MatMul", ["a", "w"], ["out"])],
+                        {"x": x, "y": y, "st": Const(np.array([1], np.int64)), "en": Const(np.array([18], np.int64)),
+                         "ax": Const(np.array([1], np.int64)), "pads": Const(np.array([0, 1, 0, 1], np.int64)),
+                         "w": Const(rand(24, 11, seed=75))}, ["out"])
+    ks = _prologue_kernel(model, {"x": x, "y": y}, GemmSchedule(16, 16, 16, 2, 2, 1, 1))
+    assert "concat" in ks.source and "pad" in ks.source
+
+
+def test_a_transpose_prologue_fuses_into_a_measured_template(tmp_path, monkeypatch):
+    # (q + b) @ transpose(k): with templates measured, the binary program may put the bias add and
+    # the transpose in the matmul's kernel; the artifact reloads and matches onnxruntime.
+    prof = TemplatePrologueProfiler(GemmSchedule)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
+    monkeypatch.setattr(compiler, "new_profiler", lambda opt: prof)
+    q, k = rand(2, 13, 24, seed=78), rand(2, 19, 24, seed=79)
+    model = graph_model([helper.make_node("Add", ["q", "b"], ["qb"]),
+                         helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+                         helper.make_node("MatMul", ["qb", "kt"], ["out"])],
+                        {"q": q, "k": k, "b": Const(rand(24, seed=80))}, ["out"])
+    result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db")))
+    (kern,) = result.kernels
+    assert kern.backend == "template" and {n.op for n in kern.prims} >= {"add", "transpose", "matmul"}
+    assert result.tuning["failed"] == 0
+    feeds = {"q": q, "k": k}
+    write_artifacts(result, tmp_path / "art")
+    got = run_exe(tessera.load(tmp_path / "art", DEVICE), feeds)[0]
+    assert rel_l2(got, run_onnxruntime(model, feeds)["out"]) < TOLERANCE["fp32"]
+
+
+def test_an_epilogue_takes_no_layout_primitive():
+    from tessera.orchestrate.candidates import StructuralLegality
+
+    x = rand(13, 24, seed=76)
+    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["y"]),
+                         helper.make_node("Transpose", ["y"], ["out"], perm=[1, 0])],
+                        {"x": x, "w": Const(rand(24, 11, seed=77))}, ["out"])
+    og = build_ograph(fission(load(model).graph).graph)
+    assert "cannot join a linear kernel" in StructuralLegality(prologues=True).check(og, og.all)
+
+
 def test_cast_and_multi_output_epilogue():
     # The product, the biased value and the activation are all written; one output is a cast.
     x = rand(13, 31, seed=19)

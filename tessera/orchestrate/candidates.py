@@ -28,6 +28,10 @@ from tessera.orchestrate.graphview import OGraph, bits
 
 
 _REDUCE_OPS = {Prim.REDUCE_SUM.value, Prim.REDUCE_MAX.value, Prim.REDUCE_MIN.value}
+# Layout primitives an operand prologue may hold: a template loads the operand at index arithmetic
+# through them (attention's K transpose, a head split, a padded or concatenated operand), so they
+# cost no copy kernel. An epilogue holds none: its values are stored at the product's indices.
+_PROLOGUE_LAYOUT = {Prim.TRANSPOSE.value, Prim.SLICE.value, Prim.PAD.value, Prim.CONCAT.value}
 
 
 class TooManyCandidates(Exception):
@@ -76,9 +80,10 @@ class StructuralLegality:
     A kernel with a linear primitive holds only that primitive and an epilogue
     computed from its result (elementwise and reshape primitives that read it,
     directly or through each other), as GEMM/conv templates with fused
-    epilogues allow; with `prologues`, also elementwise and reshape primitives
-    that feed its operands (a template computes them while it loads the
-    operand tile; the library cannot). Reductions in one kernel share one shape
+    epilogues allow; with `prologues`, also elementwise and layout primitives
+    (reshape, broadcast, transpose, slice, pad, concat) that feed its operands
+    (a template computes them while it loads the operand tile; the library
+    cannot). Reductions in one kernel share one shape
     and one set of axes (one reduction loop), and a pooling window does not mix
     with them. Everything else (elementwise, layout) may mix.
     """
@@ -98,11 +103,16 @@ class StructuralLegality:
             return None
         (root,) = linear
         for i in bits(mask & ~(1 << root)):
-            cat = Prim(og.nodes[i].op).category
-            if not (cat is Category.ELEMENTWISE or og.nodes[i].op in (Prim.RESHAPE.value, Prim.BROADCAST.value)):
-                return f"{og.nodes[i].op} cannot join a linear kernel"
-            if (og.anc[i] >> root) & 1 or (self.prologues and (og.desc[i] >> root) & 1):
-                continue  # an epilogue, or an operand prologue
+            op = og.nodes[i].op
+            pointwise = Prim(op).category is Category.ELEMENTWISE or op in (Prim.RESHAPE.value, Prim.BROADCAST.value)
+            if self.prologues and (og.desc[i] >> root) & 1:
+                if pointwise or op in _PROLOGUE_LAYOUT:
+                    continue  # an operand prologue: computed where the template loads the operand
+                return f"{op} cannot join a linear kernel's operand prologue"
+            if not pointwise:
+                return f"{op} cannot join a linear kernel"
+            if (og.anc[i] >> root) & 1:
+                continue  # an epilogue
             return f"{og.nodes[i].name} is neither computed from the linear result nor feeds its operands"
         return None
 
