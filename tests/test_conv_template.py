@@ -363,27 +363,34 @@ def test_measured_compile_picks_conv_templates_and_the_artifact_reloads_them(tmp
     check_template_round_trip(model, feeds, tmp_path, fake_gpu.keys, "conv", 4)
 
 
+def check_prologue_fuses(model: onnx.ModelProto, feeds: dict[str, np.ndarray], ops: set[str], tmp_path,
+                         monkeypatch, layout: str) -> None:
+    """A measured compile (fake GPU, templates timed) puts `ops` in the convolution's template
+    kernel; the reloaded artifact matches onnxruntime."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
+    monkeypatch.setattr(compiler, "new_profiler", lambda opt: TemplatePrologueProfiler(ConvSchedule))
+    result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db"), layout=layout))
+    conv = next(k for k in result.kernels if any(n.op == "conv" for n in k.prims))
+    assert conv.backend == "template" and ops <= {n.op for n in conv.prims}
+    out = tmp_path / "art"
+    compiler.write_artifacts(result, out)
+    ref = run_onnxruntime(model, feeds)["out"]
+    assert rel_l2(run_exe(tessera.load(out, DEVICE), feeds)[0], ref) < TOLERANCE["fp32"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_a_normalization_apply_and_relu_fuse_into_the_convolution_template(tmp_path, monkeypatch, layout):
     # relu(x * s + t) -> conv: a BatchNorm's apply and its ReLU before a convolution (pre-activation
     # ResNets), computed while the template gathers its input tile.
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
-    monkeypatch.setattr(compiler, "new_profiler", lambda opt: TemplatePrologueProfiler(ConvSchedule))
     x = rand(1, 8, 9, 9, seed=70)
     model = graph_model([helper.make_node("Mul", ["x", "s"], ["xs"]), helper.make_node("Add", ["xs", "t"], ["xt"]),
                          helper.make_node("Relu", ["xt"], ["xr"]),
                          helper.make_node("Conv", ["xr", "w"], ["out"], pads=[1, 1, 1, 1])],
                         {"x": x, "s": Const(rand(1, 8, 1, 1, seed=71)), "t": Const(rand(1, 8, 1, 1, seed=72)),
                          "w": Const(rand(16, 8, 3, 3, seed=73, lo=-0.5, hi=0.5))}, ["out"])
-    result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db"), layout=layout))
-    conv = next(k for k in result.kernels if any(n.op == "conv" for n in k.prims))
-    assert conv.backend == "template" and {"mul", "add", "max"} <= {n.op for n in conv.prims}
-    out = tmp_path / "art"
-    compiler.write_artifacts(result, out)
-    ref = run_onnxruntime(model, {"x": x})["out"]
-    assert rel_l2(run_exe(tessera.load(out, DEVICE), {"x": x})[0], ref) < TOLERANCE["fp32"]
+    check_prologue_fuses(model, {"x": x}, {"mul", "add", "max"}, tmp_path, monkeypatch, layout)
 
 
 @pytest.mark.slow
@@ -391,9 +398,6 @@ def test_a_normalization_apply_and_relu_fuse_into_the_convolution_template(tmp_p
 def test_a_reflect_pad_and_a_concat_fuse_into_the_convolution_template(tmp_path, monkeypatch, layout):
     # conv(reflect_pad(concat(x, relu(y)))): candy pads every convolution's input by reflection; the
     # template gathers its input tile through the pad and the concat, so neither is a copy kernel.
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
-    monkeypatch.setattr(compiler, "new_profiler", lambda opt: TemplatePrologueProfiler(ConvSchedule))
     x, y = rand(1, 5, 9, 11, seed=74), rand(1, 3, 9, 11, seed=75)
     model = graph_model([helper.make_node("Relu", ["y"], ["yr"]),
                          helper.make_node("Concat", ["x", "yr"], ["c"], axis=1),
@@ -401,13 +405,7 @@ def test_a_reflect_pad_and_a_concat_fuse_into_the_convolution_template(tmp_path,
                          helper.make_node("Conv", ["p", "w"], ["out"])],
                         {"x": x, "y": y, "pads": Const(np.array([0, 0, 2, 1, 0, 0, 2, 1], np.int64)),
                          "w": Const(rand(16, 8, 3, 3, seed=76, lo=-0.5, hi=0.5))}, ["out"])
-    result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db"), layout=layout))
-    conv = next(k for k in result.kernels if any(n.op == "conv" for n in k.prims))
-    assert conv.backend == "template" and {"concat", "pad", "max"} <= {n.op for n in conv.prims}
-    out = tmp_path / "art"
-    compiler.write_artifacts(result, out)
-    ref = run_onnxruntime(model, {"x": x, "y": y})["out"]
-    assert rel_l2(run_exe(tessera.load(out, DEVICE), {"x": x, "y": y})[0], ref) < TOLERANCE["fp32"]
+    check_prologue_fuses(model, {"x": x, "y": y}, {"concat", "pad", "max"}, tmp_path, monkeypatch, layout)
 
 
 def test_candy_small_with_every_conv_on_its_template(monkeypatch):
