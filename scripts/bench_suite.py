@@ -35,7 +35,8 @@ HIDET = ["resnet50", "inception_v3", "mobilenet_v2", "bert_base", "gpt2"]
 def table(files: list[Path]) -> str:
     """Markdown: model x precision, tessera optimal/greedy and the peers, ratio to the best peer."""
     docs = [json.loads(f.read_text()) for f in files]
-    names = ["tessera-optimal", "tessera-optimal-noprologues", "tessera-optimal-notemplates", "tessera-greedy", "eager", "inductor", "inductor-cudagraphs", "inductor-max-autotune"]
+    names = ["tessera-optimal", "tessera-optimal-noprologues", "tessera-optimal-notemplates", "tessera-optimal-precisionio",
+             "tessera-greedy", "eager", "inductor", "inductor-cudagraphs", "inductor-max-autotune"]
     present = [n for n in names if any(e["name"] == n for d in docs for e in d["entries"])]
     out = ["| model | precision | " + " | ".join(f"{n} ms" for n in present) + " | tessera / best peer | tuning s | device |",
            "| --- | --- |" + " ---: |" * len(present) + " ---: | ---: | --- |"]

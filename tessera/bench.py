@@ -142,17 +142,20 @@ def bench(model: str, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
     _set_precision(precision)
     for strategy in strategies:
         # "optimal-notemplates": the same strategy with GEMM/conv templates off (library kernels only),
-        # to show what the templates add; "-noprologues", with templates but no operand prologues.
-        # Each reuses the database the plain strategy filled.
+        # to show what the templates add; "-noprologues", with templates but no operand prologues;
+        # "-precisionio", taking and returning the precision's type as the half peers do (no boundary
+        # casts; its inputs are converted once, outside the timed calls). Each reuses the database
+        # the plain strategy filled.
         base, _, suffix = strategy.partition("-")
-        if suffix not in ("", "notemplates", "noprologues"):
-            raise TesseraError(f"unknown strategy {strategy!r}; a strategy may end in -notemplates or "
-                               "-noprologues")
+        if suffix not in ("", "notemplates", "noprologues", "precisionio"):
+            raise TesseraError(f"unknown strategy {strategy!r}; a strategy may end in -notemplates, "
+                               "-noprologues or -precisionio")
         t0 = time.perf_counter()
         result = compile_model(path, CompileOptions(strategy=base, precision=precision, cost=cost, db=db,
                                                     solver=solver,
                                                     templates="off" if suffix == "notemplates" else "auto",
-                                                    prologues=suffix != "noprologues"))
+                                                    prologues=suffix != "noprologues",
+                                                    io="precision" if suffix == "precisionio" else "model"))
         exe = Executable(result.graph, plan_document(result), dev)
         compile_s = time.perf_counter() - t0
         feeds = exe.prepare_inputs(**{k: torch.from_numpy(v) for k, v in feeds_np.items()})

@@ -56,6 +56,9 @@ class CompileOptions:
     prologues: bool = True
     gpu: str = "h100"
     precision: str = "fp32"
+    # Float inputs and outputs: "model" (the dtypes the model declares) or "precision" (fp16/bf16
+    # plans take and return the narrow type: no boundary casts; rewrite/precision.py)
+    io: str = "model"
     layout: str = "auto"  # storage layouts: "auto" (by cost), "nchw" (all row-major), "nhwc" (conv regions channels-last)
     solver: str = DEFAULT_SOLVER
     time_limit: float = 60.0
@@ -78,6 +81,7 @@ class CompileResult:
     # post-solve tuning timed it; the plan's cost_s is the candidate's time before that.
     tuned_s: dict[str, float] = field(default_factory=dict)
     layouts: LayoutResult | None = None  # the layout pass's regions and choices
+    io: str = "model"  # CompileOptions.io: the boundary dtypes the graph was built with
 
 
 PASSES = ("load", "fission", "precision", "layout", "ograph", "cost", "orchestrate", "schedules", "codegen")
@@ -120,7 +124,7 @@ def compile_model(source: Any, options: CompileOptions | None = None,
     fis = fission(loaded.graph)
     done("fission")
     try:
-        graph = convert_precision(fis.graph, opt.precision)
+        graph = convert_precision(fis.graph, opt.precision, opt.io)
     except ValueError as e:
         raise TesseraError(str(e)) from None
     done("precision")
@@ -211,7 +215,7 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
         tuned.update(forced_templates(graph, plan, opt.precision, dev))
     kernels = generate_kernels(graph, plan, tuned)
     done("codegen")
-    return CompileResult(loaded, fis, graph, og, plan, kernels, timings, tuning, tuned_s, lay)
+    return CompileResult(loaded, fis, graph, og, plan, kernels, timings, tuning, tuned_s, lay, opt.io)
 
 
 # Lazy measurement takes 0.6x the analytical estimate (roofline plus launch) as a candidate's
@@ -299,6 +303,7 @@ def write_artifacts(result: CompileResult, out: Path) -> None:
             (kdir / f"{impl.triton.name}.py").write_text(impl.triton.source)
     save_artifact(out, result.graph, result.loaded.model,
                   {"tessera": __version__, "model": result.loaded.label, "precision": result.plan.precision,
+                   "io": result.io,
                    "input_shapes": {k: list(v) for k, v in result.loaded.input_shapes.items()},
                    "layout_unpadded": result.layouts.unpadded if result.layouts is not None else []},
                   result.layouts.choices if result.layouts is not None else [])

@@ -311,18 +311,21 @@ def read_by_relu(model: torch.nn.Module, example: tuple[torch.Tensor, ...],
 @contextlib.contextmanager
 def _quiet_exporter() -> Iterator[None]:
     """The exporter's own chatter, which a benchmark user cannot act on: onnxscript's constant
-    folder logs a warning for each node it declines to fold ("Evaluation failed: ..."), and
-    torch.export's internals raise deprecation warnings about their own APIs."""
-    log = logging.getLogger("onnxscript")
-    level = log.level
-    log.setLevel(logging.ERROR)
+    folder logs a warning for each node it declines to fold ("Evaluation failed: ..."), torch.onnx
+    logs the optional packages whose ops it skips, and torch.export's internals raise deprecation
+    warnings about their own APIs."""
+    logs = [logging.getLogger(name) for name in ("onnxscript", "torch.onnx")]
+    levels = [log.level for log in logs]
+    for log in logs:  # torch.onnx: "torchvision is not installed. Skipping torchvision::roi_align", say
+        log.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
             yield
     finally:
-        log.setLevel(level)
+        for log, level in zip(logs, levels):
+            log.setLevel(level)
 
 
 def build(name: str, out: Path, seed: int = 0) -> Path:

@@ -162,3 +162,16 @@ def test_zoo_calibration_amplifies_no_channel_by_orders_of_magnitude():
     with torch.no_grad():
         out = model(torch.randn(4, 3, 16, 16))
     assert float(out.std(dim=(0, 2, 3)).max()) < 3.0
+
+
+def test_bench_precision_io_strategy_takes_half_inputs(tmp_path, capsys):
+    # "-precisionio": the plan takes and returns fp16, as the .half() peers do, so the boundary casts
+    # are gone; it is still checked against onnxruntime.
+    out = tmp_path / "b.json"
+    assert main(["bench", "zoo:mlp_tiny", "--precision", "fp16", "--vs", "eager", "--strategy",
+                 "greedy,greedy-precisionio", "--cost", "analytical", "--device", "cpu", "--json", str(out)]) == 0
+    by = {e["name"]: e for e in json.loads(out.read_text())["entries"]}
+    plain, io = by["tessera-greedy"], by["tessera-greedy-precisionio"]
+    assert plain["passed"] and io["passed"]
+    # The input cast fused with a reshape is a generated kernel; without it the reshape is a view.
+    assert io["extra"]["backends"].get("triton", 0) < plain["extra"]["backends"]["triton"]

@@ -73,3 +73,26 @@ def test_a_user_set_triton_interpreter_is_refused_for_the_gpu(monkeypatch):
     monkeypatch.setattr(launch, "_SET_BY_US", True)  # tessera's own choice, for an earlier CPU run: undone
     launch.use_interpreter(torch.device("cuda"))
     assert "TRITON_INTERPRET" not in __import__("os").environ  # monkeypatch restores both afterwards
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_precision_io_drops_the_boundary_casts(tmp_path, capsys, precision):
+    # gemm_g1 in fp16 with the model's float32 I/O is three input casts, two matmuls and an output
+    # cast (issue 15's "defect": peers run .half() on half inputs); with --io precision it is the
+    # two matmuls, taking and returning the narrow type, and the artifact keeps the choice.
+    narrow = {"fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+    declared = tessera.compile(MODELS / "gemm_g1.onnx", tessera.CompileOptions(precision=precision, cost="analytical"))
+    assert [s.impl.name.split("_", 1)[1] for s in declared.steps] == ["cast", "cast", "cast", "matmul", "matmul_cast"]
+    out = tmp_path / "g1"
+    assert main(["compile", str(MODELS / "gemm_g1.onnx"), "-o", str(out), "--precision", precision,
+                 "--io", "precision", "--cost", "analytical"]) == 0
+    exe = tessera.load(out)
+    assert [s.impl.name.split("_", 1)[1] for s in exe.steps] == ["matmul", "matmul"]
+    model = frontend_load(MODELS / "gemm_g1.onnx")
+    feeds = random_inputs(model.graph, seed=12)
+    (y,) = exe(*[torch.from_numpy(feeds[n]).to(narrow) for n in exe.input_names])
+    assert y.dtype == narrow
+    ref = run_onnxruntime(model.model, feeds)[exe.output_names[0]]
+    assert rel_l2(y.float().numpy(), ref) < 1e-2
+    capsys.readouterr()
+    assert main(["run", str(out), "--check"]) == 0 and "PASS" in capsys.readouterr().out

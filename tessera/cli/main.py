@@ -26,6 +26,7 @@ from tessera.ir.indices import check_feeds
 from tessera.orchestrate import DEFAULT_SOLVER, SOLVERS, STRATEGIES
 from tessera.orchestrate.candidates import MAX_KERNEL_NODES
 from tessera.orchestrate.layout import LAYOUT_POLICIES
+from tessera.rewrite import IO_CHOICES
 from tessera.summary import format_summary, summarize
 from tessera.runtime.artifact import load_artifact as load
 from tessera.runtime.artifact import read_meta
@@ -137,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", default="h100", choices=sorted(DEVICES), help="device preset for the cost model")
     p.add_argument("--strategy", choices=STRATEGIES, default="optimal")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    p.add_argument("--io", choices=IO_CHOICES, default="model",
+                   help="float inputs and outputs: model (the dtypes the model declares) or precision "
+                        "(an fp16/bf16 plan takes and returns that type, with no boundary casts)")
     p.add_argument("--layout", choices=LAYOUT_POLICIES, default="auto",
                    help="storage layouts: auto (by cost), nchw (all row-major), nhwc (conv regions channels-last)")
     p.add_argument("--templates", choices=["auto", "off", "force"], default="auto",
@@ -244,7 +248,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                  for k, v in feeds.items()}
     else:
         feeds = random_inputs(model.graph, seed)
-    outs = {k: v.cpu().numpy() for k, v in exe.run(**feeds).items()}
+    # NumPy has no bfloat16: a bf16 output (`--io precision`) is saved and checked as float32.
+    outs = {k: (v.float() if v.dtype is torch.bfloat16 else v).cpu().numpy() for k, v in exe.run(**feeds).items()}
     if args.save_outputs:
         np.savez(args.save_outputs, **outs)
     backends = ", ".join(f"{n} {b}" for b, n in sorted(exe.backends.items()))
@@ -316,7 +321,7 @@ class _Bar:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    opts = CompileOptions(strategy=args.strategy, cost=args.cost, gpu=args.gpu, precision=args.precision,
+    opts = CompileOptions(strategy=args.strategy, cost=args.cost, gpu=args.gpu, precision=args.precision, io=args.io,
                           solver=args.solver, time_limit=args.time_limit, max_states=args.max_states,
                           max_kernel_nodes=args.max_kernel_nodes, input_shapes=parse_input_shapes(args.input_shape),
                           db=args.db, tune_workers=args.tune_workers, tune=args.tune, layout=args.layout,

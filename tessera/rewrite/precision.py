@@ -20,10 +20,20 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 _NARROW = {"fp16": DType.FLOAT16, "bf16": DType.BFLOAT16}
 
 
-def convert_precision(graph: Graph, precision: str) -> Graph:
-    """`graph` computing in `precision` (a new graph; fp32/tf32 return it unchanged)."""
+IO_CHOICES = ("model", "precision")
+
+
+def convert_precision(graph: Graph, precision: str, io: str = "model") -> Graph:
+    """`graph` computing in `precision` (a new graph; fp32/tf32 return it unchanged).
+
+    `io`: the float dtypes of the graph's inputs and outputs. "model" keeps those the model declares
+    (a cast after each float32 input and before each float32 output); "precision" gives them the
+    narrow type too, for callers whose tensors are already float16/bfloat16 (a half-precision
+    pipeline, or a benchmark against peers run with `.half()`), so no boundary cast runs."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if io not in IO_CHOICES:
+        raise ValueError(f"io must be one of {IO_CHOICES}, got {io!r}")
     to = _NARROW.get(precision)
     if to is None:
         return graph
@@ -76,7 +86,8 @@ def convert_precision(graph: Graph, precision: str) -> Graph:
         nodes.append(Node(n.name, n.op, tuple(ins), tuple(outs), attrs, n.domain, n.source))
         nodes.extend(casts)
     g.nodes = nodes
-    _keep_boundary_types(g, graph, wide, to)
+    if io == "model":
+        _keep_boundary_types(g, graph, wide, to)
     # Casts nothing reads (of an input the graph ignores, of an opaque op's unused output: TopK's
     # values when only its indices are used) would be kernels with no outputs.
     g.remove_dead()

@@ -64,7 +64,7 @@ def rebuild_graph(model: Path | bytes, meta: dict[str, Any]) -> Graph:
     """The primitive graph a compile ran, from its source model (a path or its bytes) and the
     choices it recorded."""
     loaded = frontend_load(model, {k: tuple(v) for k, v in meta["input_shapes"].items()})
-    graph = convert_precision(fission(loaded.graph).graph, meta["precision"])
+    graph = convert_precision(fission(loaded.graph).graph, meta["precision"], meta.get("io", "model"))
     return assign_layouts(graph, None, "nchw", replay=list(meta["layout_choices"]),
                           unpadded=list(meta.get("layout_unpadded", []))).graph
 
