@@ -48,7 +48,7 @@ class _HostPiece:
 class _PiecewiseGraph:
     """A plan with host steps, replayed as its captured graphs with the host steps between them."""
 
-    def __init__(self, exe: "Executable", pieces: list[Any]) -> None:
+    def __init__(self, exe: "Executable", pieces: list[torch.cuda.CUDAGraph | _HostPiece]) -> None:
         self.exe, self.pieces = exe, pieces
 
     def replay(self) -> None:
@@ -269,7 +269,7 @@ class Executable:
             self._launch(self._static_in)  # compiles every kernel before capture
         torch.cuda.current_stream().wait_stream(stream)
         env = self._feed_env(self._static_in)
-        self._pieces = []
+        pieces: list[torch.cuda.CUDAGraph | _HostPiece] = []
         pool = None
         for host, steps in self._segments():
             if host:
@@ -281,17 +281,17 @@ class Executable:
                 self._run_steps(steps, env)
                 statics = {t: env[t].clone() for t in env if t not in before}
                 env.update(statics)
-                self._pieces.append(_HostPiece(steps, reads, statics))
+                pieces.append(_HostPiece(steps, reads, statics))
                 continue
             g = torch.cuda.CUDAGraph()
             with quiet_capture(), torch.cuda.graph(g, pool=pool):
                 self._run_steps(steps, env)
             pool = g.pool()  # one memory pool, replayed in capture order
             g.replay()  # real values for a host step that follows
-            self._pieces.append(g)
+            pieces.append(g)
         self._static_out = {t: env[t] for t in self.graph.outputs}
-        self._graph = self._pieces[0] if len(self._pieces) == 1 and not isinstance(self._pieces[0], _HostPiece) \
-            else _PiecewiseGraph(self, self._pieces)
+        self._graph = pieces[0] if len(pieces) == 1 and not isinstance(pieces[0], _HostPiece) \
+            else _PiecewiseGraph(self, pieces)
 
     def _segments(self) -> list[tuple[bool, list[int]]]:
         """Step indices in runs: steps that launch GPU work (captured as one CUDA graph per run),
