@@ -289,7 +289,7 @@ def test_host_steps_split_the_cuda_graph():
 
     spec = copy.deepcopy(GPU_REGRESSIONS["opaque_between_gpu"])
     fuzzcheck.complete_types(spec)
-    run = tessera.compile(fuzzcheck.to_onnx(spec), tessera.CompileOptions(gpu="h100"))
+    run = tessera.compile(fuzzcheck.to_onnx(spec), tessera.CompileOptions(gpu="h100", cost="analytical"))
     pieces = run._segments()
     assert [host for host, _ in pieces] == [False, True, False, True, False]
     assert sorted(i for _, steps in pieces for i in steps) == list(range(len(run.steps)))

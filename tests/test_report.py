@@ -68,7 +68,7 @@ def parse(path: Path) -> tuple[Counter, str]:
 
 @pytest.fixture(scope="module", params=["attn_s7.onnx", "bert_tiny.onnx"])
 def compiled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[CompileResult, Path]:
-    result = compile_model(MODELS / request.param, CompileOptions())
+    result = compile_model(MODELS / request.param, CompileOptions(cost="analytical"))
     out = tmp_path_factory.mktemp(request.param.replace(".onnx", ""))
     write_artifacts(result, out)
     return result, out

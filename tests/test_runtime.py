@@ -21,7 +21,7 @@ MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
                                   "segformer_b0_small.onnx", "efficientvit_b0_small.onnx"])
 @pytest.mark.parametrize("strategy", ["optimal", "greedy"])
 def test_compile_and_run_matches_onnxruntime(name, strategy):
-    run = tessera.compile(MODELS / name, tessera.CompileOptions(strategy=strategy))
+    run = tessera.compile(MODELS / name, tessera.CompileOptions(strategy=strategy, cost="analytical"))
     model = frontend_load(MODELS / name)
     feeds = random_inputs(model.graph, seed=11)
     ref = run_onnxruntime(model.model, feeds)
@@ -55,7 +55,7 @@ def test_runtime_errors(tmp_path, capsys):
         tessera.load(tmp_path)
     assert main(["run", str(tmp_path)]) == 2
     assert "not a tessera artifact" in capsys.readouterr().err
-    exe = tessera.compile(MODELS / "gemm_g1.onnx")
+    exe = tessera.compile(MODELS / "gemm_g1.onnx", tessera.CompileOptions(cost="analytical"))
     with pytest.raises(ShapeError, match="'a'"):
         exe(torch.randn(1, 5, 64), torch.randn(1, 64, 256), torch.randn(1, 256, 64))
 
