@@ -102,6 +102,7 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new pair after this many seconds")
     ap.add_argument("--code", default="", help="the tessera commit measured (the device's copy has no git history)")
     ap.add_argument("--profile", action="store_true", help="also profile each contender's kernels by kind")
+    ap.add_argument("--timing", default="wall", choices=["wall", "gpu"], help="gpu: the kernels' GPU time per call")
     a = ap.parse_args()
     start = time.perf_counter()
 
@@ -121,7 +122,7 @@ def main() -> int:
             db = str(Path(tempfile.mkdtemp()) / "fresh.db") if a.fresh_db else a.db
             try:
                 doc = bench(f"zoo:{model}", prec, a.vs.split(","), a.strategies.split(","), a.cost, db,
-                            "cuda", 0, a.solver, a.profile)
+                            "cuda", 0, a.solver, a.profile, a.timing)
             except Exception as e:  # noqa: BLE001 - record and go on to the next model
                 print(f"{model} {prec}: FAILED {type(e).__name__}: {e}", flush=True)
                 continue

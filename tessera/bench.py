@@ -3,8 +3,11 @@
 Every contender runs on the same inputs, on the same device, in the same
 process: the tessera executable (per strategy, replayed as a CUDA graph),
 PyTorch eager, `torch.compile` (default), `torch.compile(mode="reduce-overhead")`
-(CUDA graphs) and, when asked, `mode="max-autotune"`. Times are medians of
-`triton.testing.do_bench` on the GPU (a perf_counter loop on a CPU). Every
+(CUDA graphs) and, when asked, `mode="max-autotune"` and `sdpa` (a zoo attention case
+computed by `F.scaled_dot_product_attention`, the flash kernel). Times (`timing="wall"`) are
+medians of `triton.testing.do_bench` on the GPU (a perf_counter loop on a CPU). At a few µs
+launches hide the kernels, so `timing="gpu"` times each contender by the GPU time of the
+kernels one call runs instead (the CUDA profiler, summed, averaged over `GPU_REPS` calls). Every
 timed output is checked against onnxruntime (fp32) with the precision's
 tolerance. The PyTorch peers need the PyTorch model: a zoo model (`zoo:NAME`)
 is built from one seed both ways; for a plain ONNX file only tessera runs.
@@ -34,7 +37,8 @@ from tessera.runtime.profile import profile_callable, profile_executable
 from tessera.tolerance import TOLERANCE, rel_l2
 from tessera.verify import random_inputs, run_onnxruntime
 
-PEERS = ("eager", "inductor", "inductor-cudagraphs", "inductor-max-autotune")
+PEERS = ("eager", "inductor", "inductor-cudagraphs", "inductor-max-autotune", "sdpa")
+TIMINGS = ("wall", "gpu")
 _MODES = {"inductor": "default", "inductor-cudagraphs": "reduce-overhead", "inductor-max-autotune": "max-autotune"}
 
 
@@ -46,6 +50,9 @@ class Entry:
     passed: bool
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+GPU_REPS = 50  # calls profiled per contender under timing="gpu"
 
 
 def median_ms(fn: Callable[[], Any], device: torch.device) -> float:
@@ -111,12 +118,17 @@ def _check(out: Any, ref: dict[str, np.ndarray], names: Sequence[str], precision
 
 def bench(model: str, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
           strategies: Sequence[str] = ("optimal", "greedy"), cost: str = "auto", db: str | None = None,
-          device: str = "cuda", seed: int = 0, solver: str = "cbc", run_profile: bool = False) -> dict[str, Any]:
+          device: str = "cuda", seed: int = 0, solver: str = "cbc", run_profile: bool = False,
+          timing: str = "wall") -> dict[str, Any]:
     """Time tessera and its peers on `model` (an ONNX path, or zoo:NAME); returns the JSON document.
 
     `run_profile`: also profile what each contender launches (`runtime/profile.py`) into its
     entry's `extra["run_profile"]`: GPU µs per call by kernel kind, plan kernel and kernel."""
     dev = torch.device(device)
+    if timing not in TIMINGS:
+        raise TesseraError(f"unknown timing {timing!r}; choose from {', '.join(TIMINGS)}")
+    if timing == "gpu" and dev.type != "cuda":
+        raise TesseraError("--timing gpu needs a GPU: it sums the CUDA kernels' time")
     # Before anything imports Triton through torch (the zoo's dynamo export does): on a CPU,
     # Triton's interpreter must be chosen first or kernels it loads later cannot run.
     use_interpreter(dev)
@@ -161,7 +173,10 @@ def bench(model: str, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
         feeds = exe.prepare_inputs(**{k: torch.from_numpy(v) for k, v in feeds_np.items()})
         got = exe.run_static(feeds)
         err, ok = _check([got[n] for n in exe.output_names], ref, exe.output_names, precision)
-        ms = median_ms(lambda: exe.run_static(feeds), dev)
+        if timing == "gpu":
+            ms = profile_executable(exe, feeds, GPU_REPS).total_us / 1e3
+        else:
+            ms = median_ms(lambda: exe.run_static(feeds), dev)
         entries.append(Entry(f"tessera-{strategy}", ms, err, ok, extra={
             "kernels": len(exe.steps), "backends": exe.backends, "compile_s": round(compile_s, 2),
             "cost_model": result.plan.cost_model, "tuning": result.tuning,
@@ -178,7 +193,14 @@ def bench(model: str, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
         for peer in peers:
             if peer not in PEERS:
                 raise TesseraError(f"unknown peer {peer!r}; choose from {', '.join(PEERS)}")
-            fn = module if peer == "eager" else torch.compile(module, mode=_MODES[peer])
+            if peer == "sdpa":
+                from tessera.zoo import sdpa_form
+
+                fn = sdpa_form(module)
+                if fn is None:
+                    continue  # only an attention case has a flash form
+            else:
+                fn = module if peer == "eager" else torch.compile(module, mode=_MODES[peer])
             with torch.no_grad():
                 t0 = time.perf_counter()
                 out = fn(*args)
@@ -186,7 +208,8 @@ def bench(model: str, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
                     out = fn(*args)
                 warm = time.perf_counter() - t0
                 err, ok = _check(out, ref, out_names, precision)
-                ms = median_ms(lambda: fn(*args), dev)
+                ms = profile_callable(lambda: fn(*args), GPU_REPS, dev, peer).total_us / 1e3 \
+                    if timing == "gpu" else median_ms(lambda: fn(*args), dev)
             entries.append(Entry(peer, ms, err, ok, extra={"warmup_s": round(warm, 2)}))
             if run_profile:
                 entries[-1].extra["run_profile"] = profile_callable(lambda: fn(*args), reps, dev, peer).to_json()
@@ -197,6 +220,7 @@ def bench(model: str, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
         else platform.processor() or platform.machine(),
         "versions": {"torch": torch.__version__, "python": platform.python_version(), **_versions()},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "timing": timing,
         "entries": [{**asdict(e), "vs_best_peer": (e.ms / best) if best else None} for e in entries],
         **({} if dev.type == "cuda" else {"note": CPU_NOTE}),
     }
@@ -220,7 +244,8 @@ def _versions() -> dict[str, str]:
 
 
 def format_table(doc: dict[str, Any]) -> str:
-    lines = [f"{doc['model']} ({doc['precision']}) on {doc['device']}, {doc['date'][:10]}",
+    gpu = " (GPU time of the kernels per call)" if doc.get("timing") == "gpu" else ""
+    lines = [f"{doc['model']} ({doc['precision']}) on {doc['device']}, {doc['date'][:10]}{gpu}",
              f"{'contender':<26}{'ms':>10}{'vs best peer':>14}{'rel L2':>11}  check"]
     for e in doc["entries"]:
         ratio = f"{e['vs_best_peer']:.2f}x" if e["vs_best_peer"] else "-"

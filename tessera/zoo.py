@@ -9,7 +9,8 @@ machine has it). Usage:
 
 ResNet-50, Inception-V3, MobileNet-V2 (torchvision), BERT-base, GPT-2 and
 SegFormer-B0 (transformers), EfficientViT-B0 (timm) need the `models` extra;
-candy and mlp_tiny are plain torch. `make(name, seed)` gives the PyTorch module and inputs; `build(name, out, seed)`
+candy, mlp_tiny and MCFuser's attention (attn_s1-s9) and GEMM-chain (gemm_g1-g12)
+cases are plain torch. `make(name, seed)` gives the PyTorch module and inputs; `build(name, out, seed)`
 exports the same weights, so `tessera bench` can time the PyTorch peers on the
 model that produced the ONNX file.
 """
@@ -173,10 +174,62 @@ def mlp_tiny() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     return _TinyMLP(), (torch.randn(2, 16, 32),)
 
 
+class Attention(torch.nn.Module):
+    """MCFuser's attention case, softmax(q k^T / sqrt(d)) v, written out as the shared ONNX files
+    have it (Transpose, MatMul, Div, Softmax, MatMul); `sdpa` computes the same through
+    `F.scaled_dot_product_attention` (the flash kernel), bench's `sdpa` peer."""
+
+    def __init__(self, sdpa: bool = False) -> None:
+        super().__init__()
+        self.sdpa = sdpa
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.sdpa:
+            return F.scaled_dot_product_attention(q, k, v)
+        scale = torch.tensor(q.shape[-1] ** 0.5, dtype=q.dtype)
+        return torch.softmax(q @ k.transpose(-1, -2) / scale, dim=-1) @ v
+
+
+class GemmChain(torch.nn.Module):
+    """MCFuser's GEMM chain case, (a b) d: two matmuls through a memory-bound intermediate."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        return (a @ b) @ d
+
+
+# MCFuser's shapes (its Tables II and III), as the shared models have them: attention
+# (heads, query length, key length, head dim) at batch 1; GEMM chains (batch, M, K, N, L) for
+# (a [M, K] @ b [K, N]) @ d [N, L].
+ATTENTION_CASES = {1: (8, 512, 512, 64), 2: (12, 512, 512, 64), 3: (16, 512, 512, 64), 4: (12, 256, 256, 64),
+                   5: (16, 256, 256, 64), 6: (16, 256, 256, 80), 7: (1, 512, 256, 64), 8: (1, 768, 384, 64),
+                   9: (1, 1024, 512, 64)}
+GEMM_CHAIN_CASES = {1: (1, 512, 64, 256, 64), 2: (1, 512, 64, 256, 128), 3: (1, 512, 64, 256, 256),
+                    4: (1, 512, 256, 512, 256), 5: (1, 512, 512, 512, 256), 6: (1, 512, 1024, 512, 256),
+                    7: (1, 512, 128, 512, 128), 8: (1, 1024, 128, 512, 128), 9: (1, 2048, 128, 512, 128),
+                    10: (1, 1024, 128, 1024, 128), 11: (4, 1024, 128, 1024, 128), 12: (8, 1024, 128, 1024, 128)}
+
+
+def attention_case(i: int) -> Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]:
+    h, m, n, d = ATTENTION_CASES[i]
+    return lambda: (Attention(), (torch.randn(1, h, m, d), torch.randn(1, h, n, d), torch.randn(1, h, n, d)))
+
+
+def gemm_chain_case(i: int) -> Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]:
+    b, m, k, n, l = GEMM_CHAIN_CASES[i]
+    return lambda: (GemmChain(), (torch.randn(b, m, k), torch.randn(b, k, n), torch.randn(b, n, l)))
+
+
+def sdpa_form(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The model computed through `F.scaled_dot_product_attention`, where the zoo has that form."""
+    return Attention(sdpa=True) if isinstance(model, Attention) else None  # no weights: any device
+
+
 ZOO: dict[str, Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]] = {
     "resnet50": resnet50, "inception_v3": inception_v3, "mobilenet_v2": mobilenet_v2,
     "bert_base": bert_base, "gpt2": gpt2, "mlp_tiny": mlp_tiny,
     "candy": candy, "segformer_b0": segformer_b0, "efficientvit_b0": efficientvit_b0,
+    **{f"attn_s{i}": attention_case(i) for i in ATTENTION_CASES},
+    **{f"gemm_g{i}": gemm_chain_case(i) for i in GEMM_CHAIN_CASES},
 }
 
 

@@ -158,16 +158,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="an ONNX file (tessera alone) or zoo:NAME (the PyTorch peers too)")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="as every command's default")
     p.add_argument("--vs", default="eager,inductor,inductor-cudagraphs",
-                   help="peers: eager, inductor, inductor-cudagraphs, inductor-max-autotune")
+                   help="peers: eager, inductor, inductor-cudagraphs, inductor-max-autotune, sdpa "
+                        "(the flash kernel; zoo attention cases only)")
     p.add_argument("--strategy", default="optimal,greedy",
                    help="tessera strategies to time; NAME-notemplates times NAME with templates off, "
-                        "NAME-noprologues with templates but no operand prologues")
+                        "NAME-noprologues with templates but no operand prologues, NAME-precisionio taking "
+                        "and returning the precision's type (no boundary casts)")
     p.add_argument("--cost", choices=["auto", "analytical", "measured"], default="auto")
     p.add_argument("--db", help="tuning database")
     p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=_count(0), default=0)
     p.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    p.add_argument("--timing", choices=["wall", "gpu"], default="wall",
+                   help="wall: median time of a call; gpu: the GPU time of its kernels (profiler), for "
+                        "kernels of a few µs that launch overhead would hide")
     p.add_argument("--profile", action="store_true",
                    help="also profile each contender's kernels by kind (extra.run_profile in --json)")
     p = sub.add_parser("db", help="move tuning results between machines")
@@ -477,7 +482,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     doc = bench(args.model, args.precision, [p for p in args.vs.split(",") if p],
                 [s for s in args.strategy.split(",") if s], args.cost, args.db, args.device, args.seed, args.solver,
-                args.profile)
+                args.profile, args.timing)
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1))
     print(format_table(doc))
