@@ -156,17 +156,18 @@ def bench(model: str, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
         # "optimal-notemplates": the same strategy with GEMM/conv templates off (library kernels only),
         # to show what the templates add; "-noprologues", with templates but no operand prologues;
         # "-precisionio", taking and returning the precision's type as the half peers do (no boundary
-        # casts; its inputs are converted once, outside the timed calls). Each reuses the database
-        # the plain strategy filled.
+        # casts; its inputs are converted once, outside the timed calls); "-nochains", with no GEMM
+        # chains (codegen/chain.py). Each reuses the database the plain strategy filled.
         base, _, suffix = strategy.partition("-")
-        if suffix not in ("", "notemplates", "noprologues", "precisionio"):
+        if suffix not in ("", "notemplates", "noprologues", "precisionio", "nochains"):
             raise TesseraError(f"unknown strategy {strategy!r}; a strategy may end in -notemplates, "
-                               "-noprologues or -precisionio")
+                               "-noprologues, -precisionio or -nochains")
         t0 = time.perf_counter()
         result = compile_model(path, CompileOptions(strategy=base, precision=precision, cost=cost, db=db,
                                                     solver=solver,
                                                     templates="off" if suffix == "notemplates" else "auto",
                                                     prologues=suffix != "noprologues",
+                                                    chains=suffix != "nochains",
                                                     io="precision" if suffix == "precisionio" else "model"))
         exe = Executable(result.graph, plan_document(result), dev)
         compile_s = time.perf_counter() - t0

@@ -14,8 +14,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from tessera.codegen.kernels import AnySchedule, ConvSchedule, GemmSchedule
-from tessera.codegen.select import KernelImpl, TritonLegality, implement, operand_prologue
+from tessera.codegen.kernels import AnySchedule, ChainSchedule, ConvSchedule, GemmSchedule
+from tessera.codegen.select import KernelImpl, TritonLegality, implement, needs_template
 from tessera.codegen.triton_ops import Unsupported
 from tessera.cost import AnalyticalCost, device
 from tessera.cost.db import TuningDB, default_db_path, software_versions
@@ -33,6 +33,7 @@ from tessera.orchestrate.candidates import MAX_KERNEL_NODES
 from tessera.orchestrate.layout import NHWC, LayoutResult, assign_layouts, regions
 from tessera.orchestrate.report import write_report
 from tessera.rewrite import convert_precision
+from tessera.rewrite.deferred import DEFERRED, defer_normalization
 from tessera.runtime.artifact import save_artifact
 from tessera.runtime.executable import Executable
 from tessera.version import __version__
@@ -54,6 +55,9 @@ class CompileOptions:
     # With measured templates: elementwise primitives that feed a matmul or convolution operand may
     # join its kernel, computed as the template loads the tile (off: epilogues only, for A/B runs)
     prologues: bool = True
+    # GEMM chains (codegen/chain.py): two matmuls joined through memory-bound primitives (attention,
+    # MLPs) may form one kernel, where templates are measured ("auto") or forced. The solver decides.
+    chains: bool = True
     gpu: str = "h100"
     precision: str = "fp32"
     # Float inputs and outputs: "model" (the dtypes the model declares) or "precision" (fp16/bf16
@@ -82,6 +86,8 @@ class CompileResult:
     tuned_s: dict[str, float] = field(default_factory=dict)
     layouts: LayoutResult | None = None  # the layout pass's regions and choices
     io: str = "model"  # CompileOptions.io: the boundary dtypes the graph was built with
+    chains: dict[str, dict[str, Any]] = field(default_factory=dict)  # chain kernel -> its schedule search
+    rewrites: list[str] = field(default_factory=list)  # graph rewrites applied after fission, in order
 
 
 PASSES = ("load", "fission", "precision", "layout", "ograph", "cost", "orchestrate", "schedules", "codegen")
@@ -123,8 +129,15 @@ def compile_model(source: Any, options: CompileOptions | None = None,
     done("load")
     fis = fission(loaded.graph)
     done("fission")
+    graph = fis.graph
+    rewrites: list[str] = []
+    if chains_enabled(opt, cost_kind):  # softmax's division after the product: attention then chains in one pass
+        graph, moved = defer_normalization(graph)
+        if moved:
+            rewrites.append(DEFERRED)
+            logger.info("rewrite: %d row normalization(s) moved after their matmul", moved)
     try:
-        graph = convert_precision(fis.graph, opt.precision, opt.io)
+        graph = convert_precision(graph, opt.precision, opt.io)
     except ValueError as e:
         raise TesseraError(str(e)) from None
     done("precision")
@@ -135,12 +148,19 @@ def compile_model(source: Any, options: CompileOptions | None = None,
     elif profiler is None:
         profiler = new_profiler(opt)
     try:
-        return _plan(loaded, fis, graph, opt, cost_kind, dev, db, profiler, timings, done, progress, tune_progress)
+        result = _plan(loaded, fis, graph, opt, cost_kind, dev, db, profiler, timings, done, progress, tune_progress)
+        result.rewrites = rewrites
+        return result
     finally:  # worker processes and the database, also when solving fails
         if profiler is not None and own:
             getattr(profiler, "close", lambda: None)()
         if db is not None:
             db.close()
+
+
+def chains_enabled(opt: CompileOptions, cost_kind: str) -> bool:
+    """May GEMM chains form kernels? Where templates are measured (their cost decides) or forced."""
+    return opt.chains and (opt.templates == "force" or (opt.templates == "auto" and cost_kind == "measured"))
 
 
 def new_profiler(opt: CompileOptions) -> Profiler:
@@ -181,9 +201,11 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
     tuning: dict[str, Any] = {}
     tuned: dict[str, AnySchedule] = {}
     tuned_s: dict[str, float] = {}
-    plan = orchestrate(og, cost, strategy=opt.strategy, rules=CandidateRules(max_nodes=opt.max_kernel_nodes),
+    chains = chains_enabled(opt, cost_kind)
+    plan = orchestrate(og, cost, strategy=opt.strategy,
+                       rules=CandidateRules(max_nodes=opt.max_kernel_nodes, max_linear=2 if chains else 1),
                        legality=TritonLegality(templates=isinstance(cost, MeasuredCost) and opt.templates == "auto"
-                                               and opt.prologues),
+                                               and opt.prologues, chains=chains),
                        solver=opt.solver, time_limit=opt.time_limit, max_states=opt.max_states,
                        model=loaded.label, device=device_name, precision=opt.precision, cost_model=cost_kind,
                        progress=progress)
@@ -215,7 +237,8 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
         tuned.update(forced_templates(graph, plan, opt.precision, dev))
     kernels = generate_kernels(graph, plan, tuned)
     done("codegen")
-    return CompileResult(loaded, fis, graph, og, plan, kernels, timings, tuning, tuned_s, lay, opt.io)
+    return CompileResult(loaded, fis, graph, og, plan, kernels, timings, tuning, tuned_s, lay, opt.io,
+                         chain_searches(graph, kernels, opt.precision, dev))
 
 
 # Lazy measurement takes 0.6x the analytical estimate (roofline plus launch) as a candidate's
@@ -260,12 +283,27 @@ def generate_kernels(graph: Graph, plan: Plan, tuned: Mapping[str, AnySchedule] 
     for k in plan.kernels:
         prims, pro = [by_name[n] for n in k.prims], [by_name[n] for n in k.prologue]
         schedule = (tuned or {}).get(k.name)
-        if schedule is None and operand_prologue(prims):  # only a template computes it: its best-ranked
+        if schedule is None and needs_template(prims):  # only a template computes it: its best-ranked
             schedule = next(iter(template_space(graph, prims, pro, k.outputs, plan.precision, None)), None)
         try:
             out.append(implement(graph, prims, pro, k.outputs, k.name, k.source_nodes, schedule, plan.precision))
         except Unsupported as e:
             raise TesseraError(f"kernel {k.name} ({', '.join(k.prims)}) has no code: {e}") from None
+    return out
+
+
+def chain_searches(graph: Graph, kernels: Sequence[KernelImpl], precision: str, dev: Device) -> dict[str, dict[str, Any]]:
+    """Each GEMM-chain kernel's schedule search, for plan.json: the space before and after pruning,
+    the generations to convergence, and the schedule that runs."""
+    from tessera.cost.chain_search import chain_search
+
+    out: dict[str, dict[str, Any]] = {}
+    for k in kernels:
+        if k.triton is not None and isinstance(k.triton.schedule, ChainSchedule):
+            found = chain_search(graph, k.nodes, k.outputs, precision, dev)
+            out[k.name] = {**found.summary(), "runs": k.triton.schedule.to_json(),
+                           "model_rank_of_run": found.ranked.index(k.triton.schedule) + 1
+                           if k.triton.schedule in found.ranked else None}
     return out
 
 
@@ -286,6 +324,8 @@ def plan_document(result: CompileResult) -> dict[str, Any]:
             k["schedule"] = impl.triton.schedule.to_json()
         if k["name"] in result.tuned_s:
             k["tuned_s"] = result.tuned_s[k["name"]]
+        if k["name"] in result.chains:
+            k["chain_search"] = result.chains[k["name"]]
     return doc
 
 
@@ -303,7 +343,7 @@ def write_artifacts(result: CompileResult, out: Path) -> None:
             (kdir / f"{impl.triton.name}.py").write_text(impl.triton.source)
     save_artifact(out, result.graph, result.loaded.model,
                   {"tessera": __version__, "model": result.loaded.label, "precision": result.plan.precision,
-                   "io": result.io,
+                   "io": result.io, "rewrites": result.rewrites,
                    "input_shapes": {k: list(v) for k, v in result.loaded.input_shapes.items()},
                    "layout_unpadded": result.layouts.unpadded if result.layouts is not None else []},
                   result.layouts.choices if result.layouts is not None else [])

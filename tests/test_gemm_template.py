@@ -22,7 +22,7 @@ from opcheck import Const, graph_model, models_dir, rand
 import tessera
 from tessera import compiler
 from tessera.codegen.gemm import template_schedules
-from tessera.codegen.kernels import GemmSchedule, KernelSource, Schedule, schedule_from_json
+from tessera.codegen.kernels import ChainSchedule, GemmSchedule, KernelSource, Schedule, schedule_from_json
 from tessera.codegen.launch import TritonKernel, use_interpreter
 from tessera.codegen.select import implement, prologue_of
 from tessera.codegen.triton_ops import Unsupported
@@ -408,7 +408,8 @@ def test_analytical_compiles_are_unchanged_unless_forced():
     off = compile_model(model, CompileOptions(cost="analytical", templates="off"))
     assert [k.triton.source if k.triton else k.backend for k in auto.kernels] == \
         [k.triton.source if k.triton else k.backend for k in off.kernels]
-    exe = tessera.compile(model, CompileOptions(cost="analytical", templates="force"), DEVICE)
+    # Chains off: forced, the two matmuls would form one GEMM chain (tests/test_chain.py).
+    exe = tessera.compile(model, CompileOptions(cost="analytical", templates="force", chains=False), DEVICE)
     assert exe.backends.get("template") == 2 and "linear" not in exe.backends
     (src,) = [s for n, s in exe.sources().items() if "erf" in s]
     assert "GEMM template" in src and "ONNX nodes: Add_1, Gelu_2, MatMul_0" in src
@@ -421,7 +422,7 @@ def test_tf32_constant_operands_are_rounded_once_at_load():
     # reads is rounded once, at load, into a copy that replaces the original (the weight is held
     # once). The same bits reach the dot: the output equals the one with the weights fed as inputs,
     # which the loop rounds.
-    opts = CompileOptions(cost="analytical", templates="force", precision="tf32")
+    opts = CompileOptions(cost="analytical", templates="force", precision="tf32", chains=False)
     model, feeds = mlp()
     exe = tessera.compile(model, opts, DEVICE)
     tmpl = [s.kernel.ks for s in exe.steps if s.impl.backend == "template"]
@@ -586,7 +587,8 @@ def test_the_library_refuses_an_operand_prologue():
 
 def test_measured_compile_keeps_the_library_when_it_is_faster(tmp_path, fake_gpu, monkeypatch):
     monkeypatch.setattr(fake_gpu, "measure", lambda jobs, record: [
-        record(i, 1e-5 if isinstance(j.schedule, GemmSchedule) else 1e-6, "") for i, j in enumerate(jobs)])
+        record(i, 1e-5 if isinstance(j.schedule, (GemmSchedule, ChainSchedule)) else 1e-6, "")
+        for i, j in enumerate(jobs)])
     model, _ = mlp()
     result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db")))
     assert "template" not in {k.backend for k in result.kernels}
@@ -600,7 +602,7 @@ def test_gpt2_tiny_with_every_matmul_on_its_template(monkeypatch):
     monkeypatch.setattr(schedule_model, "rank_templates", lambda *a, **k: sorted(
         ranking(*a, **k), key=lambda s: -s.block_m * s.block_n * s.block_k))
     path = models_dir() / "gpt2_tiny.onnx"
-    exe = tessera.compile(path, CompileOptions(cost="analytical", templates="force"), DEVICE)
+    exe = tessera.compile(path, CompileOptions(cost="analytical", templates="force", chains=False), DEVICE)
     assert exe.backends.get("template") == 12 and "linear" not in exe.backends
     assert any("tanh" in s and "GEMM template" in s for s in exe.sources().values())  # GPT-2's GELU, fused
     model = load(path)

@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prologues", choices=["on", "off"], default="on",
                    help="with measured templates, let elementwise primitives that feed a matmul or "
                         "convolution operand join its kernel (off: epilogues only)")
+    p.add_argument("--chains", choices=["on", "off"], default="on",
+                   help="with measured or forced templates, let two matmuls joined through memory-bound "
+                        "primitives (attention, MLPs) form one GEMM-chain kernel (codegen/chain.py)")
     p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
     p.add_argument("--time-limit", type=_positive, default=60.0, help="seconds per subgraph solve")
     p.add_argument("--max-states", type=_count(1), default=2000, help="execution states per subgraph")
@@ -163,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", default="optimal,greedy",
                    help="tessera strategies to time; NAME-notemplates times NAME with templates off, "
                         "NAME-noprologues with templates but no operand prologues, NAME-precisionio taking "
-                        "and returning the precision's type (no boundary casts)")
+                        "and returning the precision's type (no boundary casts), NAME-nochains with no "
+                        "GEMM-chain kernels")
     p.add_argument("--cost", choices=["auto", "analytical", "measured"], default="auto")
     p.add_argument("--db", help="tuning database")
     p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
@@ -330,7 +334,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
                           solver=args.solver, time_limit=args.time_limit, max_states=args.max_states,
                           max_kernel_nodes=args.max_kernel_nodes, input_shapes=parse_input_shapes(args.input_shape),
                           db=args.db, tune_workers=args.tune_workers, tune=args.tune, layout=args.layout,
-                          templates=args.templates, prologues=args.prologues == "on")
+                          templates=args.templates, prologues=args.prologues == "on",
+                          chains=args.chains == "on")
     quiet = not sys.stderr.isatty()
     # Each bar opens once its total is known and keeps it: orchestration counts primitives (known
     # once partitioned; a split subgraph changes no total), tuning one bar per batch of measurements.
@@ -356,7 +361,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
         lay = result.layouts.summary()
         print(f"  layout: {lay['convs_channels_last']} of {lay['convs']} convolutions channels-last "
               f"({lay['channels_last_regions']} of {lay['regions']} regions), {lay['conversions']} conversions")
-    templates = [k.linear.op for k in result.kernels if k.backend == "template" and k.linear is not None]
+    chains = [k for k in result.kernels if k.triton is not None and k.triton.schedule.to_json().get("form") == "chain"]
+    templates = [k.linear.op for k in result.kernels if k.backend == "template" and k.linear is not None
+                 and k not in chains]
+    if chains:
+        print(f"  {len(chains)} GEMM chain(s) run as one kernel each (codegen/chain.py): "
+              + ", ".join(k.name for k in chains))
     if templates.count("matmul"):
         print(f"  {templates.count('matmul')} matmul kernel(s) run as GEMM templates (codegen/gemm.py)")
     if templates.count("conv"):

@@ -41,6 +41,8 @@ CODEGEN_VERSION = 9  # 2: tiled pointwise schedules; trailing runs of one flat i
 # 7: convolution templates read their constant weight from a K-contiguous copy;
 # 8: tf32 templates read constant operands rounded once at load, not in the K loop;
 # 9: a library matmul takes a tanh GELU after its bias into cuBLASLt's epilogue (codegen/gelu.py)
+# (GEMM-chain templates, codegen/chain.py, came without a bump: they change no existing kernel's code,
+# and their schedules have keys of their own, "chain-...")
 
 # Elements one program holds in registers per value (fp32: 16 KiB).
 BLOCK_ELEMENTS = 4096
@@ -103,18 +105,43 @@ class ConvSchedule:
                 "num_warps": self.num_warps, "num_stages": self.num_stages, "group_m": self.group_m}
 
 
-TemplateSchedule = GemmSchedule | ConvSchedule
-AnySchedule = Schedule | GemmSchedule | ConvSchedule
+@dataclass(frozen=True)
+class ChainSchedule:
+    """A GEMM-chain template's schedule (`codegen/chain.py`): a program owns block_m rows and
+    block_n output columns of the second product; it walks the intermediate's L columns block_l
+    at a time, computing each chunk of the first product over K in block_k steps (block_k >= K:
+    the left operand's row tile is loaded once, before the walk), with warps and pipeline stages."""
+
+    block_m: int
+    block_n: int
+    block_l: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    @property
+    def group_m(self) -> int:  # the tile's swizzle (codegen/tile.py): none, programs walk rows
+        return 1
+
+    def to_json(self) -> dict[str, object]:
+        return {"form": "chain", "block_m": self.block_m, "block_n": self.block_n, "block_l": self.block_l,
+                "block_k": self.block_k, "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+
+TemplateSchedule = GemmSchedule | ConvSchedule | ChainSchedule
+AnySchedule = Schedule | GemmSchedule | ConvSchedule | ChainSchedule
 
 
 def schedule_from_json(doc: dict[str, object]) -> AnySchedule:
-    """The schedule `to_json` wrote (plan.json): a template's carries its "form" ("gemm", "conv")."""
+    """The schedule `to_json` wrote (plan.json): a template's carries its "form" ("gemm", "conv", "chain")."""
     d = dict(doc)
     form = d.pop("form", None)
     if form == "gemm":
         return GemmSchedule(**d)  # type: ignore[arg-type]
     if form == "conv":
         return ConvSchedule(**d)  # type: ignore[arg-type]
+    if form == "chain":
+        return ChainSchedule(**d)  # type: ignore[arg-type]
     return Schedule(**d)  # type: ignore[arg-type]
 
 

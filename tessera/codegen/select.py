@@ -10,7 +10,8 @@ The fallback chain is explicit:
    measurement), the linear primitive and its whole epilogue run as one
    generated template kernel: a matmul under a `GemmSchedule`
    (`codegen/gemm.py`), a 2-D convolution under a `ConvSchedule`
-   (`codegen/conv.py`);
+   (`codegen/conv.py`); a kernel with two matmuls (a GEMM chain, attention)
+   has only the template form, under a `ChainSchedule` (`codegen/chain.py`);
 3. any other memory-intensive kernel is one generated Triton kernel;
 4. an opaque primitive, or a single primitive the generator cannot handle,
    runs through torch (`runtime/torch_prims.py`).
@@ -23,10 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from tessera.codegen.chain import chain_roots, generate_chain
 from tessera.codegen.conv import generate_conv
 from tessera.codegen.gelu import GELU_TANH, gelu_tanh_nodes
 from tessera.codegen.gemm import generate_gemm
-from tessera.codegen.kernels import AnySchedule, ConvSchedule, GemmSchedule, KernelSource, Schedule, generate
+from tessera.codegen.kernels import (AnySchedule, ChainSchedule, ConvSchedule, GemmSchedule, KernelSource, Schedule,
+                                     generate)
 from tessera.codegen.triton_ops import Unsupported
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import Category, Prim
@@ -117,6 +120,14 @@ def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], out
         # Row-major reshapes of a row-major tensor are views: no kernel, no copy. Any other
         # layout makes the reshape a copy, which the generator writes.
         return KernelImpl(name, "view", prims, prologue, list(outputs))
+    if isinstance(schedule, ChainSchedule):
+        first = chain_roots(prims)
+        if first is None:
+            raise Unsupported("a GEMM-chain schedule for a kernel without a chain of two matmuls")
+        return KernelImpl(name, "template", prims, prologue, list(outputs), linear=first[1],
+                          triton=generate_chain(graph, nodes, outputs, name, schedule, sources, precision))
+    if linear_count(prims) > 1:
+        raise Unsupported("a kernel of two linear primitives runs only as a GEMM-chain template")
     if isinstance(schedule, GemmSchedule):
         if root is None or root.op != Prim.MATMUL.value:
             raise Unsupported("a GEMM template schedule for a kernel without a matmul")
@@ -150,6 +161,16 @@ def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], out
         if len(prims) > 1:
             raise
         return KernelImpl(name, "torch", prims, prologue, list(outputs), reason=str(e), folded=prologue)
+
+
+def linear_count(prims: Sequence[Node]) -> int:
+    """How many linear primitives a kernel holds (two: a GEMM chain, `codegen/chain.py`)."""
+    return sum(1 for n in prims if Prim(n.op).category is Category.LINEAR)
+
+
+def needs_template(prims: Sequence[Node]) -> bool:
+    """A kernel only a template computes: a linear primitive's operand prologue, or a GEMM chain."""
+    return bool(operand_prologue(prims)) or linear_count(prims) > 1
 
 
 def _live(nodes: list[Node], outputs: Sequence[str]) -> list[Node]:
@@ -237,11 +258,12 @@ class TritonLegality:
     """StructuralLegality, then: a kernel of several primitives must have a Triton form.
 
     With `templates`, a linear kernel may compute its operands' prologue (`StructuralLegality`'s
-    `prologues`); such a kernel has only a template form, which the best-ranked template schedule
-    must generate."""
+    `prologues`); with `chains`, two matmuls joined through memory-bound primitives may share a
+    kernel (a GEMM chain). Such kernels have only a template form, which the best-ranked template
+    schedule must generate."""
 
-    def __init__(self, templates: bool = False) -> None:
-        self.structural = StructuralLegality(prologues=templates)
+    def __init__(self, templates: bool = False, chains: bool = False) -> None:
+        self.structural = StructuralLegality(prologues=templates, chains=chains)
         self.cache: dict[int, str | None] = {}
 
     def check(self, og: OGraph, mask: int) -> str | None:
@@ -258,12 +280,12 @@ class TritonLegality:
         outputs = [o for i in bits(og.consumers_outside(mask) | og.sinks(mask)) for o in og.nodes[i].outputs if o]
         pro = prologue_of(og, prims)
         schedule = None
-        if operand_prologue(prims):
+        if needs_template(prims):
             from tessera.cost.schedule_model import rank_templates  # cost/ builds on codegen/
 
             ranked = rank_templates(og.graph, pro + prims, outputs)
             if not ranked:
-                return "an operand prologue needs a template form"
+                return "an operand prologue or a GEMM chain needs a template form"
             schedule = ranked[0]
         try:
             implement(og.graph, prims, pro, outputs, "legality", (), schedule)

@@ -26,6 +26,8 @@ class Device:
     sms: int
     l2_bytes: int
     source: str
+    smem_bytes: int = 227 << 10  # shared memory one thread block may use (the GEMM-chain search prunes by it)
+    registers: int = 65536  # 32-bit registers per SM
 
 
 DEVICES: dict[str, Device] = {
@@ -37,10 +39,10 @@ DEVICES: dict[str, Device] = {
                    source="datasheet rates; copy bandwidth and bf16 matmul measured here 2026-10-28"),
     "a100": Device("NVIDIA A100 SXM4 80GB", bandwidth=0.9 * 2.039e12, fp32=19.5e12, tf32=0.8 * 156e12,
                    fp16=0.8 * 312e12, launch=2.5e-6, sms=108, l2_bytes=40 << 20,
-                   source="datasheet, scaled by the efficiencies measured on H100/H200"),
+                   source="datasheet, scaled by the efficiencies measured on H100/H200", smem_bytes=163 << 10),
     "v100": Device("NVIDIA V100 SXM2 32GB", bandwidth=0.9 * 900e9, fp32=15.7e12, tf32=15.7e12,
                    fp16=0.8 * 125e12, launch=3.0e-6, sms=80, l2_bytes=6 << 20,
-                   source="datasheet (no tf32: fp32 rate), scaled like the A100"),
+                   source="datasheet (no tf32: fp32 rate), scaled like the A100", smem_bytes=96 << 10),
 }
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")

@@ -16,8 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-from tessera.codegen.kernels import AnySchedule, ConvSchedule, GemmSchedule, KernelSource, Schedule, TemplateSchedule
-from tessera.codegen.select import operand_prologue, prologue_of
+from tessera.codegen.kernels import (AnySchedule, ChainSchedule, ConvSchedule, GemmSchedule, KernelSource, Schedule,
+                                     TemplateSchedule)
+from tessera.codegen.select import needs_template, prologue_of
 from tessera.cost.db import Key, TuningDB
 from tessera.cost.devices import Device
 from tessera.ir.graph import Graph, Node
@@ -175,9 +176,9 @@ class MeasuredCost:
 
     def library_job(self, c: Candidate) -> Job | None:
         """The candidate as the library call or a generated kernel (`job`); None for a candidate
-        that computes a linear primitive's operand prologue, which only a template can."""
+        that computes a linear primitive's operand prologue or a GEMM chain, which only a template can."""
         j = self.job(c)
-        return None if operand_prologue(j.prims) else j
+        return None if needs_template(j.prims) else j
 
     def template_job(self, c: Candidate) -> Job | None:
         """The candidate as its best-ranked template (None: templates off, or no template form).
@@ -388,6 +389,8 @@ def _tiled(ks: KernelSource, s: Schedule) -> bool:
 def _schedule_key(s: AnySchedule) -> str:
     """The tuning database's schedule column (the strings of generated kernels' schedules and GEMM
     templates' never change; convolution templates' start with "conv-")."""
+    if isinstance(s, ChainSchedule):
+        return f"chain-m{s.block_m}-n{s.block_n}-l{s.block_l}-k{s.block_k}-w{s.num_warps}-s{s.num_stages}"
     if isinstance(s, ConvSchedule):
         return f"conv-m{s.block_m}-n{s.block_n}-k{s.block_k}-w{s.num_warps}-s{s.num_stages}-g{s.group_m}"
     if isinstance(s, GemmSchedule):

@@ -214,11 +214,14 @@ def template_disagreement(mini: Graph, plan: dict[str, Any], feeds: dict[str, An
 def _library_kernels(mini: Graph, kernel: dict[str, Any]) -> list[dict[str, Any]]:
     """The template kernel's reference as plan kernels for the library: itself without its schedule,
     or, where it computes its operands' prologue (which no library call can), that prologue as a
-    generated kernel first."""
-    from tessera.codegen.select import operand_prologue
+    generated kernel first; a GEMM chain as one kernel per primitive."""
+    from tessera.codegen.select import linear_count, operand_prologue
 
     by_name = {n.name: n for n in mini.nodes}
-    pre = operand_prologue([by_name[n] for n in kernel["prims"]])
+    prims = [by_name[n] for n in kernel["prims"]]
+    if linear_count(prims) > 1:
+        return _one_per_primitive(mini, kernel)
+    pre = operand_prologue(prims)
     rest = {k: v for k, v in kernel.items() if k != "schedule"}
     if not pre:
         return [rest]
@@ -228,6 +231,28 @@ def _library_kernels(mini: Graph, kernel: dict[str, Any]) -> list[dict[str, Any]
     first = {"name": "ref_prologue", "prims": [n.name for n in pre], "prologue": list(kernel["prologue"]),
              "outputs": sorted(made & read)}
     return [first, {**rest, "prims": [n for n in kernel["prims"] if n not in names]}]
+
+
+def _one_per_primitive(mini: Graph, kernel: dict[str, Any]) -> list[dict[str, Any]]:
+    """A kernel's primitives as plan kernels of one primitive each (with the free prologue each reads)."""
+    by_name = {n.name: n for n in mini.nodes}
+    pro = [by_name[n] for n in kernel["prologue"]]
+    made_by = {o: n for n in pro for o in n.outputs}
+    read = {t for n in kernel["prims"] for t in by_name[n].inputs}
+    out = []
+    for i, name in enumerate(kernel["prims"]):
+        n = by_name[name]
+        need: dict[str, None] = {}
+        todo = [t for t in n.inputs if t]
+        while todo:
+            p = made_by.get(todo.pop())
+            if p is not None and p.name not in need:
+                need[p.name] = None
+                todo.extend(t for t in p.inputs if t)
+        outs = [o for o in n.outputs if o in read or o in kernel["outputs"]]
+        out.append({"name": f"ref_{i}", "prims": [name], "prologue": [p.name for p in pro if p.name in need],
+                    "outputs": outs})
+    return out
 
 
 def _replay_seconds(graph: Any) -> float:

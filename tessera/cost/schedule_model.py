@@ -32,9 +32,11 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from tessera.codegen.chain import chain_roots
 from tessera.codegen.conv import ConvProblem, channels_innermost, conv_problem, conv_root, conv_schedules
 from tessera.codegen.gemm import matmul_root, problem, template_schedules
 from tessera.codegen.kernels import ConvSchedule, GemmSchedule, KernelSource, Schedule, TemplateSchedule, schedules
+from tessera.codegen.triton_ops import Unsupported
 from tessera.cost.devices import Device, device
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node
@@ -197,8 +199,15 @@ def predict_conv(s: ConvSchedule, p: ConvProblem, itemsize: int, operand_bytes: 
 def rank_templates(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], precision: str = "fp32",
                    dev: Device | None = None) -> list[TemplateSchedule]:
     """A matmul or 2-D convolution kernel's template schedules (`codegen.gemm.template_schedules`,
-    cut to the GPU's SM count; `codegen.conv.conv_schedules`) from most to least promising;
-    empty when the kernel has neither."""
+    cut to the GPU's SM count; `codegen.conv.conv_schedules`), or a GEMM chain's (the evolutionary
+    search of `cost/chain_search.py`), from most to least promising; empty when the kernel has none."""
+    if chain_roots(nodes) is not None:  # two matmuls: a GEMM chain (cost/chain_search.py)
+        from tessera.cost.chain_search import chain_search
+
+        try:
+            return list(chain_search(graph, nodes, outputs, precision, dev).ranked)
+        except Unsupported:
+            return []
     root = matmul_root(nodes)
     if root is None:
         croot = conv_root(nodes)

@@ -10,8 +10,8 @@ a common tensor (sibling fusion, e.g. three projections of one input).
 
 This module decides legality only; it never looks at costs. Pruning rules:
 - size: at most `max_nodes` nodes;
-- at most one linear primitive per kernel (a fused GEMM-chain template may
-  later claim more through `KernelLegality`);
+- at most `max_linear` linear primitives per kernel (two where GEMM chains are
+  enabled: `StructuralLegality(chains=True)` says which pairs form one);
 - an opaque primitive is a kernel of its own;
 - the code generator's verdict, through `KernelLegality`.
 The first three are monotone (no superset of an illegal set is legal), so the
@@ -86,10 +86,17 @@ class StructuralLegality:
     cannot). Reductions in one kernel share one shape
     and one set of axes (one reduction loop), and a pooling window does not mix
     with them. Everything else (elementwise, layout) may mix.
+
+    With `chains`, a kernel may hold two matmuls where the second's left operand
+    is computed from the first's result (a GEMM chain, `codegen/chain.py`): the
+    middle between them is elementwise, broadcast, reshape and row reductions,
+    the operands of both may have a prologue, and what follows the second is
+    its epilogue.
     """
 
-    def __init__(self, prologues: bool = False) -> None:
+    def __init__(self, prologues: bool = False, chains: bool = False) -> None:
         self.prologues = prologues
+        self.chains = chains
 
     def check(self, og: OGraph, mask: int) -> str | None:
         g = og.graph
@@ -101,6 +108,10 @@ class StructuralLegality:
         linear = [i for i in bits(mask) if Prim(og.nodes[i].op).category is Category.LINEAR]
         if not linear:
             return None
+        if len(linear) == 2 and self.chains:
+            return _chain_check(og, mask, *linear)
+        if len(linear) > 1:
+            return "two linear primitives share a kernel only as a GEMM chain"
         (root,) = linear
         for i in bits(mask & ~(1 << root)):
             op = og.nodes[i].op
@@ -115,6 +126,30 @@ class StructuralLegality:
                 continue  # an epilogue
             return f"{og.nodes[i].name} is neither computed from the linear result nor feeds its operands"
         return None
+
+
+_POINTWISE = {Prim.RESHAPE.value, Prim.BROADCAST.value}
+
+
+def _chain_check(og: OGraph, mask: int, a: int, b: int) -> str | None:
+    """Why nodes `mask` with matmuls `a` and `b` are no GEMM chain (None: they may be one)."""
+    if not all(og.nodes[i].op == Prim.MATMUL.value for i in (a, b)):
+        return "a GEMM chain joins two matmuls"
+    first, second = (a, b) if (og.desc[a] >> b) & 1 else (b, a)
+    if not (og.desc[first] >> second) & 1:
+        return "two matmuls share a kernel only when one is computed from the other"
+    for i in bits(mask & ~(1 << first) & ~(1 << second)):
+        op = og.nodes[i].op
+        pointwise = Prim(op).category is Category.ELEMENTWISE or op in _POINTWISE
+        if (og.anc[i] >> second) & 1:  # the second product's epilogue
+            if not pointwise:
+                return f"{op} cannot join a GEMM chain's epilogue"
+        elif (og.anc[i] >> first) & 1:  # the middle: computed from the first product, before the second
+            if not (pointwise or op in _REDUCE_OPS):
+                return f"{op} cannot sit between a GEMM chain's products"
+        elif not (pointwise or op in _PROLOGUE_LAYOUT):  # an operand prologue
+            return f"{op} cannot join a GEMM chain's operand prologue"
+    return None
 
 
 def _monotone_ok(og: OGraph, mask: int, rules: CandidateRules, linear: int, opaque: int) -> bool:

@@ -29,6 +29,7 @@ from tessera.frontend import load as frontend_load
 from tessera.ir.graph import Graph
 from tessera.orchestrate.layout import assign_layouts
 from tessera.rewrite import convert_precision
+from tessera.rewrite.deferred import DEFERRED, defer_normalization
 from tessera.runtime.executable import Executable
 from tessera.version import __version__
 
@@ -64,7 +65,12 @@ def rebuild_graph(model: Path | bytes, meta: dict[str, Any]) -> Graph:
     """The primitive graph a compile ran, from its source model (a path or its bytes) and the
     choices it recorded."""
     loaded = frontend_load(model, {k: tuple(v) for k, v in meta["input_shapes"].items()})
-    graph = convert_precision(fission(loaded.graph).graph, meta["precision"], meta.get("io", "model"))
+    graph = fission(loaded.graph).graph
+    for rule in meta.get("rewrites", []):
+        if rule != DEFERRED:
+            raise ModelLoadError(f"the artifact was compiled with the rewrite {rule!r}, which this tessera lacks")
+        graph = defer_normalization(graph)[0]
+    graph = convert_precision(graph, meta["precision"], meta.get("io", "model"))
     return assign_layouts(graph, None, "nchw", replay=list(meta["layout_choices"]),
                           unpadded=list(meta.get("layout_unpadded", []))).graph
 

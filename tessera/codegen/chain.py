@@ -1,0 +1,493 @@
+"""GEMM-chain template: linear -> memory-bound -> linear as one generated Triton kernel (MCFuser, Bolt).
+
+Form. The kernel computes S = A @ B ([..., M, K] @ [..., K, L]), a middle of elementwise,
+broadcast and row-reduction primitives from S to P ([..., M, L], the same shape), then
+O = P @ V ([..., M, L] @ [..., L, N]) and an epilogue on O. A program owns BLOCK_M rows and
+BLOCK_N output columns of one batch entry. It walks L in BLOCK_L chunks: each chunk of S is a
+`tl.dot` over K (one step when BLOCK_K covers K: the A row tile is then loaded once, before the
+walk), the middle runs on it in registers through the shared emitter (S is a known value at the
+chunk's indices), and the chunk of P is multiplied into the output accumulator. S and P never
+reach memory: that round trip, and the launches around it, are what fusing the chain saves.
+
+Row reductions. A reduction of the middle (softmax's max and sum) needs its whole row before
+the values that read it, so the walk over L repeats, one pass per level of reductions that
+read reductions (recomputing the S chunks: K-step work traded for memory traffic, as a looped
+row reduction does in `codegen/kernels.py`). One exception merges two passes: a level-1 max
+m that the next level reads only through exp(x - m), with every accumulation of that level a
+sum of values proportional to exp(-m) (a row sum, the product P @ V). Such sums may use any
+running value of m and be rescaled by exp(m_old - m_new) when it grows, which is exact, so
+max and sums share one pass (the online softmax). The rewrite that puts attention in that
+form is a rule over primitives (`rewrite/deferred.py`: the division by the row sum moved after
+the product); the generator only checks the proportionality, for any chain.
+
+Rows whose every value is -inf (a fully masked row) keep the running max at 0 for the shift,
+so exp gives 0 rather than NaN, as long as any value of the row is finite.
+
+Outputs are the second product and its epilogue, one value per element of O.
+"""
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from math import prod
+from typing import Sequence
+
+from tessera.codegen.index import Ix
+from tessera.codegen.kernels import ChainSchedule, KernelBody, KernelSource, Launch, sanitize
+from tessera.codegen.tile import (GRID_Y_MAX, MIN_BLOCK, TF32_ROUND, DotMath, Tile, cdiv, check_outputs, dot_math,
+                                  dot_operand, jit_function, store_outputs)
+from tessera.codegen.triton_ops import Unsupported, Val
+from tessera.ir.graph import Graph, Node
+from tessera.ir.prims import REDUCTIONS, Category, Prim
+
+CHAIN_CONSTS = ("BLOCK_M", "BLOCK_N", "BLOCK_L", "BLOCK_K")
+_REDUCE = {p.value for p in REDUCTIONS}
+_IDENT = {Prim.REDUCE_SUM.value: "0.0", Prim.REDUCE_MAX.value: '-float("inf")', Prim.REDUCE_MIN.value: 'float("inf")'}
+_FN = {Prim.REDUCE_SUM.value: "tl.sum", Prim.REDUCE_MAX.value: "tl.max", Prim.REDUCE_MIN.value: "tl.min"}
+_COMBINE = {Prim.REDUCE_SUM.value: "{acc} + {v}", Prim.REDUCE_MAX.value: "tl.maximum({acc}, {v})",
+            Prim.REDUCE_MIN.value: "tl.minimum({acc}, {v})"}
+# Primitives that only re-index (a broadcast of the row max, a cast between storage types).
+_PASS = {Prim.BROADCAST.value, Prim.RESHAPE.value, Prim.CAST.value}
+
+
+@dataclass(frozen=True)
+class ChainProblem:
+    """A chain's two matmuls and their extents: S = A @ B is [batch, M, L] over K, O = P @ V is
+    [batch, M, N] over L."""
+
+    first: Node
+    second: Node
+    batch: int
+    m: int
+    k: int
+    l: int
+    n: int
+    middle: tuple[Node, ...]  # computed from S but not from O (the first product excluded)
+
+
+def _reach(nodes: Sequence[Node], src: str) -> set[str]:
+    """Tensors of `nodes` computed from `src` (itself included)."""
+    reach = {src}
+    grew = True
+    while grew:
+        grew = False
+        for n in nodes:
+            if n.outputs[0] not in reach and any(t in reach for t in n.inputs):
+                reach.update(n.outputs)
+                grew = True
+    return reach
+
+
+def _ancestors(nodes: Sequence[Node], dst: str) -> set[str]:
+    """Tensors of `nodes` that `dst` is computed from (itself included)."""
+    producer = {o: n for n in nodes for o in n.outputs}
+    seen: set[str] = set()
+    todo = [dst]
+    while todo:
+        t = todo.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in producer:
+            todo.extend(i for i in producer[t].inputs if i)
+    return seen
+
+
+def chain_roots(nodes: Sequence[Node]) -> tuple[Node, Node] | None:
+    """(first, second): a kernel's two matmuls where the second's left operand is computed from the
+    first's result; None for any other kernel."""
+    mats = [n for n in nodes if n.op == Prim.MATMUL.value]
+    if len(mats) != 2 or any(Prim(n.op).category is Category.LINEAR and n not in mats for n in nodes):
+        return None
+    for first, second in (mats, mats[::-1]):
+        if second.inputs[0] in _reach(nodes, first.outputs[0]):
+            return first, second
+    return None
+
+
+def chain_problem(graph: Graph, nodes: Sequence[Node]) -> ChainProblem:
+    """The chain of a kernel; raises `Unsupported` (with the reason) when the kernel has no chain form."""
+    roots = chain_roots(nodes)
+    if roots is None:
+        raise Unsupported("a GEMM chain needs two matmuls, the second's left operand computed from the first")
+    first, second = roots
+    s, p, v, o = first.outputs[0], second.inputs[0], second.inputs[1], second.outputs[0]
+    ts, tp, to = graph.types[s], graph.types[p], graph.types[o]
+    from_s = _reach(nodes, s)
+    if v in from_s:
+        raise Unsupported(f"{second.name}: its right operand is computed from {first.name}")
+    if tp.shape != ts.shape or to.shape[:-2] != ts.shape[:-2]:
+        raise Unsupported(f"{second.name}: its left operand {tp} or result {to} is not shaped as {first.name}'s "
+                          f"result {ts}")
+    ranks = {graph.types[t].rank for t in (*first.inputs, v)}
+    if ranks != {ts.rank}:
+        raise Unsupported("a GEMM chain's operands have the rank of its products (no implied batch broadcast)")
+    after = _reach(nodes, o)
+    # The middle: what S computes before O exists (P, and the row values the epilogue reads, such as a
+    # softmax's deferred row sum). A value of S that reached no output would be dead: check_outputs
+    # stops outputs that are not computed from O.
+    middle = tuple(n for n in nodes if n is not first and n.outputs[0] in from_s and n.outputs[0] not in after)
+    for n in middle:
+        if n.op in _REDUCE:
+            xt = graph.types[n.inputs[0]]
+            if xt.shape != ts.shape or tuple(n.attrs["axes"]) != (ts.rank - 1,) \
+                    or graph.types[n.outputs[0]].rank != ts.rank:
+                raise Unsupported(f"{n.name}: a chain's reductions run over the rows of {first.name}'s result "
+                                  f"(its last axis, keeping dims)")
+        elif Prim(n.op).category is not Category.ELEMENTWISE and n.op not in (Prim.BROADCAST.value,
+                                                                              Prim.RESHAPE.value):
+            raise Unsupported(f"{n.name}: {n.op} cannot sit between a chain's products")
+    for n in nodes:
+        if n.op in _REDUCE and n not in middle:
+            raise Unsupported(f"{n.name}: a chain's reductions are in its middle, over the first product's rows")
+    *batch, m, l = ts.shape
+    return ChainProblem(first, second, prod(batch), m, graph.types[first.inputs[0]].shape[-1], l, to.shape[-1],
+                        middle)
+
+
+# The tiling menu (MCFuser's tiling expressions, cut to a problem). Rows and intermediate columns
+# per program step; K is either walked whole (flat: A's row tile loaded once) or in steps (deep);
+# N is either one tile (flat) or split over programs that each recompute S (deep).
+BLOCKS_M = (16, 32, 64, 128)
+BLOCKS_L = (16, 32, 64, 128)
+DEEP_K = (32, 64, 128)
+MAX_FLAT = 256  # the widest K or N held as one tile
+WARPS = (4, 8)
+STAGES = (1, 2, 3)
+REGISTERS_PER_THREAD = 255
+REGISTER_SHARE = 0.75  # of a thread's registers for live tiles (the rest: addresses, temporaries)
+
+
+@dataclass(frozen=True)
+class ChainSpace:
+    """A chain's schedule space: every tiling the menu spans, and what the pruning rules keep."""
+
+    size: int  # before pruning
+    kept: tuple[ChainSchedule, ...]
+    rejected: dict[str, int]  # pruning rule -> schedules it removed
+
+
+def chain_schedules(cp: ChainProblem, itemsize: int, smem_bytes: int = 227 << 10) -> ChainSpace:
+    """The problem's tilings, pruned by MCFuser's four rules:
+
+    - deduplication: blocks past an extent's next power of two are the same schedule as that
+      power (they only add masked lanes), so they are not enumerated twice;
+    - padding: a block more than twice an extent's power of two wastes most of its lanes;
+    - on-chip intermediates: the S chunk, the output accumulator and A's row tile (flat K) live in
+      registers, and must fit the threads' share;
+    - shared memory: the pipelined operand stages (B's and V's chunks, A's tile) must fit the block's
+      shared memory (`Device.smem_bytes`).
+    """
+    p2 = lambda x: 1 << max(0, x - 1).bit_length()  # noqa: E731
+    ks = [max(MIN_BLOCK, p2(cp.k))] if p2(cp.k) <= MAX_FLAT else []
+    ks += [k for k in DEEP_K if k < p2(cp.k)]
+    ns = [max(MIN_BLOCK, p2(cp.n))] if p2(cp.n) <= MAX_FLAT else []
+    ns += [n for n in (32, 64, 128, 256) if n < p2(cp.n) and n <= MAX_FLAT]
+    full = [(bm, bn, bl, bk, w, st) for bm in BLOCKS_M for bn in ns for bl in BLOCKS_L for bk in ks
+            for w in WARPS for st in STAGES]
+    rejected = {"duplicate": 0, "padding": 0, "registers": 0, "shared memory": 0}
+    kept: dict[ChainSchedule, None] = {}
+    for bm, bn, bl, bk, w, st in full:
+        cm, cl = min(bm, max(MIN_BLOCK, p2(cp.m))), min(bl, max(MIN_BLOCK, p2(cp.l)))
+        if (cm, cl) != (bm, bl):
+            rejected["duplicate"] += 1
+            continue
+        s = ChainSchedule(bm, bn, bl, bk, w, st)
+        if s in kept:
+            rejected["duplicate"] += 1
+            continue
+        flat_k = bk >= cp.k
+        live = bm * bn + bm * bl + (bm * bk * itemsize // 4 if flat_k else 0)  # 32-bit values
+        if live > REGISTER_SHARE * REGISTERS_PER_THREAD * 32 * w:
+            rejected["registers"] += 1
+            continue
+        smem = st * (bk * bl + bl * bn) * itemsize + (bm * bk * itemsize if flat_k else st * bm * bk * itemsize)
+        if smem > smem_bytes:
+            rejected["shared memory"] += 1
+            continue
+        if bk > 2 * p2(cp.k) or bn > 2 * p2(cp.n):
+            rejected["padding"] += 1
+            continue
+        kept[s] = None
+    return ChainSpace(len(full), tuple(kept), rejected)
+
+
+class _Chain:
+    """Shared state of one chain generation."""
+
+    def __init__(self, graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], s: ChainSchedule,
+                 precision: str) -> None:
+        self.graph, self.nodes, self.outputs, self.s = graph, list(nodes), list(outputs), s
+        self.cp = chain_problem(graph, nodes)
+        cp = self.cp
+        if cp.batch > GRID_Y_MAX:
+            raise Unsupported(f"{cp.second.name}: {cp.batch} batch entries exceed the grid")
+        for b in (s.block_m, s.block_n, s.block_l, s.block_k):
+            if b < MIN_BLOCK or b & (b - 1):
+                raise Unsupported(f"chain blocks must be powers of two >= {MIN_BLOCK}: {s}")
+        g = graph
+        self.math1 = dot_math(*(g.types[t].dtype for t in cp.first.inputs), precision, f"{cp.first.name}: a chain")
+        self.math2 = dot_math(*(g.types[t].dtype for t in cp.second.inputs), precision, f"{cp.second.name}: a chain")
+        check_outputs(graph, nodes, outputs, cp.second.outputs[0], "second matmul", "GEMM-chain")
+        self.passes, self.online = self._passes()
+
+    # ---- passes over L ---------------------------------------------------------------------
+    def _passes(self) -> tuple[list[list[Node]], Node | None]:
+        """The walks over L, each with the accumulations it makes (reductions, the second product),
+        and the max merged online into the next level's walk, if any."""
+        cp = self.cp
+        reds = [n for n in cp.middle if n.op in _REDUCE]
+        by_out = {n.outputs[0]: n for n in reds}
+        producer = {o: n for n in self.nodes for o in n.outputs}
+
+        def feeding(t: str) -> list[Node]:  # the reductions t is computed from, through middle nodes
+            found, todo, seen = [], [t], set()
+            while todo:
+                x = todo.pop()
+                if x in seen or x not in producer or producer[x] is cp.first:
+                    continue
+                seen.add(x)
+                if x in by_out and x != t:
+                    found.append(by_out[x])
+                    continue
+                todo.extend(i for i in producer[x].inputs if i)
+            return found
+
+        depth: dict[str, int] = {}
+        order = {n.name: i for i, n in enumerate(self.nodes)}
+        for n in sorted(reds, key=lambda n: order[n.name]):
+            depth[n.name] = 1 + max((depth[r.name] for r in feeding(n.inputs[0])), default=0)
+        depth[cp.second.name] = 1 + max((depth[r.name] for r in feeding(cp.second.inputs[0])), default=0)
+        accs = reds + [cp.second]
+        levels = sorted(set(depth.values()))
+        passes = [[n for n in accs if depth[n.name] == lv] for lv in levels]
+        if len(passes) == 2 and len(passes[0]) == 1 and passes[0][0].op == Prim.REDUCE_MAX.value:
+            mx = passes[0][0]
+            if all(self._degree(n.inputs[0], mx.outputs[0], producer, {}) == 1 for n in passes[1]):
+                return [passes[0] + passes[1]], mx
+        return passes, None
+
+    def _degree(self, t: str, m: str, producer: dict[str, Node], memo: dict[str, int | None]) -> int | None:
+        """How `t` depends on the row max `m`: 0 not at all, 1 as c * exp(-m) with c free of m, None otherwise."""
+        if t in memo:
+            return memo[t]
+        n = producer.get(t)
+        d: int | None
+        if t == m:
+            d = None
+        elif n is None or n is self.cp.first or m not in _ancestors(self.nodes, t):
+            d = 0
+        elif n.op == Prim.EXP.value:
+            x = producer.get(n.inputs[0])
+            d = 1 if x is not None and x.op == Prim.SUB.value and self._degree(x.inputs[0], m, producer, memo) == 0 \
+                and self._is_row(x.inputs[1], m, producer) else None
+        elif n.op in _PASS:
+            d = self._degree(n.inputs[0], m, producer, memo)
+        elif n.op == Prim.MUL.value:
+            a, b = (self._degree(i, m, producer, memo) for i in n.inputs)
+            d = None if a is None or b is None or a + b > 1 else a + b
+        elif n.op == Prim.DIV.value:
+            a, b = (self._degree(i, m, producer, memo) for i in n.inputs)
+            d = a if b == 0 else None
+        else:
+            d = None
+        memo[t] = d
+        return d
+
+    def _is_row(self, t: str, m: str, producer: dict[str, Node]) -> bool:
+        """Is `t` the row max `m` itself, through broadcasts and reshapes?"""
+        while t != m:
+            n = producer.get(t)
+            if n is None or n.op not in (Prim.BROADCAST.value, Prim.RESHAPE.value):
+                return False
+            t = n.inputs[0]
+        return True
+
+    # ---- one walk ----------------------------------------------------------------------------
+    def walk(self, t: Tile, group: list[Node]) -> None:
+        em, cp, g = t.em, self.cp, self.graph
+        row = frozenset({"m"}) | (frozenset({"b"}) if t.nbatch > 1 else frozenset())
+        natural = tuple(i.expr for i in [*t.batch, t.rm, Ix.of(0)])
+        accs: dict[str, str] = {}
+        for n in group:
+            if n is cp.second:
+                em.stmt("acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
+            else:
+                accs[n.name] = em.fresh("acc")
+                em.stmt(f"{accs[n.name]} = tl.full([BLOCK_M, 1], {_IDENT[n.op]}, tl.float32)")
+        tag = em.fresh("l")
+        vtag = tag + "v"
+        em.push(f"for {tag} in range(0, {cp.l}, BLOCK_L):", tag)
+        em.stack[-1].avail = em.stack[-1].avail | {vtag}
+        coords, lmask, lmask_v, rlv = self._chunk(t, tag, vtag, row)
+        mask = t.mmask | lmask
+        full = row | {tag}
+        alpha = None
+        online = self.online if self.online in group else None
+        if online is not None:
+            mrun = accs[online.name]
+            cur = self._row_chunk(t, online, coords, mask, full)
+            mnew, msafe, alpha = em.fresh("mx"), em.fresh("mx"), em.fresh("alpha")
+            em.stmt(f"{mnew} = tl.maximum({mrun}, {cur})")
+            em.stmt(f'{msafe} = tl.where({mnew} == -float("inf"), 0.0, {mnew})')
+            em.stmt(f"{alpha} = tl.exp({mrun} - {msafe})")
+            em.stmt(f"{mrun} = {mnew}")
+            em.rows[(online.outputs[0], natural)] = Val(msafe, g.types[online.outputs[0]].dtype, full)
+        for n in group:
+            if n is online:
+                continue
+            if n is cp.second:
+                p = self._p_operand(t, em.value(cp.second.inputs[0], coords, mask), lmask, full)
+                v = dot_operand(t, g, self.math2, cp.second.inputs[1], [*t.batch, rlv, t.rn],
+                                lmask_v | t.nmask, lmask_v, "[BLOCK_L, BLOCK_N]", {vtag, "n"})
+                base = f"acc * {alpha}" if alpha else "acc"
+                em.stmt(f"acc = tl.dot({p}, {v}, {base}{self.math2.precision})")
+                continue
+            acc = accs[n.name]
+            cur = self._row_chunk(t, n, coords, mask, full)
+            if alpha is not None:  # a sum proportional to exp(-max): rescaled as the max grows
+                em.stmt(f"{acc} = {acc} * {alpha} + {cur}")
+            else:
+                em.stmt(f"{acc} = {_COMBINE[n.op].format(acc=acc, v=cur)}")
+        em.pop()
+        # Values computed inside the walk are gone after it (Triton scopes loop bodies).
+        em.values = {k: v for k, v in em.values.items() if tag not in v.deps and vtag not in v.deps}
+        for n in group:
+            if n is not cp.second:
+                em.rows[(n.outputs[0], natural)] = Val(accs[n.name], g.types[n.outputs[0]].dtype, row)
+
+    def _row_chunk(self, t: Tile, n: Node, coords: list[Ix], mask: frozenset[str], full: frozenset[str]) -> str:
+        """The reduction of this chunk's values of `n`'s input along L, [BLOCK_M, 1]."""
+        em = t.em
+        v = em.value(n.inputs[0], coords, mask)
+        x = v.expr if not v.is_literal else f"tl.full([BLOCK_M, BLOCK_L], {v.expr}, tl.float32)"
+        if not v.is_literal and not full <= v.deps:
+            x = f"tl.broadcast_to({x}, [BLOCK_M, BLOCK_L])"
+        m = em.mask_expr(mask)
+        if m:
+            x = f"tl.where({m}, {x}, {_IDENT[n.op]})"
+        return em.emit(f"{_FN[n.op]}({x}, 1)[:, None]", full, "r")
+
+    def _p_operand(self, t: Tile, p: Val, lmask: frozenset[str], full: frozenset[str]) -> str:
+        """The second product's left operand chunk in the dot's type, zero past L."""
+        em, mt = t.em, self.math2
+        x = p.expr if not p.is_literal else f"tl.full([BLOCK_M, BLOCK_L], {p.expr}, tl.float32)"
+        deps = p.deps | full
+        if not p.is_literal and not full <= p.deps:
+            x = em.emit(f"tl.broadcast_to({x}, [BLOCK_M, BLOCK_L])", deps)
+        m = em.mask_expr(lmask)
+        if m:
+            x = em.emit(f"tl.where({m}, {x}, 0.0)", deps)
+        if mt.dot_type != "tl.float32":
+            x = em.emit(f"({x}).to({mt.dot_type})", deps)
+        if mt.tf32:
+            x = em.emit(TF32_ROUND.format(x=x), deps)
+        return x
+
+    def _chunk(self, t: Tile, tag: str, vtag: str, row: frozenset[str]
+               ) -> tuple[list[Ix], frozenset[str], frozenset[str], Ix]:
+        """This walk step's chunk of S, registered as a known value: its coordinates [*batch, rm, rl],
+        the L mask along its columns and along V's rows, and V's row index."""
+        em, cp, s, g = t.em, self.cp, self.s, self.graph
+        ldep, vdep = frozenset({tag}), frozenset({vtag})
+        rl = Ix(em.emit(f"{tag} + tl.arange(0, BLOCK_L)[None, :]", ldep, "rl"), None, cp.l, ldep)
+        rlv = Ix(em.emit(f"{tag} + tl.arange(0, BLOCK_L)[:, None]", vdep, "rl"), None, cp.l, vdep)
+        ragged = cp.l % s.block_l != 0
+        lmask = frozenset({em.cond(f"{rl.expr} < {cp.l}", ldep)}) if ragged else frozenset()
+        lmask_v = frozenset({em.cond(f"{rlv.expr} < {cp.l}", vdep)}) if ragged else frozenset()
+        a_in, b_in = cp.first.inputs
+        mt = self.math1
+        if s.block_k >= cp.k:  # one K step: A's row tile is the same for every chunk (hoisted)
+            ka, kb = frozenset({"ka"}), frozenset({"kb"})
+            rka = Ix(em.emit("tl.arange(0, BLOCK_K)[None, :]", ka, "rk"), None, cp.k, ka)
+            rkb = Ix(em.emit("tl.arange(0, BLOCK_K)[:, None]", kb, "rk"), None, cp.k, kb)
+            kma = frozenset({em.cond(f"{rka.expr} < {cp.k}", ka)}) if cp.k % s.block_k else frozenset()
+            kmb = frozenset({em.cond(f"{rkb.expr} < {cp.k}", kb)}) if cp.k % s.block_k else frozenset()
+            a = dot_operand(t, g, mt, a_in, [*t.batch, t.rm, rka], t.mmask | kma, kma, "[BLOCK_M, BLOCK_K]",
+                            {"m"} | ka)
+            b = dot_operand(t, g, mt, b_in, [*t.batch, rkb, rl], kmb | lmask, kmb, "[BLOCK_K, BLOCK_L]", kb | ldep)
+            sval = em.emit(f"tl.dot({a}, {b}{mt.precision})", row | ldep, "s")
+        else:
+            sval = em.fresh("s")
+            em.stmt(f"{sval} = tl.zeros([BLOCK_M, BLOCK_L], dtype=tl.float32)")
+            kt = em.fresh("k")
+            em.push(f"for {kt} in range(0, {cp.k}, BLOCK_K):", kt)
+            ka, kb = frozenset({kt}), frozenset({kt + "b"})
+            em.stack[-1].avail = em.stack[-1].avail | kb
+            rka = Ix(em.emit(f"{kt} + tl.arange(0, BLOCK_K)[None, :]", ka, "rk"), None, cp.k, ka)
+            rkb = Ix(em.emit(f"{kt} + tl.arange(0, BLOCK_K)[:, None]", kb, "rk"), None, cp.k, kb)
+            kma = frozenset({em.cond(f"{rka.expr} < {cp.k}", ka)}) if cp.k % s.block_k else frozenset()
+            kmb = frozenset({em.cond(f"{rkb.expr} < {cp.k}", kb)}) if cp.k % s.block_k else frozenset()
+            a = dot_operand(t, g, mt, a_in, [*t.batch, t.rm, rka], t.mmask | kma, kma, "[BLOCK_M, BLOCK_K]",
+                            {"m"} | ka)
+            b = dot_operand(t, g, mt, b_in, [*t.batch, rkb, rl], kmb | lmask, kmb, "[BLOCK_K, BLOCK_L]", kb | ldep)
+            em.stmt(f"{sval} = tl.dot({a}, {b}, {sval}{mt.precision})")
+            em.pop()
+        coords = [*t.batch, t.rm, rl]
+        em.known[(cp.first.outputs[0], tuple(i.expr for i in coords))] = \
+            Val(sval, g.types[cp.first.outputs[0]].dtype, row | ldep)
+        return coords, lmask, lmask_v, rlv
+
+
+def generate_chain(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], name: str, schedule: ChainSchedule,
+                   sources: Sequence[str] = (), precision: str = "fp32") -> KernelSource:
+    """The chain template computing `outputs` of a two-matmul kernel (`nodes`: both matmuls, the
+    middle, the epilogue and the operands' prologue) under `schedule`.
+
+    Raises `Unsupported` when the kernel has no chain form (see `chain_problem`), or when its
+    operands are not fp32/fp16/bf16.
+    """
+    s = schedule
+    ch = _Chain(graph, nodes, outputs, s, precision)
+    cp = ch.cp
+    main = KernelBody(graph, nodes, outputs)
+    oshape = graph.types[cp.second.outputs[0]].shape
+    t = Tile(main, oshape, s)
+    em = t.em
+    em.stack[0].avail = em.stack[0].avail | {"ka", "kb"}
+    em.shape_of = lambda deps: ("[BLOCK_M, BLOCK_L]" if any(d.startswith("l") for d in deps)
+                                else "[BLOCK_M, BLOCK_N]" if "n" in deps else "[BLOCK_M, 1]")
+    for group in ch.passes:
+        ch.walk(t, group)
+    store_outputs(t, graph, outputs, cp.second.outputs[0], t.coords)
+    fn = sanitize(name)
+    ins = [f"in{i}" for i in range(len(main.inputs))]
+    params = ", ".join(ins + list(main.out_args.values()))
+    tiles = cdiv(cp.m, s.block_m) * cdiv(cp.n, s.block_n)
+    meta = (("BLOCK_M", s.block_m), ("BLOCK_N", s.block_n), ("BLOCK_L", s.block_l), ("BLOCK_K", s.block_k),
+            ("num_warps", s.num_warps), ("num_stages", s.num_stages))
+    src = "\n".join(["import triton", "import triton.language as tl", "", ""] + _doc(graph, name, ch, main, sources)
+                    + jit_function(fn, params, t, CHAIN_CONSTS)).rstrip() + "\n"
+    return KernelSource(fn, src, main.inputs, main.outputs, cp.batch * cp.m * cp.n, cp.l, s,
+                        [n.name for n in nodes], launches=[Launch(fn, (tiles, cp.batch), meta)],
+                        rounded_inputs=tuple(sorted(main.rounded)))
+
+
+def _doc(graph: Graph, name: str, ch: _Chain, k: KernelBody, sources: Sequence[str]) -> list[str]:
+    """The header: both products, the middle, the epilogue, the passes and the roofline."""
+    g, cp = graph, ch.cp
+    f, sc = cp.first, cp.second
+    walks = " + ".join("[" + ", ".join(n.name for n in grp) + "]" for grp in ch.passes)
+    doc = [f"# tessera kernel {name}: GEMM-chain template, batch {cp.batch} x M {cp.m}: "
+           f"[M, K {cp.k}] @ [K, L {cp.l}] -> middle -> @ [L, N {cp.n}]; {ch.math1.label} x {ch.math2.label} "
+           f"products, fp32 accumulation",
+           f"# first matmul: {f.name} ({g.types[f.inputs[0]]} @ {g.types[f.inputs[1]]} -> {g.types[f.outputs[0]]})",
+           f"# second matmul: {sc.name} ({g.types[sc.inputs[0]]} @ {g.types[sc.inputs[1]]} -> {g.types[sc.outputs[0]]})"]
+    doc += textwrap.wrap("middle: " + (", ".join(f"{n.name} ({n.op})" for n in cp.middle) or "none"), 100,
+                         initial_indent="# ", subsequent_indent="#   ")
+    after = _reach(ch.nodes, sc.outputs[0])
+    epi = [n for n in ch.nodes if n is not sc and n.outputs[0] in after]
+    doc += textwrap.wrap("epilogue: " + (", ".join(f"{n.name} ({n.op})" for n in epi) or "none"), 100,
+                         initial_indent="# ", subsequent_indent="#   ")
+    doc.append(f"# walks over L: {walks}" + (f" ({ch.online.name} merged online)" if ch.online else ""))
+    if sources:
+        doc += textwrap.wrap("ONNX nodes: " + ", ".join(sources), 100, initial_indent="# ", subsequent_indent="#   ")
+    doc += [f"# in{i}: {t} {g.types[t]}" + (" (rounded to tf32 once, at load)" if t in k.rounded else "")
+            for i, t in enumerate(k.inputs)]
+    doc += [f"# {arg}: {t} {g.types[t]}" for t, arg in k.out_args.items()]
+    rd = sum(g.types[t].nbytes for t in k.inputs)
+    wr = sum(g.types[t].nbytes for t in k.outputs)
+    flops = 2 * cp.batch * cp.m * cp.l * (cp.k + cp.n)
+    doc.append(f"# work: {flops} FLOP; memory: reads {rd} B, writes {wr} B; the roofline is the larger of the two "
+               f"at full rate")
+    return doc
