@@ -32,7 +32,8 @@ class ChainParams:
     """Constants of the chain model (H100 guesses; `calibrate` refits step_s from measurements)."""
 
     step_s: float = 1.5e-7  # latency of one walk step that the pipeline does not hide
-    k_step_s: float = 2.0e-8  # latency of one K step of the first product (deep K)
+    k_step_s: float = 1.0e-7  # latency of one K step of the first product (deep K: a loop inside the walk)
+    mma_rows: int = 64  # rows a Hopper warpgroup MMA takes: fewer rows per program leave tensor cores idle
     l2_factor: float = 4.0  # L2 over DRAM bandwidth: operand chunks are mostly L2 hits
     max_warps_per_sm: int = 64
     middle_flops: float = 12.0  # CUDA-core operations per intermediate element and walk (scale, max, exp, sum)
@@ -60,7 +61,7 @@ def predict_chain(s: ChainSchedule, cp: ChainProblem, walks: int, itemsize: int,
     kpad = cdiv(cp.k, s.block_k) * s.block_k
     npad = s.block_n
     flops = 2.0 * s.block_m * s.block_l * chunks * (walks * kpad + npad)
-    compute = per_sm * flops / (rate / dev.sms)
+    compute = per_sm * flops / (rate / dev.sms * min(1.0, s.block_m / p.mma_rows))
     middle = per_sm * walks * chunks * s.block_m * s.block_l * p.middle_flops / (dev.fp32 / dev.sms)
     operand = (walks * chunks * kpad * s.block_l + chunks * s.block_l * npad + s.block_m * kpad) * itemsize
     stream = per_sm * operand / (dev.bandwidth * p.l2_factor / dev.sms)
@@ -117,8 +118,19 @@ def chain_search(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], pr
         return predict_chain(s, cp, walks, itemsize, operand_bytes, output_bytes, rate, dev, p)
 
     predicted, generations = evolve(list(space.kept), fitness, seed)
-    ranked = sorted(predicted, key=predicted.__getitem__)
+    ranked = _families_first(sorted(predicted, key=predicted.__getitem__), cp)
     return ChainSearch(ranked, predicted, space.size, len(space.kept), space.rejected, generations, walks)
+
+
+def _families_first(ranked: list[ChainSchedule], cp: ChainProblem) -> list[ChainSchedule]:
+    """The best of each tiling family (rows per program, flat or deep K, whole or split N) first, in
+    rank order, then the rest: the model compares schedules of one family far better than families,
+    so the few schedules measured should span them."""
+    heads: dict[tuple[int, bool, bool], ChainSchedule] = {}
+    for s in ranked:
+        heads.setdefault((s.block_m, s.block_k >= cp.k, s.block_n >= cp.n), s)
+    first = list(heads.values())
+    return first + [s for s in ranked if s not in heads.values()]
 
 
 def evolve(space: Sequence[ChainSchedule], fitness: Callable[[ChainSchedule], float], seed: int = 0,

@@ -63,6 +63,7 @@ def kernel_signature(graph: Graph, prims: Sequence[Node], prologue: Sequence[Nod
 
 
 FAILED_S = 1.0
+CHAIN_FIRST, CHAIN_MOST = 6, 8  # GEMM-chain schedules measured at once after the solve, and at most
 
 
 @dataclass(frozen=True)
@@ -334,7 +335,11 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
         elif impl is not None:
             lanes[(name, "library")], firsts[(name, "library")] = [job(None)], 1
         if tpl:
-            lanes[(name, "template")], firsts[(name, "template")] = [job(s) for s in tpl[:most]], first
+            # A GEMM chain's space spans tiling families the model ranks apart poorly: its lane
+            # measures the best of CHAIN_FIRST families at once (cost/chain_search.py orders them).
+            chain = isinstance(tpl[0], ChainSchedule)
+            n_first, n_most = (CHAIN_FIRST, CHAIN_MOST) if chain else (first, most)
+            lanes[(name, "template")], firsts[(name, "template")] = [job(s) for s in tpl[:n_most]], n_first
 
     def take(lane: tuple[str, str], n: int) -> list[Job]:
         out, lanes[lane] = lanes[lane][:n], lanes[lane][n:]

@@ -248,15 +248,33 @@ class Executable:
         """Outputs by name (fresh tensors), for inputs given by position or by name."""
         return {t: v.clone() for t, v in self.run_static(self.prepare_inputs(*args, **kwargs)).items()}
 
+    def bind_inputs(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The executable's own input buffers, holding `feeds` (from `prepare_inputs`): a caller that
+        writes its next inputs into them and passes them to `run_static` saves the copy into the
+        captured graph's inputs (one device copy per input and call; IO binding, as TensorRT and
+        onnxruntime offer it). Without CUDA graphs there is nothing to bind: `feeds` come back."""
+        if not self.cuda_graph:
+            return dict(feeds)
+        with self.precision_flags():
+            if self._graph is None:
+                self._capture(feeds)
+        for name, x in feeds.items():
+            if self._static_in[name] is not x:
+                self._static_in[name].copy_(x)
+        return dict(self._static_in)
+
     def run_static(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Outputs in the executable's own buffers, overwritten by the next call (for benchmarks)."""
+        """Outputs in the executable's own buffers, overwritten by the next call (for benchmarks).
+        Inputs are copied into the captured graph's buffers, unless they are those buffers
+        (`bind_inputs`)."""
         with self.precision_flags():
             if not self.cuda_graph:
                 return self._launch(feeds)
             if self._graph is None:
                 self._capture(feeds)
             for name, x in feeds.items():
-                self._static_in[name].copy_(x)
+                if self._static_in[name] is not x:
+                    self._static_in[name].copy_(x)
             assert self._graph is not None
             self._graph.replay()
             return self._static_out

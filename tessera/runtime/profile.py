@@ -255,9 +255,13 @@ def _plan_rows(exe: Executable, rows: list[tuple[str | None, str, float, float]]
     return [r for r in out.values() if r.name != INPUTS or r.kernels]
 
 
-def profile_executable(exe: Executable, feeds: Mapping[str, Any], reps: int = 30) -> Profile:
-    """Where one call of `exe` spends its time, kernel by kernel (see the module's docstring)."""
+def profile_executable(exe: Executable, feeds: Mapping[str, Any], reps: int = 30, bind: bool = True) -> Profile:
+    """Where one call of `exe` spends its time, kernel by kernel (see the module's docstring). With
+    `bind`, the inputs sit in the executable's own buffers (`Executable.bind_inputs`), so the calls
+    copy none in; without, each call copies them, as `exe(...)` does."""
     feeds = exe.prepare_inputs(**feeds)
+    if bind:
+        feeds = exe.bind_inputs(feeds)
     exe.run_static(feeds)  # compiles every kernel; on a GPU, captures the graph
     if exe.device.type != "cuda":
         return _cpu_profile(exe, feeds, reps)
