@@ -1,0 +1,238 @@
+"""GEMM-chain kernels (codegen/chain.py), the deferred-normalization rule and the chain search.
+
+Every kernel runs in Triton's interpreter on the CPU (on the GPU where one is visible) and is
+compared with float64 (the reference interpreter) or onnxruntime, on fresh random inputs.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernelcheck import DEVICE
+from onnx import helper
+from opcheck import Const, graph_model, models_dir, rand
+from test_gemm_template import run_exe, run_template
+
+import tessera
+from tessera.codegen.chain import chain_problem, chain_schedules
+from tessera.codegen.kernels import ChainSchedule, schedule_from_json
+from tessera.codegen.select import TritonLegality, implement, prologue_of
+from tessera.codegen.triton_ops import Unsupported
+from tessera.compiler import CompileOptions, compile_model
+from tessera.cost.chain_search import chain_search, evolve
+from tessera.cost.measured import _schedule_key
+from tessera.fission import fission
+from tessera.frontend import load
+from tessera.ir import interp
+from tessera.orchestrate import build_ograph
+from tessera.rewrite import convert_precision
+from tessera.rewrite.deferred import defer_normalization
+from tessera.tolerance import TOLERANCE, rel_l2
+from tessera.verify import random_inputs, run_onnxruntime
+
+FORCE = CompileOptions(cost="analytical", templates="force")
+
+
+def attention(m: int, l: int, d: int, heads: int = 2, kv_heads: int | None = None, mask: str = "",
+              dv: int | None = None, seed: int = 0):
+    """softmax(q k^T * scale [+ mask]) v as ONNX: q [1, H, M, D], k [1, Hkv, L, D], v [1, Hkv, L, Dv];
+    Hkv < H shares K/V across heads (GQA, broadcast by MatMul); mask: "causal" (-inf above the
+    diagonal, through Where), "additive" (a constant [M, L] added), or none."""
+    kv = kv_heads or heads
+    dv = dv or d
+    q, k, v = rand(1, heads, m, d, seed=seed), rand(1, kv, l, d, seed=seed + 1), rand(1, kv, l, dv, seed=seed + 2)
+    inits: dict = {"q": q, "k": k, "v": v, "scale": Const(np.array(1 / np.sqrt(d), np.float32))}
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"])]
+    logits = "ss"
+    if mask == "causal":
+        keep = np.tril(np.ones((m, l), bool), k=l - m)
+        inits.update({"keep": Const(keep), "ninf": Const(np.array(-np.inf, np.float32))})
+        nodes.append(helper.make_node("Where", ["keep", "ss", "ninf"], ["sm"]))
+        logits = "sm"
+    elif mask == "additive":
+        inits["bias"] = Const(rand(m, l, seed=seed + 3, lo=-4, hi=0))
+        nodes.append(helper.make_node("Add", ["ss", "bias"], ["sm"]))
+        logits = "sm"
+    nodes += [helper.make_node("Softmax", [logits], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["out"])]
+    return graph_model(nodes, inits, ["out"]), {"q": q, "k": k, "v": v}
+
+
+def mlp(m: int, k: int, l: int, n: int, act: str = "Relu", seed: int = 0):
+    """act(x @ w1 + b1) @ w2 + b2: an MLP (a 1x1-conv pair in matrix form)."""
+    x = rand(m, k, seed=seed)
+    inits = {"x": x, "w1": Const(rand(k, l, seed=seed + 1, lo=-0.3, hi=0.3)), "b1": Const(rand(l, seed=seed + 2)),
+             "w2": Const(rand(l, n, seed=seed + 3, lo=-0.3, hi=0.3)), "b2": Const(rand(n, seed=seed + 4))}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node(act, ["hb"], ["a"]), helper.make_node("MatMul", ["a", "w2"], ["y"]),
+             helper.make_node("Add", ["y", "b2"], ["out"])]
+    return graph_model(nodes, inits, ["out"]), {"x": x}
+
+
+def whole_kernel(model, precision: str = "fp32", defer: bool = True):
+    """The model's primitive graph (as a compile with chains builds it) and all of it as one kernel:
+    (graph in the precision, float32 graph, prims + free prologue, outputs)."""
+    g32 = fission(load(model).graph).graph
+    if defer:
+        g32 = defer_normalization(g32)[0]
+    g = convert_precision(g32, precision, "precision")
+    og = build_ograph(g)
+    prims = list(og.nodes)
+    return g, g32, prologue_of(og, prims) + prims, list(g.outputs)
+
+
+def check_chain(model, feeds, schedule: ChainSchedule | None = None, precision: str = "fp32", defer: bool = True):
+    """The whole model as one chain kernel (by default its best-ranked schedule) against float64."""
+    g, g32, nodes, outputs = whole_kernel(model, precision, defer)
+    if schedule is None:
+        schedule = chain_search(g, nodes, outputs, precision).ranked[0]
+    ks = implement(g, [n for n in nodes], [], outputs, "k_chain", ("Attention",), schedule, precision).triton
+    assert ks is not None and "GEMM-chain template" in ks.source
+    narrow = {"fp16": np.float16}.get(precision)
+    env = {**g.constants, **{k: v.astype(narrow) if narrow else v for k, v in feeds.items()}}
+    got = run_template(g, ks, env)
+    ref = interp.run(g32, feeds, exact=True)
+    err = max(rel_l2(got[o], ref[o]) for o in outputs)
+    assert err < TOLERANCE[precision], f"rel L2 {err} under {schedule}\n{ks.source}"
+    return ks
+
+
+# ---- the rewrite -------------------------------------------------------------------------------
+def test_deferred_normalization_keeps_the_values():
+    for model, feeds in (attention(13, 31, 16, mask="causal"), attention(8, 17, 16, mask="additive")):
+        g = fission(load(model).graph).graph
+        moved, n = defer_normalization(g)
+        assert n == 1 and not g.same_as(moved)
+        div = [x for x in moved.nodes if x.name.endswith("/deferred_div")]
+        assert len(div) == 1 and moved.types[div[0].outputs[0]].shape == moved.types["out"].shape
+        a, b = interp.run(g, feeds, exact=True)["out"], interp.run(moved, feeds, exact=True)["out"]
+        assert rel_l2(b, a) < 1e-12
+    m, _ = mlp(8, 8, 8, 8)  # no normalized operand: nothing to move
+    g = fission(load(m).graph).graph
+    assert defer_normalization(g) == (g, 0)
+
+
+# ---- the generator -----------------------------------------------------------------------------
+@pytest.mark.parametrize("m,l,d", [(13, 31, 64), (7, 23, 80), (37, 16, 64)])
+def test_attention_odd_and_prime_lengths_head_dims_64_and_80(m, l, d):
+    model, feeds = attention(m, l, d, seed=m)
+    ks = check_chain(model, feeds)
+    assert "alpha" in ks.source and "merged online" in ks.source  # one walk over L
+
+
+@pytest.mark.parametrize("mask", ["causal", "additive"])
+@pytest.mark.parametrize("precision", ["fp16", "tf32"])
+def test_masked_attention(mask, precision):
+    model, feeds = attention(19, 29, 64, mask=mask, seed=5)
+    check_chain(model, feeds, precision=precision)
+
+
+@pytest.mark.parametrize("schedule", [ChainSchedule(16, 16, 16, 32, 4, 2),  # deep K, split N, ragged L
+                                      ChainSchedule(32, 64, 32, 128, 4, 1)])  # flat K, whole N
+def test_schedules_tile_k_n_and_l(schedule):
+    model, feeds = attention(21, 45, 80, dv=40, seed=3)
+    check_chain(model, feeds, schedule)
+
+
+def test_without_the_rewrite_the_chain_walks_per_level():
+    # softmax's division before the product: the product waits on the row sum, a third walk.
+    model, feeds = attention(9, 20, 16, seed=4)
+    ks = check_chain(model, feeds, ChainSchedule(16, 16, 16, 16), defer=False)
+    assert "merged online" not in ks.source and ks.source.count("for l") == 3
+
+
+@pytest.mark.parametrize("act", ["Relu", "Gelu"])
+def test_gemm_activation_gemm(act):
+    model, feeds = mlp(33, 24, 70, 17, act)
+    ks = check_chain(model, feeds, precision="tf32")
+    assert "middle: " in ks.source and "(add)" in ks.source
+
+
+def test_plain_gemm_chain_fp16():
+    a, b, c = rand(1, 40, 24, seed=1), rand(1, 24, 50, seed=2), rand(1, 50, 30, seed=3)
+    model = graph_model([helper.make_node("MatMul", ["a", "b"], ["ab"]), helper.make_node("MatMul", ["ab", "c"], ["out"])],
+                        {"a": a, "b": b, "c": c}, ["out"])
+    check_chain(model, {"a": a, "b": b, "c": c}, ChainSchedule(16, 32, 32, 32, 4, 2), "fp16")
+
+
+def test_no_chain_form_is_refused_with_the_reason():
+    # A middle value read outside the chain (the probabilities as a second output) has no chain form.
+    q, k, v = rand(1, 4, 8, seed=1), rand(1, 8, 6, seed=2), rand(1, 6, 5, seed=3)
+    model = graph_model([helper.make_node("MatMul", ["q", "k"], ["s"]), helper.make_node("Relu", ["s"], ["p"]),
+                         helper.make_node("MatMul", ["p", "v"], ["out"])], {"q": q, "k": k, "v": v}, ["out", "p"])
+    g, _, nodes, outputs = whole_kernel(model)
+    with pytest.raises(Unsupported, match="not computed from the second matmul"):
+        implement(g, nodes, [], outputs, "k", (), ChainSchedule(16, 16, 16, 16))
+    with pytest.raises(Unsupported, match="only as a GEMM-chain template"):
+        implement(g, nodes, [], outputs, "k")
+
+
+# ---- the search --------------------------------------------------------------------------------
+def test_the_space_is_pruned_and_an_intermediate_too_big_is_tiled():
+    # N = 512 is never one tile: deep N only; registers reject the widest tiles.
+    model, _ = mlp(64, 32, 1000, 512)
+    g, _, nodes, outputs = whole_kernel(model)
+    cp = chain_problem(g, nodes)
+    space = chain_schedules(cp, 4)
+    assert len(space.kept) < space.size and space.rejected["registers"] > 0
+    assert all(s.block_n < 512 and s.block_l <= 128 for s in space.kept)  # L = 1000 is walked in chunks
+    found = chain_search(g, nodes, outputs)
+    assert found.pruned == len(space.kept) and 0 < found.generations and len(found.ranked) <= found.pruned
+    assert set(found.ranked) <= set(space.kept)
+
+
+def test_evolution_stops_on_convergence_and_finds_the_optimum():
+    space = [ChainSchedule(bm, bn, bl, bk, w, st) for bm in (16, 32, 64, 128) for bn in (32, 64)
+             for bl in (16, 32, 64, 128) for bk in (32, 64) for w in (4, 8) for st in (1, 2, 3)]
+    target = ChainSchedule(64, 64, 64, 64, 4, 2)
+
+    def fitness(s: ChainSchedule) -> float:  # a smooth bowl around the target
+        return sum(abs(np.log2(getattr(s, f) / getattr(target, f))) for f in ("block_m", "block_n", "block_l",
+                                                                             "block_k", "num_warps", "num_stages"))
+
+    priced, gens = evolve(space, fitness, seed=1)
+    assert min(priced, key=priced.__getitem__) == target
+    assert gens < 40 and len(priced) < len(space)  # it converged before pricing everything
+
+
+def test_schedule_round_trips():
+    s = ChainSchedule(32, 64, 128, 64, 8, 3)
+    assert schedule_from_json(s.to_json()) == s and _schedule_key(s) == "chain-m32-n64-l128-k64-w8-s3"
+
+
+# ---- end to end ----------------------------------------------------------------------------------
+def test_forced_compile_runs_attention_as_one_kernel(tmp_path):
+    model, feeds = attention(13, 31, 64, heads=2, mask="causal", seed=2)
+    result = compile_model(model, FORCE)
+    assert len(result.kernels) == 1 and result.rewrites == ["deferred_normalization"]
+    (search,) = result.chains.values()
+    assert search["after_pruning"] <= search["space"] and search["model_rank_of_run"] == 1
+    from tessera.compiler import write_artifacts
+
+    write_artifacts(result, tmp_path / "art")
+    exe = tessera.load(tmp_path / "art", DEVICE)  # the loader replays the rewrite
+    ref = run_onnxruntime(model, feeds)["out"]
+    assert rel_l2(run_exe(exe, feeds)[0], ref) < TOLERANCE["fp32"]
+
+
+def test_chains_stay_off_unless_templates_are_measured_or_forced():
+    model, _ = attention(8, 16, 16)
+    assert all(len([n for n in k.prims if n.op == "matmul"]) <= 1
+               for k in compile_model(model, CompileOptions(cost="analytical")).kernels)
+    assert all(len([n for n in k.prims if n.op == "matmul"]) <= 1
+               for k in compile_model(model, CompileOptions(cost="analytical", templates="force", chains=False)).kernels)
+    legal = TritonLegality(chains=False)
+    g = fission(load(model).graph).graph
+    og = build_ograph(g)
+    assert legal.check(og, (1 << og.n) - 1) is not None
+
+
+def test_bert_tiny_forced_runs_its_attention_as_chains():
+    path = models_dir() / "bert_tiny.onnx"
+    exe = tessera.compile(path, FORCE, DEVICE)
+    chains = [s for s in exe.sources().values() if "GEMM-chain template" in s]
+    assert len(chains) >= 2  # one per layer's attention at least
+    model = load(path)
+    feeds = random_inputs(model.graph, seed=5)
+    ref = run_onnxruntime(model.model, feeds)
+    for name, out in zip(exe.output_names, run_exe(exe, feeds)):
+        assert rel_l2(out, ref[name]) < TOLERANCE["fp32"]
