@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from tessera import cache
+from tessera.codegen.kernels import ChainSchedule
 from tessera.compiler import CompileOptions, compile_model, write_artifacts
 from tessera.cost import DEVICES, PRECISIONS
 from tessera.cost.db import TuningDB, default_db_path
@@ -361,7 +362,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         lay = result.layouts.summary()
         print(f"  layout: {lay['convs_channels_last']} of {lay['convs']} convolutions channels-last "
               f"({lay['channels_last_regions']} of {lay['regions']} regions), {lay['conversions']} conversions")
-    chains = [k for k in result.kernels if k.triton is not None and k.triton.schedule.to_json().get("form") == "chain"]
+    chains = [k for k in result.kernels if k.triton is not None and isinstance(k.triton.schedule, ChainSchedule)]
     templates = [k.linear.op for k in result.kernels if k.backend == "template" and k.linear is not None
                  and k not in chains]
     if chains:

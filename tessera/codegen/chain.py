@@ -33,19 +33,15 @@ from math import prod
 from typing import Sequence
 
 from tessera.codegen.index import Ix
+from tessera.codegen.kernels import _COMBINE, _IDENT, _REDUCE_FN, _REDUCE_OPS
 from tessera.codegen.kernels import ChainSchedule, KernelBody, KernelSource, Launch, sanitize
-from tessera.codegen.tile import (GRID_Y_MAX, MIN_BLOCK, TF32_ROUND, DotMath, Tile, cdiv, check_outputs, dot_math,
-                                  dot_operand, jit_function, store_outputs)
+from tessera.codegen.tile import (GRID_Y_MAX, MIN_BLOCK, TF32_ROUND, Tile, cdiv, check_outputs, dot_math, dot_operand,
+                                  jit_function, pow2, store_outputs)
 from tessera.codegen.triton_ops import Unsupported, Val
 from tessera.ir.graph import Graph, Node
-from tessera.ir.prims import REDUCTIONS, Category, Prim
+from tessera.ir.prims import Category, Prim
 
 CHAIN_CONSTS = ("BLOCK_M", "BLOCK_N", "BLOCK_L", "BLOCK_K")
-_REDUCE = {p.value for p in REDUCTIONS}
-_IDENT = {Prim.REDUCE_SUM.value: "0.0", Prim.REDUCE_MAX.value: '-float("inf")', Prim.REDUCE_MIN.value: 'float("inf")'}
-_FN = {Prim.REDUCE_SUM.value: "tl.sum", Prim.REDUCE_MAX.value: "tl.max", Prim.REDUCE_MIN.value: "tl.min"}
-_COMBINE = {Prim.REDUCE_SUM.value: "{acc} + {v}", Prim.REDUCE_MAX.value: "tl.maximum({acc}, {v})",
-            Prim.REDUCE_MIN.value: "tl.minimum({acc}, {v})"}
 # Primitives that only re-index (a broadcast of the row max, a cast between storage types).
 _PASS = {Prim.BROADCAST.value, Prim.RESHAPE.value, Prim.CAST.value}
 
@@ -76,21 +72,6 @@ def _reach(nodes: Sequence[Node], src: str) -> set[str]:
                 reach.update(n.outputs)
                 grew = True
     return reach
-
-
-def _ancestors(nodes: Sequence[Node], dst: str) -> set[str]:
-    """Tensors of `nodes` that `dst` is computed from (itself included)."""
-    producer = {o: n for n in nodes for o in n.outputs}
-    seen: set[str] = set()
-    todo = [dst]
-    while todo:
-        t = todo.pop()
-        if t in seen:
-            continue
-        seen.add(t)
-        if t in producer:
-            todo.extend(i for i in producer[t].inputs if i)
-    return seen
 
 
 def chain_roots(nodes: Sequence[Node]) -> tuple[Node, Node] | None:
@@ -128,7 +109,7 @@ def chain_problem(graph: Graph, nodes: Sequence[Node]) -> ChainProblem:
     # stops outputs that are not computed from O.
     middle = tuple(n for n in nodes if n is not first and n.outputs[0] in from_s and n.outputs[0] not in after)
     for n in middle:
-        if n.op in _REDUCE:
+        if n.op in _REDUCE_OPS:
             xt = graph.types[n.inputs[0]]
             if xt.shape != ts.shape or tuple(n.attrs["axes"]) != (ts.rank - 1,) \
                     or graph.types[n.outputs[0]].rank != ts.rank:
@@ -138,7 +119,7 @@ def chain_problem(graph: Graph, nodes: Sequence[Node]) -> ChainProblem:
                                                                               Prim.RESHAPE.value):
             raise Unsupported(f"{n.name}: {n.op} cannot sit between a chain's products")
     for n in nodes:
-        if n.op in _REDUCE and n not in middle:
+        if n.op in _REDUCE_OPS and n not in middle:
             raise Unsupported(f"{n.name}: a chain's reductions are in its middle, over the first product's rows")
     *batch, m, l = ts.shape
     return ChainProblem(first, second, prod(batch), m, graph.types[first.inputs[0]].shape[-1], l, to.shape[-1],
@@ -178,7 +159,7 @@ def chain_schedules(cp: ChainProblem, itemsize: int, smem_bytes: int = 227 << 10
     - shared memory: the pipelined operand stages (B's and V's chunks, A's tile) must fit the block's
       shared memory (`Device.smem_bytes`).
     """
-    p2 = lambda x: 1 << max(0, x - 1).bit_length()  # noqa: E731
+    p2 = pow2
     ks = [max(MIN_BLOCK, p2(cp.k))] if p2(cp.k) <= MAX_FLAT else []
     ks += [k for k in DEEP_K if k < p2(cp.k)]
     ns = [max(MIN_BLOCK, p2(cp.n))] if p2(cp.n) <= MAX_FLAT else []
@@ -193,9 +174,6 @@ def chain_schedules(cp: ChainProblem, itemsize: int, smem_bytes: int = 227 << 10
             rejected["duplicate"] += 1
             continue
         s = ChainSchedule(bm, bn, bl, bk, w, st)
-        if s in kept:
-            rejected["duplicate"] += 1
-            continue
         flat_k = bk >= cp.k
         live = bm * bn + bm * bl + (bm * bk * itemsize // 4 if flat_k else 0)  # 32-bit values
         if live > REGISTER_SHARE * REGISTERS_PER_THREAD * 32 * w:
@@ -236,7 +214,7 @@ class _Chain:
         """The walks over L, each with the accumulations it makes (reductions, the second product),
         and the max merged online into the next level's walk, if any."""
         cp = self.cp
-        reds = [n for n in cp.middle if n.op in _REDUCE]
+        reds = [n for n in cp.middle if n.op in _REDUCE_OPS]
         by_out = {n.outputs[0]: n for n in reds}
         producer = {o: n for n in self.nodes for o in n.outputs}
 
@@ -263,31 +241,34 @@ class _Chain:
         passes = [[n for n in accs if depth[n.name] == lv] for lv in levels]
         if len(passes) == 2 and len(passes[0]) == 1 and passes[0][0].op == Prim.REDUCE_MAX.value:
             mx = passes[0][0]
-            if all(self._degree(n.inputs[0], mx.outputs[0], producer, {}) == 1 for n in passes[1]):
+            from_m = _reach(self.nodes, mx.outputs[0])
+            if all(self._degree(n.inputs[0], mx.outputs[0], from_m, producer, {}) == 1 for n in passes[1]):
                 return [passes[0] + passes[1]], mx
         return passes, None
 
-    def _degree(self, t: str, m: str, producer: dict[str, Node], memo: dict[str, int | None]) -> int | None:
-        """How `t` depends on the row max `m`: 0 not at all, 1 as c * exp(-m) with c free of m, None otherwise."""
+    def _degree(self, t: str, m: str, from_m: set[str], producer: dict[str, Node],
+                memo: dict[str, int | None]) -> int | None:
+        """How `t` depends on the row max `m` (`from_m`: what is computed from it): 0 not at all, 1 as
+        c * exp(-m) with c free of m, None otherwise."""
         if t in memo:
             return memo[t]
         n = producer.get(t)
         d: int | None
         if t == m:
             d = None
-        elif n is None or n is self.cp.first or m not in _ancestors(self.nodes, t):
+        elif t not in from_m:
             d = 0
         elif n.op == Prim.EXP.value:
             x = producer.get(n.inputs[0])
-            d = 1 if x is not None and x.op == Prim.SUB.value and self._degree(x.inputs[0], m, producer, memo) == 0 \
+            d = 1 if x is not None and x.op == Prim.SUB.value and self._degree(x.inputs[0], m, from_m, producer, memo) == 0 \
                 and self._is_row(x.inputs[1], m, producer) else None
         elif n.op in _PASS:
-            d = self._degree(n.inputs[0], m, producer, memo)
+            d = self._degree(n.inputs[0], m, from_m, producer, memo)
         elif n.op == Prim.MUL.value:
-            a, b = (self._degree(i, m, producer, memo) for i in n.inputs)
+            a, b = (self._degree(i, m, from_m, producer, memo) for i in n.inputs)
             d = None if a is None or b is None or a + b > 1 else a + b
         elif n.op == Prim.DIV.value:
-            a, b = (self._degree(i, m, producer, memo) for i in n.inputs)
+            a, b = (self._degree(i, m, from_m, producer, memo) for i in n.inputs)
             d = a if b == 0 else None
         else:
             d = None
@@ -366,7 +347,7 @@ class _Chain:
         m = em.mask_expr(mask)
         if m:
             x = f"tl.where({m}, {x}, {_IDENT[n.op]})"
-        return em.emit(f"{_FN[n.op]}({x}, 1)[:, None]", full, "r")
+        return em.emit(f"{_REDUCE_FN[n.op]}({x}, 1)[:, None]", full, "r")
 
     def _p_operand(self, t: Tile, p: Val, lmask: frozenset[str], full: frozenset[str]) -> str:
         """The second product's left operand chunk in the dot's type, zero past L."""

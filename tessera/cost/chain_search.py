@@ -9,27 +9,27 @@ the latency of their walk steps one after another (each step: a dot, the middle,
 pipeline hides loads, not this chain of dependences). The evolutionary search explores the
 space with the model as fitness and stops when its best few stay the same for `PATIENCE`
 generations; post-scheduling (`cost/measured.py`, `tune_schedules`) measures only the top
-of what it found. `calibrate` refits the model's per-step latency from measured chains in the
+of what it found. The constants are guesses, not yet fitted to the measured chains in the
 tuning database.
 """
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Callable, Sequence
 
 from tessera.codegen.chain import ChainProblem, _Chain, chain_schedules
 from tessera.codegen.kernels import ChainSchedule
 from tessera.codegen.tile import cdiv
 from tessera.cost.devices import Device, device
-from tessera.ir.dtype import DType
+from tessera.cost.schedule_model import template_rate
 from tessera.ir.graph import Graph, Node
 
 
 @dataclass(frozen=True)
 class ChainParams:
-    """Constants of the chain model (H100 guesses; `calibrate` refits step_s from measurements)."""
+    """Constants of the chain model (H100 guesses, not yet fitted to measurements)."""
 
     step_s: float = 1.5e-7  # latency of one walk step that the pipeline does not hide
     k_step_s: float = 1.0e-7  # latency of one K step of the first product (deep K: a loop inside the walk)
@@ -82,18 +82,11 @@ class ChainSearch:
     rejected: dict[str, int]
     generations: int  # until the best TOP stopped changing
     walks: int
-    stats: dict[str, object] = field(default_factory=dict)
 
     def summary(self) -> dict[str, object]:
         return {"space": self.space, "after_pruning": self.pruned, "rejected": self.rejected,
                 "generations": self.generations, "priced": len(self.ranked), "walks": self.walks,
-                "best": self.ranked[0].to_json() if self.ranked else None, **self.stats}
-
-
-def _rate(dtype: DType, precision: str, dev: Device) -> float:
-    if dtype in (DType.FLOAT16, DType.BFLOAT16):
-        return dev.fp16
-    return dev.tf32 if precision == "tf32" else dev.fp32
+                "best": self.ranked[0].to_json() if self.ranked else None}
 
 
 def chain_search(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], precision: str = "fp32",
@@ -111,7 +104,7 @@ def chain_search(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], pr
     reads = {t for n in nodes for t in n.inputs if t and t not in produced}
     operand_bytes = float(sum(graph.types[t].nbytes for t in reads))
     output_bytes = float(sum(graph.types[t].nbytes for t in outputs))
-    rate = _rate(a.dtype, precision, dev)
+    rate = template_rate(a.dtype, precision, dev)
     walks = len(ch.passes)
 
     def fitness(s: ChainSchedule) -> float:
@@ -183,21 +176,3 @@ def evolve(space: Sequence[ChainSchedule], fitness: Callable[[ChainSchedule], fl
         if still >= patience:
             break
     return priced, gen
-
-
-def calibrate(samples: Sequence[tuple[ChainSchedule, ChainProblem, int, int, float, float, float, float]],
-              dev: Device, p: ChainParams = CHAIN_PARAMS) -> ChainParams:
-    """The model with step_s refitted to measurements: `samples` are (schedule, problem, walks,
-    itemsize, operand bytes, output bytes, rate, measured seconds). The step latency is the one
-    parameter the roofline cannot know; it is chosen from a grid to minimise the mean squared
-    log error, so a few measured chains set it for the rest."""
-    if not samples:
-        return p
-    grid = [p.step_s * f for f in (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)]
-
-    def error(step: float) -> float:
-        q = replace(p, step_s=step)
-        return sum(math.log(predict_chain(s, cp, w, i, ob, wb, r, dev, q) / t) ** 2
-                   for s, cp, w, i, ob, wb, r, t in samples if t > 0)
-
-    return replace(p, step_s=min(grid, key=error))

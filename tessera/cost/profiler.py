@@ -235,24 +235,14 @@ def _library_kernels(mini: Graph, kernel: dict[str, Any]) -> list[dict[str, Any]
 
 def _one_per_primitive(mini: Graph, kernel: dict[str, Any]) -> list[dict[str, Any]]:
     """A kernel's primitives as plan kernels of one primitive each (with the free prologue each reads)."""
+    from tessera.codegen.select import _live
+
     by_name = {n.name: n for n in mini.nodes}
     pro = [by_name[n] for n in kernel["prologue"]]
-    made_by = {o: n for n in pro for o in n.outputs}
     read = {t for n in kernel["prims"] for t in by_name[n].inputs}
-    out = []
-    for i, name in enumerate(kernel["prims"]):
-        n = by_name[name]
-        need: dict[str, None] = {}
-        todo = [t for t in n.inputs if t]
-        while todo:
-            p = made_by.get(todo.pop())
-            if p is not None and p.name not in need:
-                need[p.name] = None
-                todo.extend(t for t in p.inputs if t)
-        outs = [o for o in n.outputs if o in read or o in kernel["outputs"]]
-        out.append({"name": f"ref_{i}", "prims": [name], "prologue": [p.name for p in pro if p.name in need],
-                    "outputs": outs})
-    return out
+    return [{"name": f"ref_{i}", "prims": [name], "prologue": [p.name for p in _live(pro, by_name[name].inputs)],
+             "outputs": [o for o in by_name[name].outputs if o in read or o in kernel["outputs"]]}
+            for i, name in enumerate(kernel["prims"])]
 
 
 def _replay_seconds(graph: Any) -> float:

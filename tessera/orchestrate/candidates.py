@@ -32,6 +32,7 @@ _REDUCE_OPS = {Prim.REDUCE_SUM.value, Prim.REDUCE_MAX.value, Prim.REDUCE_MIN.val
 # through them (attention's K transpose, a head split, a padded or concatenated operand), so they
 # cost no copy kernel. An epilogue holds none: its values are stored at the product's indices.
 _PROLOGUE_LAYOUT = {Prim.TRANSPOSE.value, Prim.SLICE.value, Prim.PAD.value, Prim.CONCAT.value}
+_POINTWISE = {Prim.RESHAPE.value, Prim.BROADCAST.value}  # layout primitives that act element by element
 
 
 class TooManyCandidates(Exception):
@@ -115,7 +116,7 @@ class StructuralLegality:
         (root,) = linear
         for i in bits(mask & ~(1 << root)):
             op = og.nodes[i].op
-            pointwise = Prim(op).category is Category.ELEMENTWISE or op in (Prim.RESHAPE.value, Prim.BROADCAST.value)
+            pointwise = Prim(op).category is Category.ELEMENTWISE or op in _POINTWISE
             if self.prologues and (og.desc[i] >> root) & 1:
                 if pointwise or op in _PROLOGUE_LAYOUT:
                     continue  # an operand prologue: computed where the template loads the operand
@@ -126,9 +127,6 @@ class StructuralLegality:
                 continue  # an epilogue
             return f"{og.nodes[i].name} is neither computed from the linear result nor feeds its operands"
         return None
-
-
-_POINTWISE = {Prim.RESHAPE.value, Prim.BROADCAST.value}
 
 
 def _chain_check(og: OGraph, mask: int, a: int, b: int) -> str | None:
