@@ -142,15 +142,16 @@ def test_a_kernel_that_cannot_be_built_names_itself(tmp_path, capsys):
     out = tmp_path / "art"
     assert main(["compile", str(MODELS / "attn_s7.onnx"), "-o", str(out)]) == 0
     plan = json.loads((out / "plan.json").read_text())
-    # Merge the softmax kernel into the transpose kernel: a row reduction cannot also write
-    # the transposed keys (neither a row nor the reduced tensor), so no backend runs that group.
+    # Merge the second matmul into the softmax kernel: with no template schedule the matmul is a
+    # library call, which cannot compute its operand (the softmax), so no backend runs that group.
     soft = next(k for k in plan["kernels"] if "reduce_max" in "".join(k["prims"]))
-    mm = plan["kernels"][0]
-    assert "transpose" in mm["name"]
-    mm["prims"] += soft["prims"]
-    mm["prologue"] += soft["prologue"]
-    mm["outputs"] += soft["outputs"]
-    plan["kernels"].remove(soft)
+    mm = plan["kernels"][-1]
+    assert "matmul" in mm["name"] and mm is not soft
+    soft["prims"] += mm["prims"]
+    soft["prologue"] += mm["prologue"]
+    soft["outputs"] = mm["outputs"]
+    plan["kernels"].remove(mm)
+    mm = soft
     (out / "plan.json").write_text(json.dumps(plan))
     capsys.readouterr()
     assert main(["run", str(out)]) == 2  # an edited artifact is refused before anything is built
@@ -354,3 +355,35 @@ def test_batched_matmul_viewed_before_its_bias():
                      "b": Const(rand(4, seed=27))}, ["out"])
     exe = _check_mlp(m, {"x": x})
     assert [n.op for n in _linear_step(exe).impl.fused] == ["reshape", "add"]
+
+
+@pytest.mark.parametrize("shape,perm,fused", [
+    ((2, 3, 5, 7), (0, 1, 3, 2), True),   # attention's K^T: a transposed view for cuBLAS
+    ((5, 7), (1, 0), True),
+    ((2, 5, 3, 7), (0, 2, 3, 1), False),  # a head split as well: the library would copy, so not fused
+])
+def test_a_transposed_operand_is_a_view_of_the_library_call(shape, perm, fused):
+    k = rand(*shape, seed=21)
+    kt = tuple(shape[p] for p in perm)
+    q = rand(*kt[:-2], 4, kt[-2], seed=22)
+    m = graph_model([helper.make_node("Transpose", ["k"], ["kt"], perm=list(perm)),
+                     helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Tanh", ["s"], ["out"])],
+                    {"q": q, "k": k}, ["out"])
+    exe = tessera.compile(m, CPU_PLAN)
+    lin = [s for s in exe.steps if s.impl.backend == "linear"]
+    assert len(lin) == 1 and [n.op for n in lin[0].impl.views] == (["transpose"] if fused else [])
+    assert len(exe.steps) == (1 if fused else 2)  # the tanh is the library call's generated epilogue
+    ref = run_onnxruntime(m, {"q": q, "k": k})["out"]
+    assert rel_l2(exe(torch.from_numpy(q), torch.from_numpy(k))[0].numpy(), ref) < 1e-5
+
+
+def test_a_transposed_operand_that_is_also_an_output_is_written_by_its_own_kernel():
+    k, q = rand(3, 6, 5, seed=23), rand(3, 4, 5, seed=24)
+    m = graph_model([helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+                     helper.make_node("MatMul", ["q", "kt"], ["out"])], {"q": q, "k": k}, ["out", "kt"])
+    exe = tessera.compile(m, CPU_PLAN)
+    assert not any(s.impl.views for s in exe.steps) and len(exe.steps) == 2
+    ref = run_onnxruntime(m, {"q": q, "k": k})
+    got = exe(torch.from_numpy(q), torch.from_numpy(k))
+    for name, v in zip(exe.output_names, got):
+        assert rel_l2(v.numpy(), ref[name]) < 1e-6

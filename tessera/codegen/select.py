@@ -33,7 +33,7 @@ from tessera.codegen.kernels import (AnySchedule, ChainSchedule, ConvSchedule, G
 from tessera.codegen.triton_ops import Unsupported
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import Category, Prim
-from tessera.orchestrate.candidates import StructuralLegality
+from tessera.orchestrate.candidates import StructuralLegality, transposes_matrix
 from tessera.orchestrate.graphview import OGraph, bits, prologue_of  # noqa: F401 - prologue_of is used from here too
 
 
@@ -66,6 +66,8 @@ class KernelImpl:
     bias: str | None = None
     activation: str | None = None
     fused: list[Node] = field(default_factory=list)
+    # Transposes of a matmul operand (`operand_views`) the library call reads as strided views.
+    views: list[Node] = field(default_factory=list)
 
     @property
     def nodes(self) -> list[Node]:
@@ -143,7 +145,10 @@ def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], out
         if pre:
             raise Unsupported(f"{root.name}: a library call cannot compute its operands' prologue "
                               f"({', '.join(n.name for n in pre)}); a template schedule can")
-        impl = KernelImpl(name, "linear", prims, prologue, list(outputs), linear=root)
+        impl = KernelImpl(name, "linear", prims, prologue, list(outputs), linear=root, views=operand_views(prims))
+        written = [o for n in impl.views for o in n.outputs if o in outputs]
+        if written:
+            raise Unsupported(f"{root.name}: a library call reads {written[0]} as a view and cannot write it")
         impl.bias, impl.fused, impl.activation = _library_epilogue(graph, nodes, prologue, root, outputs)
         done = {root.name} | {n.name for n in impl.fused}
         epi = [n for n in _epilogue(graph, nodes, root) if n.name not in done]
@@ -294,13 +299,28 @@ class TritonLegality:
         return None
 
 
+def operand_views(prims: Sequence[Node]) -> list[Node]:
+    """The transposes of a matmul kernel's operands that swap their last two axes and feed only the
+    matmul: the library call reads them as strided views (cuBLAS transposes the operand itself)."""
+    root = _linear_root(prims)
+    if root is None or root.op != Prim.MATMUL.value:
+        return []
+    readers: dict[str, int] = {}
+    for n in prims:
+        for t in n.inputs:
+            readers[t] = readers.get(t, 0) + 1
+    return [n for n in prims if transposes_matrix(n) and n.outputs[0] in root.inputs and readers[n.outputs[0]] == 1]
+
+
 def operand_prologue(prims: Sequence[Node]) -> list[Node]:
     """The primitives of a linear kernel that compute its operands (before the linear primitive),
-    not counting the free prologue (which `prims` does not hold): only a template computes them."""
+    not counting the free prologue (which `prims` does not hold) nor the operand views the library
+    reads as they are (`operand_views`): only a template computes them."""
     root = _linear_root(prims)
     if root is None:
         return []
     producer = {o: n for n in prims for o in n.outputs}
+    views = {n.name for n in operand_views(prims)}
     found: dict[str, Node] = {}
     todo = [t for t in root.inputs if t]
     while todo:
@@ -308,4 +328,4 @@ def operand_prologue(prims: Sequence[Node]) -> list[Node]:
         if n is not None and n is not root and n.name not in found:
             found[n.name] = n
             todo.extend(t for t in n.inputs if t)
-    return list(found.values())
+    return [n for n in found.values() if n.name not in views]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Protocol
 
+from tessera.ir.graph import Node
 from tessera.ir.prims import Category, Prim
 from tessera.orchestrate.graphview import OGraph, bits
 
@@ -33,6 +34,15 @@ _REDUCE_OPS = {Prim.REDUCE_SUM.value, Prim.REDUCE_MAX.value, Prim.REDUCE_MIN.val
 # cost no copy kernel. An epilogue holds none: its values are stored at the product's indices.
 _PROLOGUE_LAYOUT = {Prim.TRANSPOSE.value, Prim.SLICE.value, Prim.PAD.value, Prim.CONCAT.value}
 _POINTWISE = {Prim.RESHAPE.value, Prim.BROADCAST.value}  # layout primitives that act element by element
+
+
+def transposes_matrix(node: Node) -> bool:
+    """A transpose of the last two axes only: what a library matmul takes as a strided view of its
+    operand (cuBLAS's transposed-operand mode, as PyTorch passes `k.transpose(-1, -2)`), so
+    joining the matmul's kernel costs no copy and no launch."""
+    perm = tuple(node.attrs.get("perm", ())) if node.op == Prim.TRANSPOSE.value else ()
+    r = len(perm)
+    return r >= 2 and perm == (*range(r - 2), r - 1, r - 2)
 
 
 class TooManyCandidates(Exception):
@@ -121,6 +131,9 @@ class StructuralLegality:
                 if pointwise or op in _PROLOGUE_LAYOUT:
                     continue  # an operand prologue: computed where the template loads the operand
                 return f"{op} cannot join a linear kernel's operand prologue"
+            if og.nodes[root].op == Prim.MATMUL.value and transposes_matrix(og.nodes[i]) \
+                    and og.succs[i] == 1 << root and not (og.graph_outputs >> i) & 1:
+                continue  # the library call reads it as a transposed view
             if not pointwise:
                 return f"{op} cannot join a linear kernel"
             if (og.anc[i] >> root) & 1:

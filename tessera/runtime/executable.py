@@ -388,8 +388,8 @@ class Executable:
         """The library call of a linear kernel (with the bias and activation it absorbs)."""
         root = impl.linear
         assert root is not None
-        names = [t for t in root.inputs if t]
-        args = [env[t] for t in names]
+        view = {n.outputs[0]: n for n in impl.views}  # transposed operands: strided views, no copy
+        args = [env[t] if t not in view else env[view[t].inputs[0]].transpose(-1, -2) for t in root.inputs if t]
         gemm = pointwise_conv_as_gemm(root, args, self._bias.get(impl.name), impl.activation) \
             if not self.graph.types[root.outputs[0]].plain else None
         if gemm is not None:
