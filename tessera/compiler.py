@@ -7,6 +7,7 @@ Each pass name is also its key in `CompileResult.timings` and in the report.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +19,12 @@ from tessera.codegen.kernels import AnySchedule, ChainSchedule, ConvSchedule, Ge
 from tessera.codegen.select import KernelImpl, TritonLegality, implement, needs_template
 from tessera.codegen.triton_ops import Unsupported
 from tessera.cost import AnalyticalCost, device
-from tessera.cost.db import TuningDB, default_db_path, software_versions
+from tessera.cost.chain_search import calibrate_from_db, db_samples
+from tessera.cost.db import Key, TuningDB, default_db_path, software_versions
 from tessera.cost.devices import Device
 from tessera.cost.layout_price import AnalyticalLayoutPrice, MeasuredLayoutPrice
-from tessera.cost.measured import MeasuredCost, Profiler, template_space, tune_schedules
+from tessera.cost.measured import (MeasuredCost, Profiler, kernel_signature, math_mode, template_space,
+                                   tune_schedules)
 from tessera.cost.profiler import GpuProfiler
 from tessera.errors import TesseraError
 from tessera.fission import FissionResult, fission
@@ -191,9 +194,13 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
     done("layout")
     og = build_ograph(graph)
     done("ograph")
+    chains = chains_enabled(opt, cost_kind)
     if db is not None and profiler is not None:
         cost: Any = measured_cost(og, opt, tune_progress, AnalyticalCost(og, dev, opt.precision), dev, db, profiler)
         device_name = torch.cuda.get_device_name()
+        if chains:  # the chain model refitted to the chains this GPU has measured, if enough
+            fitted = calibrate_from_db(db_samples(db.chain_samples(device_name)), dev)
+            logger.info("chain model: %s", f"refitted, {fitted}" if fitted else "defaults (too few measured chains)")
     else:
         cost = AnalyticalCost(og, dev, opt.precision)
         device_name = dev.name
@@ -201,7 +208,6 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
     tuning: dict[str, Any] = {}
     tuned: dict[str, AnySchedule] = {}
     tuned_s: dict[str, float] = {}
-    chains = chains_enabled(opt, cost_kind)
     plan = orchestrate(og, cost, strategy=opt.strategy,
                        rules=CandidateRules(max_nodes=opt.max_kernel_nodes, max_linear=2 if chains else 1),
                        legality=TritonLegality(templates=isinstance(cost, MeasuredCost) and opt.templates == "auto"
@@ -237,8 +243,9 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
         tuned.update(forced_templates(graph, plan, opt.precision, dev))
     kernels = generate_kernels(graph, plan, tuned)
     done("codegen")
+    measured = (cost.db, cost.device, cost.versions) if isinstance(cost, MeasuredCost) else None
     return CompileResult(loaded, fis, graph, og, plan, kernels, timings, tuning, tuned_s, lay, opt.io,
-                         chain_searches(graph, kernels, opt.precision, dev))
+                         chain_searches(graph, kernels, opt.precision, dev, measured))
 
 
 # Lazy measurement takes 0.6x the analytical estimate (roofline plus launch) as a candidate's
@@ -292,10 +299,13 @@ def generate_kernels(graph: Graph, plan: Plan, tuned: Mapping[str, AnySchedule] 
     return out
 
 
-def chain_searches(graph: Graph, kernels: Sequence[KernelImpl], precision: str, dev: Device) -> dict[str, dict[str, Any]]:
+def chain_searches(graph: Graph, kernels: Sequence[KernelImpl], precision: str, dev: Device,
+                   measured: tuple[TuningDB, str, str] | None = None) -> dict[str, dict[str, Any]]:
     """Each GEMM-chain kernel's schedule search, for plan.json: the space before and after pruning,
-    the generations to convergence, and the schedule that runs."""
-    from tessera.cost.chain_search import chain_search
+    the generations to convergence, the schedule that runs and its rank in the model's order, and,
+    with the tuning database (`measured`: database, device, versions), the model's rank error over
+    the schedules measured (`chain_search.rank_error`)."""
+    from tessera.cost.chain_search import chain_key, chain_search, rank_error
 
     out: dict[str, dict[str, Any]] = {}
     for k in kernels:
@@ -304,6 +314,14 @@ def chain_searches(graph: Graph, kernels: Sequence[KernelImpl], precision: str, 
             out[k.name] = {**found.summary(), "runs": k.triton.schedule.to_json(),
                            "model_rank_of_run": found.ranked.index(k.triton.schedule) + 1
                            if k.triton.schedule in found.ranked else None}
+            if measured is not None:
+                db, device_name, versions = measured
+                sig = kernel_signature(graph, k.prims, k.prologue, k.outputs, math_mode(k.prims, precision))
+                times = [(s, db.get(Key(device_name, versions, sig, chain_key(s)))) for s in found.ranked]
+                ok = [(found.predicted[s], r.seconds) for s, r in times if r is not None and math.isfinite(r.seconds)]
+                if ok:
+                    out[k.name]["measured"] = len(ok)
+                    out[k.name]["rank_error"] = rank_error([p for p, _ in ok], [t for _, t in ok])
     return out
 
 

@@ -19,24 +19,28 @@ import random
 from dataclasses import dataclass, fields, replace
 from typing import Callable, Sequence
 
-from tessera.codegen.chain import ChainProblem, _Chain, chain_schedules
+from tessera.codegen.chain import ChainProblem, _Chain, chain_problem, chain_schedules
 from tessera.codegen.kernels import ChainSchedule
 from tessera.codegen.tile import cdiv
 from tessera.cost.devices import Device, device
-from tessera.cost.schedule_model import template_rate
 from tessera.ir.graph import Graph, Node
 
 
 @dataclass(frozen=True)
 class ChainParams:
-    """Constants of the chain model (H100 guesses, not yet fitted to measurements)."""
+    """Constants of the chain model. The defaults are fitted (`fit_chain_params`) to the chain
+    schedules measured on the H100 (scripts/chain_calibration.py); a tuning database that holds
+    measured chains refits them for its GPU (`calibrate_from_db`)."""
 
     step_s: float = 1.5e-7  # latency of one walk step that the pipeline does not hide
     k_step_s: float = 1.0e-7  # latency of one K step of the first product (deep K: a loop inside the walk)
+    load_s: float = 3.0e-7  # latency of a step's operand loads (B's and V's chunks) when not prefetched
+    pipelined: float = 0.25  # the share of `load_s` left with two or more stages (loads issued a step early)
     mma_rows: int = 64  # rows a Hopper warpgroup MMA takes: fewer rows per program leave tensor cores idle
     l2_factor: float = 4.0  # L2 over DRAM bandwidth: operand chunks are mostly L2 hits
     max_warps_per_sm: int = 64
     middle_flops: float = 12.0  # CUDA-core operations per intermediate element and walk (scale, max, exp, sum)
+    launch_s: float = 2.0e-6  # a launch inside a CUDA graph, as the tuning measures it
 
 
 CHAIN_PARAMS = ChainParams()
@@ -46,29 +50,166 @@ TOP = 4
 MAX_GENERATIONS = 40
 
 
-def predict_chain(s: ChainSchedule, cp: ChainProblem, walks: int, itemsize: int, operand_bytes: float,
-                  output_bytes: float, rate: float, dev: Device, p: ChainParams = CHAIN_PARAMS) -> float:
-    """Predicted seconds of one chain launch (only the ranking is meant to be right)."""
-    tiles = cp.batch * cdiv(cp.m, s.block_m) * cdiv(cp.n, s.block_n)
-    flat_k = s.block_k >= cp.k
-    smem = s.num_stages * (s.block_k * s.block_l + s.block_l * s.block_n) * itemsize + s.block_m * s.block_k * itemsize
-    live = s.block_m * s.block_n + s.block_m * s.block_l + (s.block_m * s.block_k * itemsize // 4 if flat_k else 0)
+@dataclass(frozen=True)
+class ChainFeatures:
+    """What the model knows of one chain kernel besides its schedule (stored beside its measurements,
+    so the model can be refitted from a tuning database)."""
+
+    batch: int
+    m: int
+    k: int
+    l: int
+    n: int
+    walks: int  # passes over L (1: online softmax or no reduction)
+    itemsize: int
+    operand_bytes: float  # what the kernel reads
+    output_bytes: float  # and writes
+    dots: str  # what its dots run on: "tensor" (16-bit operands), "tf32" or "fp32" (IEEE, CUDA cores)
+
+    def rate(self, dev: Device) -> float:
+        """FLOP/s of its dots on `dev` (as `template_rate`)."""
+        return {"tensor": dev.fp16, "tf32": dev.tf32}.get(self.dots, dev.fp32)
+
+    def to_json(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def chain_features(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], precision: str) -> ChainFeatures:
+    """The model's view of a chain kernel; raises `Unsupported` when the kernel has no chain form."""
+    ch = _Chain(graph, nodes, outputs, ChainSchedule(16, 16, 16, 16), precision)
+    cp = ch.cp
+    a = graph.types[cp.first.inputs[0]]
+    produced = {o for n in nodes for o in n.outputs}
+    reads = {t for n in nodes for t in n.inputs if t and t not in produced}
+    dots = "tensor" if a.dtype.itemsize == 2 else "tf32" if precision == "tf32" else "fp32"  # as template_rate
+    return ChainFeatures(cp.batch, cp.m, cp.k, cp.l, cp.n, len(ch.passes), a.dtype.itemsize,
+                         float(sum(graph.types[t].nbytes for t in reads)),
+                         float(sum(graph.types[t].nbytes for t in outputs)), dots)
+
+
+def predict_chain(s: ChainSchedule, f: ChainFeatures, dev: Device, p: ChainParams = CHAIN_PARAMS) -> float:
+    """Predicted seconds of one chain launch.
+
+    t = launch + max(waves x per-SM time, DRAM time); an SM's time is the largest of its programs'
+    tensor-core and middle work, their operand stream from L2, and one program's walk latency
+    (its steps one after another: a dot, the middle, a dot, and the operand loads a deeper
+    pipeline issues ahead)."""
+    tiles = f.batch * cdiv(f.m, s.block_m) * cdiv(f.n, s.block_n)
+    flat_k = s.block_k >= f.k
+    isz = f.itemsize
+    smem = s.num_stages * (s.block_k * s.block_l + s.block_l * s.block_n) * isz + s.block_m * s.block_k * isz
+    live = s.block_m * s.block_n + s.block_m * s.block_l + (s.block_m * s.block_k * isz // 4 if flat_k else 0)
     regs = max(32, min(255, live // (32 * s.num_warps) + 32)) * 32 * s.num_warps
     resident = max(1, min(dev.smem_bytes // max(smem, 1), p.max_warps_per_sm // s.num_warps, dev.registers // regs))
     waves = math.ceil(tiles / (dev.sms * resident))
     per_sm = math.ceil(min(tiles, dev.sms * resident) / dev.sms)
-    chunks = cdiv(cp.l, s.block_l)
-    kpad = cdiv(cp.k, s.block_k) * s.block_k
+    chunks = cdiv(f.l, s.block_l)
+    kpad = cdiv(f.k, s.block_k) * s.block_k
     npad = s.block_n
-    flops = 2.0 * s.block_m * s.block_l * chunks * (walks * kpad + npad)
-    compute = per_sm * flops / (rate / dev.sms * min(1.0, s.block_m / p.mma_rows))
-    middle = per_sm * walks * chunks * s.block_m * s.block_l * p.middle_flops / (dev.fp32 / dev.sms)
-    operand = (walks * chunks * kpad * s.block_l + chunks * s.block_l * npad + s.block_m * kpad) * itemsize
+    flops = 2.0 * s.block_m * s.block_l * chunks * (f.walks * kpad + npad)
+    compute = per_sm * flops / (f.rate(dev) / dev.sms * min(1.0, s.block_m / p.mma_rows))
+    middle = per_sm * f.walks * chunks * s.block_m * s.block_l * p.middle_flops / (dev.fp32 / dev.sms)
+    operand = (f.walks * chunks * kpad * s.block_l + chunks * s.block_l * npad + s.block_m * kpad) * isz
     stream = per_sm * operand / (dev.bandwidth * p.l2_factor / dev.sms)
-    steps = walks * chunks
-    latency = steps * p.step_s + (0 if flat_k else steps * cdiv(cp.k, s.block_k) * p.k_step_s)
-    dram = (operand_bytes + output_bytes) / dev.bandwidth
-    return max(waves * max(compute + middle, stream, latency), dram)
+    steps = f.walks * chunks
+    load = p.load_s * (1.0 if s.num_stages < 2 else p.pipelined)
+    latency = steps * (p.step_s + load) + (0 if flat_k else steps * cdiv(f.k, s.block_k) * p.k_step_s)
+    dram = (f.operand_bytes + f.output_bytes) / dev.bandwidth
+    return p.launch_s + max(waves * max(compute + middle, stream, latency), dram)
+
+
+Sample = tuple[ChainFeatures, ChainSchedule, float]  # a measured chain schedule: features, schedule, seconds
+# Fitted constants and how far each step may move them (multiplicative), coordinate by coordinate.
+_FITTED = ("step_s", "k_step_s", "load_s", "pipelined", "l2_factor", "middle_flops", "launch_s")
+_MOVES = (0.25, 0.5, 0.8, 1.25, 2.0, 4.0)
+
+
+def model_error(samples: Sequence[Sample], dev: Device, p: ChainParams) -> float:
+    """The mean squared log error of the model's times over measured samples."""
+    errs = [math.log(predict_chain(s, f, dev, p) / t) ** 2 for f, s, t in samples]
+    return sum(errs) / len(errs) if errs else 0.0
+
+
+def fit_chain_params(samples: Sequence[Sample], dev: Device, start: ChainParams = CHAIN_PARAMS,
+                     rounds: int = 4) -> ChainParams:
+    """The model's constants fitted to measured chain schedules (least squared log error), by
+    coordinate descent over multiplicative moves and the MMA row count."""
+    best, err = start, model_error(samples, dev, start)
+    for _ in range(rounds):
+        moved = False
+        for name in _FITTED:
+            for f in _MOVES:
+                trial = replace(best, **{name: getattr(best, name) * f})
+                if name == "pipelined" and trial.pipelined > 1.0:
+                    continue
+                e = model_error(samples, dev, trial)
+                if e < err - 1e-9:
+                    best, err, moved = trial, e, True
+        for rows in (16, 32, 64, 128):
+            trial = replace(best, mma_rows=rows)
+            e = model_error(samples, dev, trial)
+            if e < err - 1e-9:
+                best, err, moved = trial, e, True
+        if not moved:
+            break
+    return best
+
+
+def rank_error(predicted: Sequence[float], measured: Sequence[float]) -> dict[str, float]:
+    """How well predictions order measured schedules: the share of pairs the model orders wrongly
+    (Kendall distance, 0 is perfect) and the regret (measured time of the model's first choice over
+    the best measured)."""
+    pairs = [(i, j) for i in range(len(measured)) for j in range(i + 1, len(measured))
+             if measured[i] != measured[j]]
+    wrong = sum(1 for i, j in pairs if (predicted[i] - predicted[j]) * (measured[i] - measured[j]) < 0)
+    first = min(range(len(predicted)), key=predicted.__getitem__) if predicted else 0
+    return {"discordant_pairs": wrong / len(pairs) if pairs else 0.0,
+            "regret": measured[first] / min(measured) if measured else 1.0}
+
+
+_CALIBRATED: dict[str, ChainParams] = {}  # device preset name -> params fitted from a tuning database
+MIN_SAMPLES = 24  # measured chain schedules a refit needs (over at least two chains)
+
+
+def calibrate_from_db(samples: Sequence[tuple[str, Sample]], dev: Device) -> ChainParams | None:
+    """Refit the model for `dev` from a tuning database's measured chains (signature, sample) and use
+    the result in every later search on it; None (defaults kept) when they are too few."""
+    if len(samples) < MIN_SAMPLES or len({sig for sig, _ in samples}) < 2:
+        return None
+    p = fit_chain_params([s for _, s in samples], dev)
+    _CALIBRATED[dev.name] = p
+    return p
+
+
+def chain_key(s: ChainSchedule) -> str:
+    """A chain schedule's name in the tuning database."""
+    return f"chain-m{s.block_m}-n{s.block_n}-l{s.block_l}-k{s.block_k}-w{s.num_warps}-s{s.num_stages}"
+
+
+def parse_chain_key(key: str) -> ChainSchedule | None:
+    """The schedule `chain_key` named (None for any other key)."""
+    parts = key.split("-")
+    if len(parts) != 7 or parts[0] != "chain":
+        return None
+    try:
+        return ChainSchedule(*(int(p[1:]) for p in parts[1:]))
+    except ValueError:
+        return None
+
+
+def db_samples(rows: Sequence[tuple[str, str, float, dict[str, object]]]) -> list[tuple[str, Sample]]:
+    """`TuningDB.chain_samples` rows as model samples (signature, sample)."""
+    out = []
+    for sig, key, seconds, feat in rows:
+        s = parse_chain_key(key)
+        if s is not None:
+            out.append((sig, (ChainFeatures(**feat), s, seconds)))  # type: ignore[arg-type]
+    return out
+
+
+def params_for(dev: Device) -> ChainParams:
+    """The chain model's constants on `dev`: refitted from its database, or the defaults."""
+    return _CALIBRATED.get(dev.name, CHAIN_PARAMS)
 
 
 @dataclass
@@ -90,29 +231,18 @@ class ChainSearch:
 
 
 def chain_search(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], precision: str = "fp32",
-                 dev: Device | None = None, p: ChainParams = CHAIN_PARAMS, seed: int = 0) -> ChainSearch:
+                 dev: Device | None = None, p: ChainParams | None = None, seed: int = 0) -> ChainSearch:
     """The chain kernel's schedules, best first, by an evolutionary search over the pruned space.
 
     Raises `Unsupported` when the kernel has no chain form."""
     dev = dev or device("h100")
-    ch = _Chain(graph, nodes, outputs, ChainSchedule(16, 16, 16, 16), precision)
-    cp = ch.cp
-    a = graph.types[cp.first.inputs[0]]
-    itemsize = a.dtype.itemsize
-    space = chain_schedules(cp, itemsize, dev.smem_bytes)
-    produced = {o for n in nodes for o in n.outputs}
-    reads = {t for n in nodes for t in n.inputs if t and t not in produced}
-    operand_bytes = float(sum(graph.types[t].nbytes for t in reads))
-    output_bytes = float(sum(graph.types[t].nbytes for t in outputs))
-    rate = template_rate(a.dtype, precision, dev)
-    walks = len(ch.passes)
-
-    def fitness(s: ChainSchedule) -> float:
-        return predict_chain(s, cp, walks, itemsize, operand_bytes, output_bytes, rate, dev, p)
-
-    predicted, generations = evolve(list(space.kept), fitness, seed)
+    p = p or params_for(dev)
+    f = chain_features(graph, nodes, outputs, precision)
+    cp = chain_problem(graph, nodes)
+    space = chain_schedules(cp, f.itemsize, dev.smem_bytes)
+    predicted, generations = evolve(list(space.kept), lambda s: predict_chain(s, f, dev, p), seed)
     ranked = _families_first(sorted(predicted, key=predicted.__getitem__), cp)
-    return ChainSearch(ranked, predicted, space.size, len(space.kept), space.rejected, generations, walks)
+    return ChainSearch(ranked, predicted, space.size, len(space.kept), space.rejected, generations, f.walks)
 
 
 def _families_first(ranked: list[ChainSchedule], cp: ChainProblem) -> list[ChainSchedule]:

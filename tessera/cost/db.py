@@ -62,6 +62,14 @@ CREATE TABLE IF NOT EXISTS measurements (
     PRIMARY KEY (device, versions, signature, schedule)
 )
 """
+# What the GEMM-chain model knows of a kernel (cost/chain_search.py, ChainFeatures), by signature: with
+# the chain's measured schedules it refits the model (`TuningDB.chain_samples`).
+_FEATURES = """
+CREATE TABLE IF NOT EXISTS chain_features (
+    signature TEXT PRIMARY KEY,
+    features TEXT NOT NULL   -- JSON
+)
+"""
 
 
 def _when_unlocked(step: Callable[[], object], wait_s: float = 60.0) -> None:
@@ -113,6 +121,7 @@ class TuningDB:
         _when_unlocked(lambda: self.conn.execute("PRAGMA journal_mode=WAL"))
         self.conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL survives a killed process
         _when_unlocked(lambda: self.conn.execute(_SCHEMA))
+        _when_unlocked(lambda: self.conn.execute(_FEATURES))
 
     def close(self) -> None:
         self.conn.close()
@@ -151,6 +160,19 @@ class TuningDB:
         if row is None:
             return None
         return Record(Key(device, versions, signature, row[0]), float(row[1]), row[2])
+
+    def put_features(self, signature: str, features: dict[str, object]) -> None:
+        """Record what the chain model knows of a kernel (kept if already there)."""
+        self.conn.execute("INSERT OR IGNORE INTO chain_features VALUES (?, ?)", (signature, json.dumps(features)))
+
+    def chain_samples(self, device: str) -> list[tuple[str, str, float, dict[str, object]]]:
+        """Every chain schedule measured on `device` whose kernel has features:
+        (signature, schedule, seconds, features)."""
+        cur = self.conn.execute(
+            "SELECT m.signature, m.schedule, m.seconds, f.features FROM measurements m JOIN chain_features f "
+            "ON m.signature = f.signature WHERE m.device = ? AND m.seconds IS NOT NULL "
+            "AND m.schedule LIKE 'chain-%' ORDER BY m.signature, m.schedule", (device,))
+        return [(sig, sch, float(sec), json.loads(feat)) for sig, sch, sec, feat in cur]
 
     def __len__(self) -> int:
         return int(self.conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0])

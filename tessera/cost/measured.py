@@ -19,6 +19,7 @@ from typing import Callable, Protocol, Sequence
 from tessera.codegen.kernels import (AnySchedule, ChainSchedule, ConvSchedule, GemmSchedule, KernelSource, Schedule,
                                      TemplateSchedule)
 from tessera.codegen.select import needs_template, prologue_of
+from tessera.cost.chain_search import chain_features, chain_key
 from tessera.cost.db import Key, TuningDB
 from tessera.cost.devices import Device
 from tessera.ir.graph import Graph, Node
@@ -100,6 +101,10 @@ def tune(jobs: Sequence[Job], profiler: Profiler, db: TuningDB,
         elif j.key not in out:
             out[j.key] = math.nan  # claimed: measured once even if several candidates share it
             todo.append(j)
+    for j in todo:
+        if isinstance(j.schedule, ChainSchedule):  # what the chain model needs to learn from this row
+            db.put_features(j.key.signature,
+                            chain_features(j.graph, j.prologue + j.prims, j.outputs, j.precision).to_json())
     done = 0
 
     def record(i: int, seconds: float, why: str) -> None:
@@ -395,7 +400,7 @@ def _schedule_key(s: AnySchedule) -> str:
     """The tuning database's schedule column (the strings of generated kernels' schedules and GEMM
     templates' never change; convolution templates' start with "conv-")."""
     if isinstance(s, ChainSchedule):
-        return f"chain-m{s.block_m}-n{s.block_n}-l{s.block_l}-k{s.block_k}-w{s.num_warps}-s{s.num_stages}"
+        return chain_key(s)
     if isinstance(s, ConvSchedule):
         return f"conv-m{s.block_m}-n{s.block_n}-k{s.block_k}-w{s.num_warps}-s{s.num_stages}-g{s.group_m}"
     if isinstance(s, GemmSchedule):
