@@ -194,6 +194,71 @@ def test_evolution_stops_on_convergence_and_finds_the_optimum():
     assert gens < 40 and len(priced) < len(space)  # it converged before pricing everything
 
 
+def _samples(params):
+    """Measured-like samples of three attention chains: the model's own times under `params`."""
+    from tessera.cost.chain_search import chain_features, predict_chain
+    from tessera.cost.devices import device
+
+    out = []
+    for m, l, d in ((64, 128, 64), (256, 512, 64), (128, 256, 32)):
+        g, _, nodes, outputs = whole_kernel(attention(m, l, d)[0])
+        f = chain_features(g, nodes, outputs, "fp32")
+        space = chain_schedules(chain_problem(g, nodes), 4).kept
+        out += [(f, s, predict_chain(s, f, device("h100"), params)) for s in space[::7]]
+    return out
+
+
+def test_the_model_refits_its_constants_to_measurements():
+    from dataclasses import replace
+
+    from tessera.cost.chain_search import CHAIN_PARAMS, fit_chain_params, model_error
+    from tessera.cost.devices import device
+
+    truth = replace(CHAIN_PARAMS, step_s=CHAIN_PARAMS.step_s * 4, launch_s=CHAIN_PARAMS.launch_s / 2, mma_rows=32)
+    samples = _samples(truth)
+    h100 = device("h100")
+    before = model_error(samples, h100, CHAIN_PARAMS)
+    fitted = fit_chain_params(samples, h100)
+    assert model_error(samples, h100, fitted) < 0.05 * before
+
+
+def test_rank_error_counts_misordered_pairs_and_the_regret():
+    from tessera.cost.chain_search import rank_error
+
+    assert rank_error([1, 2, 3], [10, 20, 30]) == {"discordant_pairs": 0.0, "regret": 1.0}
+    e = rank_error([1, 2, 3], [30, 20, 10])  # every pair the wrong way: the model's first is the slowest
+    assert e["discordant_pairs"] == 1.0 and e["regret"] == 3.0
+
+
+def test_measured_chains_refit_the_model_from_the_database(tmp_path):
+    from dataclasses import replace
+
+    import tessera.cost.chain_search as cs
+    from tessera.cost.chain_search import chain_key, parse_chain_key
+    from tessera.cost.db import Key, TuningDB
+    from tessera.cost.devices import device
+
+    samples = _samples(replace(cs.CHAIN_PARAMS, load_s=cs.CHAIN_PARAMS.load_s * 3))
+    h100 = device("h100")
+    with TuningDB(tmp_path / "t.db") as db:
+        for i, (f, s, t) in enumerate(samples):
+            sig = f"sig{f.m}-{f.l}"
+            db.put_features(sig, f.to_json())
+            db.put(Key("gpu", "v", sig, chain_key(s)), t)
+        db.put(Key("gpu", "v", "sig64-128", "default"), 1e-5)  # a library row: not a chain sample
+        rows = cs.db_samples(db.chain_samples("gpu"))
+        assert len(rows) == len(samples) and not db.chain_samples("other gpu")
+    assert parse_chain_key(chain_key(samples[0][1])) == samples[0][1] and parse_chain_key("default") is None
+    assert cs.calibrate_from_db(rows[:3], h100) is None  # too few: the defaults stay
+    try:
+        fitted = cs.calibrate_from_db(rows, h100)
+        assert fitted is not None and cs.params_for(h100) == fitted
+        assert cs.model_error([s for _, s in rows], h100, fitted) < cs.model_error([s for _, s in rows], h100,
+                                                                                  cs.CHAIN_PARAMS)
+    finally:
+        cs._CALIBRATED.clear()
+
+
 def test_schedule_round_trips():
     s = ChainSchedule(32, 64, 128, 64, 8, 3)
     assert schedule_from_json(s.to_json()) == s and _schedule_key(s) == "chain-m32-n64-l128-k64-w8-s3"
