@@ -183,7 +183,13 @@ def bench(model: str, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
         entries.append(Entry(f"tessera-{strategy}", ms, err, ok, extra={
             "kernels": len(exe.steps), "backends": exe.backends, "compile_s": round(compile_s, 2),
             "cost_model": result.plan.cost_model, "tuning": result.tuning,
-            "layouts": result.layouts.summary() if result.layouts else None, "profile": kernel_profile(result)}))
+            "layouts": result.layouts.summary() if result.layouts else None, "profile": kernel_profile(result),
+            # Each GEMM chain's schedule search (space, pruning, generations, rank error) and the
+            # schedule that runs; every kernel's backend and schedule, to name what ran.
+            "chains": result.chains,
+            "plan": [{"name": k.name, "backend": k.backend, "prims": len(k.prims),
+                      "schedule": k.triton.schedule.to_json() if k.triton is not None and
+                      hasattr(k.triton.schedule, "to_json") else None} for k in result.kernels]}))
         if run_profile:
             entries[-1].extra["run_profile"] = profile_executable(exe, feeds, reps).to_json()
     if module is not None:
