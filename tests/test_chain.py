@@ -33,16 +33,41 @@ FORCE = CompileOptions(cost="analytical", templates="force")
 
 
 def attention(m: int, l: int, d: int, heads: int = 2, kv_heads: int | None = None, mask: str = "",
-              dv: int | None = None, seed: int = 0):
+              dv: int | None = None, seed: int = 0, repeat: bool = False):
     """softmax(q k^T * scale [+ mask]) v as ONNX: q [1, H, M, D], k [1, Hkv, L, D], v [1, Hkv, L, Dv];
-    Hkv < H shares K/V across heads (GQA, broadcast by MatMul); mask: "causal" (-inf above the
-    diagonal, through Where), "additive" (a constant [M, L] added), or none."""
+    Hkv < H (dividing H) shares each K/V head among G = H / Hkv query heads (GQA). MatMul broadcasts
+    them: k against q directly when Hkv = 1, else against q grouped as [1, Hkv, G, M, D] with k and v
+    unsqueezed to [1, Hkv, 1, L, D] (the result reshaped back to [1, H, M, Dv]); or, with `repeat`,
+    k and v are repeated to H heads first (Unsqueeze, Expand, Reshape: repeat_kv as exported
+    Llama-style models spell it). mask: "causal" (-inf above the diagonal, through Where),
+    "additive" (a constant [M, L] added), or none."""
     kv = kv_heads or heads
     dv = dv or d
+    assert heads % kv == 0
     q, k, v = rand(1, heads, m, d, seed=seed), rand(1, kv, l, d, seed=seed + 1), rand(1, kv, l, dv, seed=seed + 2)
     inits: dict = {"q": q, "k": k, "v": v, "scale": Const(np.array(1 / np.sqrt(d), np.float32))}
-    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
-             helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"])]
+    nodes, qn, kn, vn, out = [], "q", "k", "v", "out"
+    grouped = 1 < kv < heads and not repeat
+    if kv < heads and repeat:
+        inits.update({"axis2": Const(np.array([2], np.int64)),
+                      "kv_rep": Const(np.array([1, kv, heads // kv, l, 1], np.int64)),
+                      "k_heads": Const(np.array([1, heads, l, d], np.int64)),
+                      "v_heads": Const(np.array([1, heads, l, dv], np.int64))})
+        for x in "kv":
+            nodes += [helper.make_node("Unsqueeze", [x, "axis2"], [f"{x}5"]),
+                      helper.make_node("Expand", [f"{x}5", "kv_rep"], [f"{x}_rep"]),
+                      helper.make_node("Reshape", [f"{x}_rep", f"{x}_heads"], [f"{x}_all"])]
+        kn, vn = "k_all", "v_all"
+    elif grouped:
+        inits.update({"axis2": Const(np.array([2], np.int64)),
+                      "q_groups": Const(np.array([1, kv, heads // kv, m, d], np.int64)),
+                      "o_heads": Const(np.array([1, heads, m, dv], np.int64))})
+        nodes += [helper.make_node("Reshape", ["q", "q_groups"], ["q5"]),
+                  helper.make_node("Unsqueeze", ["k", "axis2"], ["k5"]), helper.make_node("Unsqueeze", ["v", "axis2"], ["v5"])]
+        qn, kn, vn, out = "q5", "k5", "v5", "out5"
+    perm = [0, 1, 2, 4, 3] if grouped else [0, 1, 3, 2]
+    nodes += [helper.make_node("Transpose", [kn], ["kt"], perm=perm),
+              helper.make_node("MatMul", [qn, "kt"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"])]
     logits = "ss"
     if mask == "causal":
         keep = np.tril(np.ones((m, l), bool), k=l - m)
@@ -53,7 +78,9 @@ def attention(m: int, l: int, d: int, heads: int = 2, kv_heads: int | None = Non
         inits["bias"] = Const(rand(m, l, seed=seed + 3, lo=-4, hi=0))
         nodes.append(helper.make_node("Add", ["ss", "bias"], ["sm"]))
         logits = "sm"
-    nodes += [helper.make_node("Softmax", [logits], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["out"])]
+    nodes += [helper.make_node("Softmax", [logits], ["p"], axis=-1), helper.make_node("MatMul", ["p", vn], [out])]
+    if grouped:
+        nodes.append(helper.make_node("Reshape", [out, "o_heads"], ["out"]))
     return graph_model(nodes, inits, ["out"]), {"q": q, "k": k, "v": v}
 
 
@@ -98,17 +125,36 @@ def check_chain(model, feeds, schedule: ChainSchedule | None = None, precision: 
 
 # ---- the rewrite -------------------------------------------------------------------------------
 def test_deferred_normalization_keeps_the_values():
-    for model, feeds in (attention(13, 31, 16, mask="causal"), attention(8, 17, 16, mask="additive")):
+    for model, feeds in (attention(13, 31, 16, mask="causal"), attention(8, 17, 16, mask="additive"),
+                         attention(13, 31, 16, heads=4, kv_heads=1, mask="causal"),  # through row regroupings
+                         attention(5, 9, 16, heads=6, kv_heads=2, mask="additive")):
         g = fission(load(model).graph).graph
         moved, n = defer_normalization(g)
         assert n == 1 and not g.same_as(moved)
         div = [x for x in moved.nodes if x.name.endswith("/deferred_div")]
-        assert len(div) == 1 and moved.types[div[0].outputs[0]].shape == moved.types["out"].shape
+        assert len(div) == 1 and moved.types[div[0].outputs[0]].shape == g.types[div[0].outputs[0]].shape
+        assert moved.producers()[div[0].inputs[0]].op == "matmul"  # the product of the undivided values
         a, b = interp.run(g, feeds, exact=True)["out"], interp.run(moved, feeds, exact=True)["out"]
         assert rel_l2(b, a) < 1e-12
     m, _ = mlp(8, 8, 8, 8)  # no normalized operand: nothing to move
     g = fission(load(m).graph).graph
     assert defer_normalization(g) == (g, 0)
+
+
+def test_deferred_normalization_moves_through_row_regroupings():
+    # One right operand for 4 heads: fission folds them into M ([52, 16] @ [16, 31]), the division by a
+    # factor per row of one head ([1, 1, 13, 1]) runs on [1, 4, 13, 31], and its result is reshaped back.
+    q, k, v = rand(1, 4, 13, 16, seed=1), rand(1, 1, 16, 31, seed=2), rand(1, 1, 31, 8, seed=3)
+    nodes = [helper.make_node("MatMul", ["q", "k"], ["s"]), helper.make_node("Exp", ["s"], ["e"]),
+             helper.make_node("Div", ["e", "c"], ["p"]), helper.make_node("MatMul", ["p", "v"], ["out"])]
+    model = graph_model(nodes, {"q": q, "k": k, "v": v, "c": Const(rand(1, 1, 13, 1, seed=4, lo=1, hi=2))}, ["out"])
+    g = fission(load(model).graph).graph
+    moved, n = defer_normalization(g)
+    assert n == 1
+    (div,) = [x for x in moved.nodes if x.name.endswith("/deferred_div")]
+    assert moved.types[div.outputs[0]].shape == (52, 8)  # the [H*M, N] product, divided
+    feeds = {"q": q, "k": k, "v": v}
+    assert rel_l2(interp.run(moved, feeds, exact=True)["out"], interp.run(g, feeds, exact=True)["out"]) < 1e-12
 
 
 # ---- the generator -----------------------------------------------------------------------------
@@ -164,6 +210,33 @@ def test_no_chain_form_is_refused_with_the_reason():
         implement(g, nodes, [], outputs, "k", (), ChainSchedule(16, 16, 16, 16))
     with pytest.raises(Unsupported, match="only as a GEMM-chain template"):
         implement(g, nodes, [], outputs, "k")
+
+
+# Grouped-query attention at 4 heads: (K/V heads, repeated by Expand first). MatMul's broadcast of one
+# K/V head folds the heads into M (a [4*M, D] @ [D, L] chain, the softmax on row views of it); of two,
+# it is a BROADCAST of K/V along the batch in the operands' prologue, as is repeat_kv's Expand.
+GQA = pytest.mark.parametrize("kv_heads,repeat", [(2, False), (1, False), (2, True)],
+                              ids=["grouped", "multi-query", "repeat_kv"])
+
+
+@GQA
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_gqa_attention_reads_shared_kv_in_place(kv_heads, repeat, precision):
+    model, feeds = attention(13, 31, 64, heads=4, kv_heads=kv_heads, seed=7, repeat=repeat)
+    ks = check_chain(model, feeds, precision=precision)
+    assert "merged online" in ks.source  # one walk over L
+    # The kernel reads q, k and v as stored (k and v [1, Hkv, L, D]), nothing repeated to 4 heads.
+    assert set(ks.inputs) == {"q", "k", "v", "scale"}
+    if kv_heads > 1:  # query head b reads K/V head b // 2 in place
+        assert "pid_b // 2" in ks.source
+    else:  # one K/V head for all: the heads are rows of one [4*13, 64] @ [64, 31] chain
+        assert "batch 1 x M 52" in ks.source
+
+
+@GQA
+def test_masked_gqa_attention(kv_heads, repeat):
+    model, feeds = attention(11, 37, 64, heads=4, kv_heads=kv_heads, mask="causal", seed=8, repeat=repeat)
+    check_chain(model, feeds, ChainSchedule(16, 64, 16, 32, 4, 1))  # deep K, ragged M and L
 
 
 # ---- the search --------------------------------------------------------------------------------
@@ -271,6 +344,27 @@ def test_forced_compile_runs_attention_as_one_kernel(tmp_path):
     assert len(result.kernels) == 1 and result.rewrites == ["deferred_normalization"]
     (search,) = result.chains.values()
     assert search["after_pruning"] <= search["space"] and search["model_rank_of_run"] == 1
+    from tessera.compiler import write_artifacts
+
+    write_artifacts(result, tmp_path / "art")
+    exe = tessera.load(tmp_path / "art", DEVICE)  # the loader replays the rewrite
+    ref = run_onnxruntime(model, feeds)["out"]
+    assert rel_l2(run_exe(exe, feeds)[0], ref) < TOLERANCE["fp32"]
+
+
+@GQA
+def test_forced_compile_runs_gqa_attention_as_one_kernel(kv_heads, repeat, tmp_path):
+    model, feeds = attention(13, 31, 64, heads=4, kv_heads=kv_heads, mask="causal", seed=6, repeat=repeat)
+    result = compile_model(model, FORCE)
+    assert result.rewrites == ["deferred_normalization"]
+    # One launch: the chain. Any other kernel is a reshape of an input or of the result (a view: no
+    # launch, no copy).
+    runs = [k for k in result.kernels if k.backend != "view"]
+    assert len(runs) == 1 and runs[0].backend == "template" and "GEMM-chain template" in runs[0].triton.source
+    # K and V are not copied to 4 heads: the chain reads as many elements as q, k and v hold.
+    g = result.graph
+    assert sum(g.types[t].numel for t in runs[0].triton.inputs if t not in g.constants) == \
+        sum(x.size for x in feeds.values())
     from tessera.compiler import write_artifacts
 
     write_artifacts(result, tmp_path / "art")

@@ -23,6 +23,21 @@ the product); the generator only checks the proportionality, for any chain.
 Rows whose every value is -inf (a fully masked row) keep the running max at 0 for the shift,
 so exp gives 0 rather than NaN, as long as any value of the row is finite.
 
+Row views. The middle may regroup S's rows through reshapes that keep its last axis (a row
+view: [*R', L] with prod(R') = batch * M): fission folds the batch of a product whose right
+operand is shared by every batch entry into M (multi-query attention: q [1, H, M, D] against
+k [1, 1, L, D] is one [H*M, D] @ [D, L] product), and the softmax between the products runs on
+[1, H, M, L]. A reduction over a view's last axis is a reduction over S's rows: the walk reads
+its input at the view's coordinates of the chunk and registers its result at the view's
+coordinates of the program's rows, and the index maps undo the regrouping where the middle
+reads S or the row values (`index.reshape_index` keeps the provenance of split coordinates).
+
+Shared operands. An operand broadcast along the batch (grouped-query attention: K and V of
+[1, Hkv, L, D] repeated to H heads, by a BROADCAST that fission or an Expand spells out) is part
+of the operand's prologue, so the emitter reads it in place: the broadcast is only index
+arithmetic (query head `pid_b` reads K/V head `pid_b // G`, G = H / Hkv), and the shared K and V
+are never copied.
+
 Outputs are the second product and its epilogue, one value per element of O.
 """
 from __future__ import annotations
@@ -32,6 +47,7 @@ from dataclasses import dataclass
 from math import prod
 from typing import Sequence
 
+from tessera.codegen import index as ix
 from tessera.codegen.index import Ix
 from tessera.codegen.kernels import _COMBINE, _IDENT, _REDUCE_FN, _REDUCE_OPS
 from tessera.codegen.kernels import ChainSchedule, KernelBody, KernelSource, Launch, sanitize
@@ -86,6 +102,11 @@ def chain_roots(nodes: Sequence[Node]) -> tuple[Node, Node] | None:
     return None
 
 
+def _row_view(shape: Sequence[int], s: Sequence[int]) -> bool:
+    """Is `shape` a row view of S's shape `s` (its rows regrouped, the same last axis)?"""
+    return len(shape) >= 1 and shape[-1] == s[-1] and prod(shape[:-1]) == prod(s[:-1])
+
+
 def chain_problem(graph: Graph, nodes: Sequence[Node]) -> ChainProblem:
     """The chain of a kernel; raises `Unsupported` (with the reason) when the kernel has no chain form."""
     roots = chain_roots(nodes)
@@ -111,10 +132,10 @@ def chain_problem(graph: Graph, nodes: Sequence[Node]) -> ChainProblem:
     for n in middle:
         if n.op in _REDUCE_OPS:
             xt = graph.types[n.inputs[0]]
-            if xt.shape != ts.shape or tuple(n.attrs["axes"]) != (ts.rank - 1,) \
-                    or graph.types[n.outputs[0]].rank != ts.rank:
+            if not _row_view(xt.shape, ts.shape) or tuple(n.attrs["axes"]) != (xt.rank - 1,) \
+                    or graph.types[n.outputs[0]].rank != xt.rank:
                 raise Unsupported(f"{n.name}: a chain's reductions run over the rows of {first.name}'s result "
-                                  f"(its last axis, keeping dims)")
+                                  f"(its last axis, keeping dims; its rows may be regrouped)")
         elif Prim(n.op).category is not Category.ELEMENTWISE and n.op not in (Prim.BROADCAST.value,
                                                                               Prim.RESHAPE.value):
             raise Unsupported(f"{n.name}: {n.op} cannot sit between a chain's products")
@@ -288,7 +309,7 @@ class _Chain:
     def walk(self, t: Tile, group: list[Node]) -> None:
         em, cp, g = t.em, self.cp, self.graph
         row = frozenset({"m"}) | (frozenset({"b"}) if t.nbatch > 1 else frozenset())
-        natural = tuple(i.expr for i in [*t.batch, t.rm, Ix.of(0)])
+        rows = [*t.batch, t.rm, Ix.of(0)]  # the program's rows of S, as [*batch, M, 1]
         accs: dict[str, str] = {}
         for n in group:
             if n is cp.second:
@@ -313,7 +334,7 @@ class _Chain:
             em.stmt(f'{msafe} = tl.where({mnew} == -float("inf"), 0.0, {mnew})')
             em.stmt(f"{alpha} = tl.exp({mrun} - {msafe})")
             em.stmt(f"{mrun} = {mnew}")
-            em.rows[(online.outputs[0], natural)] = Val(msafe, g.types[online.outputs[0]].dtype, full)
+            em.rows[self._key(online, rows)] = Val(msafe, g.types[online.outputs[0]].dtype, full)
         for n in group:
             if n is online:
                 continue
@@ -335,12 +356,23 @@ class _Chain:
         em.values = {k: v for k, v in em.values.items() if tag not in v.deps and vtag not in v.deps}
         for n in group:
             if n is not cp.second:
-                em.rows[(n.outputs[0], natural)] = Val(accs[n.name], g.types[n.outputs[0]].dtype, row)
+                em.rows[self._key(n, rows)] = Val(accs[n.name], g.types[n.outputs[0]].dtype, row)
+
+    def _view(self, coords: Sequence[Ix], tensor: str) -> list[Ix]:
+        """`coords` of S's shape, or of its rows ([*batch, M, 1]), at `tensor`, a row view of either."""
+        s = self.graph.types[self.cp.first.outputs[0]].shape
+        shape = self.graph.types[tensor].shape
+        src = (*s[:-1], shape[-1])
+        return list(coords) if tuple(shape) == src else ix.reshape_index(coords, src, shape)
+
+    def _key(self, n: Node, rows: Sequence[Ix]) -> tuple[str, tuple[str, ...]]:
+        """Where the emitter finds reduction `n`'s result at the program's `rows`."""
+        return n.outputs[0], tuple(i.expr for i in self._view(rows, n.outputs[0]))
 
     def _row_chunk(self, t: Tile, n: Node, coords: list[Ix], mask: frozenset[str], full: frozenset[str]) -> str:
         """The reduction of this chunk's values of `n`'s input along L, [BLOCK_M, 1]."""
         em = t.em
-        v = em.value(n.inputs[0], coords, mask)
+        v = em.value(n.inputs[0], self._view(coords, n.inputs[0]), mask)
         x = v.expr if not v.is_literal else f"tl.full([BLOCK_M, BLOCK_L], {v.expr}, tl.float32)"
         if not v.is_literal and not full <= v.deps:
             x = f"tl.broadcast_to({x}, [BLOCK_M, BLOCK_L])"

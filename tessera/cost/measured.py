@@ -65,6 +65,7 @@ def kernel_signature(graph: Graph, prims: Sequence[Node], prologue: Sequence[Nod
 
 FAILED_S = 1.0
 CHAIN_FIRST, CHAIN_MOST = 6, 8  # GEMM-chain schedules measured at once after the solve, and at most
+CHAIN_CANDIDATE = 4  # GEMM-chain schedules measured per chain candidate before the solve (its cost: the least)
 
 
 @dataclass(frozen=True)
@@ -158,8 +159,8 @@ class MeasuredCost:
         self.progress = progress
         self._cache: dict[tuple[int, int], float] = {}
         self._jobs: dict[tuple[int, int], Job] = {}  # signatures are computed once per candidate
-        self._tjobs: dict[tuple[int, int], Job | None] = {}  # the template lane, where there is one
-        self._tspace: dict[str, TemplateSchedule | None] = {}  # by signature: identical layers generate once
+        self._tjobs: dict[tuple[int, int], list[Job]] = {}  # the template lane, where there is one
+        self._tspace: dict[str, list[TemplateSchedule]] = {}  # by signature: identical layers generate once
         self.stats = {"candidates": 0, "measured": 0, "failed": 0, "seconds": 0.0,
                       "template_candidates": 0, "templates_faster": 0}
 
@@ -186,12 +187,15 @@ class MeasuredCost:
         j = self.job(c)
         return None if needs_template(j.prims) else j
 
-    def template_job(self, c: Candidate) -> Job | None:
-        """The candidate as its best-ranked template (None: templates off, or no template form).
-        It shares the library job's signature, so `tune_schedules` finds it measured."""
+    def template_jobs(self, c: Candidate) -> list[Job]:
+        """The candidate as its best-ranked template (empty: templates off, or no template form); a GEMM
+        chain as its first CHAIN_CANDIDATE schedules in the search's order (the best of each tiling
+        family first), since the model ranks families apart poorly and one bad pick would lose the
+        chain to the library calls in the binary program. They share the library job's signature, so
+        `tune_schedules` finds them measured."""
         k = (c.nodes, c.outputs)
         if k not in self._tjobs:
-            self._tjobs[k] = None
+            self._tjobs[k] = []
             prims = [self.og.nodes[i] for i in bits(c.nodes)]
             if self.templates and any(Prim(n.op).category is Category.LINEAR for n in prims):
                 lib = self.job(c)
@@ -199,11 +203,10 @@ class MeasuredCost:
                 if sig not in self._tspace:
                     ranked = template_space(self.og.graph, lib.prims, lib.prologue, lib.outputs, self.precision,
                                             self.gpu)
-                    self._tspace[sig] = ranked[0] if ranked else None
-                top = self._tspace[sig]
-                if top is not None:
-                    key = Key(self.device, self.versions, sig, _schedule_key(top))
-                    self._tjobs[k] = Job(key, self.og.graph, lib.prims, lib.prologue, lib.outputs, top, self.precision)
+                    n = CHAIN_CANDIDATE if ranked and isinstance(ranked[0], ChainSchedule) else 1
+                    self._tspace[sig] = ranked[:n]
+                self._tjobs[k] = [Job(Key(self.device, self.versions, sig, _schedule_key(s)), self.og.graph, lib.prims,
+                                      lib.prologue, lib.outputs, s, self.precision) for s in self._tspace[sig]]
         return self._tjobs[k]
 
     def _best_ranked(self, prims: list[Node], pro: list[Node], outs: list[str]) -> Schedule | None:
@@ -227,14 +230,15 @@ class MeasuredCost:
         t0 = time.perf_counter()
         new = list({(c.nodes, c.outputs): c for c in candidates if (c.nodes, c.outputs) not in self._cache}.values())
         jobs = [self.library_job(c) for c in new]
-        tjobs = [self.template_job(c) for c in new]
+        tjobs = [self.template_jobs(c) for c in new]
         before = len(self.db)
-        got = tune([j for j in jobs + tjobs if j is not None], self.profiler, self.db, progress=self.progress)
-        for c, j, t in zip(new, jobs, tjobs):
+        got = tune([j for j in jobs if j is not None] + [t for ts in tjobs for t in ts], self.profiler, self.db,
+                   progress=self.progress)
+        for c, j, ts in zip(new, jobs, tjobs):
             lib = got[j.key] if j is not None else math.inf
-            tpl = got[t.key] if t is not None else math.inf
+            tpl = min((got[t.key] for t in ts), default=math.inf)
             self._cache[(c.nodes, c.outputs)] = min(lib, tpl)
-            self.stats["template_candidates"] += t is not None
+            self.stats["template_candidates"] += bool(ts)
             self.stats["templates_faster"] += tpl < lib
         self.stats["candidates"] += len(new)
         self.stats["measured"] += len(self.db) - before
@@ -248,8 +252,7 @@ class MeasuredCost:
         k = (c.nodes, c.outputs)
         if k in self._cache:
             return True
-        t = self.template_job(c)
-        recs = [self.db.get(j.key) for j in (self.library_job(c), t) if j is not None]
+        recs = [self.db.get(j.key) for j in [self.library_job(c), *self.template_jobs(c)] if j is not None]
         if any(r is None for r in recs):
             return False
         self._cache[k] = min(r.seconds for r in recs if r is not None)
