@@ -5,7 +5,10 @@ For each MCFuser case (zoo models, so eager runs the very module the ONNX came f
 compiles the plan with library kernels only (analytical cost, templates off) and with the
 model's precision at its boundary (`io="precision"`, as the fp16 module takes fp16 inputs).
 The CUDA profiler sums the GPU time of the library GEMM kernels one call of each launches;
-the check fails when tessera's sum exceeds eager's by more than TOLERANCE. It also prints the
+the check fails when tessera's sum exceeds eager's by more than TOLERANCE, launch mode against
+launch mode: the plan's CUDA-graph replay against eager captured in a CUDA graph, and the plan run
+kernel by kernel against eager's launches (the same cuBLAS kernels ran up to 10% slower back to
+back in a graph than launched one by one, on the H100 in tf32). It also prints the
 whole call's kernel time and kernel count beside eager's, which is where conversions and copies
 the runtime inserts would show.
 
@@ -69,7 +72,10 @@ def check(name: str, precision: str) -> dict:
     mine, eager, mine_loose, eager_graphed = (min(r[i] for r in rounds) for i in range(4))
     return {"case": name, "precision": precision, "tessera_gemm_us": mine, "eager_gemm_us": eager,
             "tessera_ungraphed_gemm_us": mine_loose, "eager_graphed_gemm_us": eager_graphed,
-            "ratio": mine / eager if eager else float("nan"), "passed": eager > 0 and mine <= TOLERANCE * eager,
+            "ratio": mine / eager if eager else float("nan"),
+            # Like with like: back-to-back kernels of a CUDA graph run the same cuBLAS kernels up to 10%
+            # slower than eager launches do (H100, tf32), so each launch mode is compared with itself.
+            "passed": eager > 0 and mine <= TOLERANCE * eager_graphed and mine_loose <= TOLERANCE * eager,
             "tessera_total_us": ours.total_us, "eager_total_us": theirs.total_us,
             "rounds": rounds, "tessera_kernels": [(k.name, round(k.us, 2)) for k in ours.kernels],
             "eager_kernels": [(k.name, round(k.us, 2)) for k in theirs.kernels]}

@@ -1,0 +1,53 @@
+"""The MCFuser-case table of docs/benchmarks.md from bench_suite results (issue 15).
+
+Each directory holds `bench_<model>_<precision>.json` files; a later directory's result for a
+pair replaces an earlier one's. Prints one markdown row per pair: tessera's GPU time, the peers',
+tessera over the best of SDPA and Inductor (attention) or over eager's cuBLAS calls (GEMM
+chains, the issue's target), and the chain kernel's search statistics.
+
+    python scripts/mcfuser_table.py DIR [DIR ...]
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def main(dirs: list[str]) -> int:
+    pairs: dict[tuple[str, str], dict] = {}
+    for d in dirs:
+        for f in sorted(Path(d).glob("bench_*.json")):
+            doc = json.loads(f.read_text())
+            pairs[(doc["model"], doc["precision"])] = doc
+    print("| case | prec | tessera µs | eager µs | SDPA µs | Inductor µs | target ratio | kernels | chain schedule"
+          " | space → pruned | generations | measured | discordant pairs | regret |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    order = sorted(pairs, key=lambda p: (p[0].rstrip("0123456789"), int(p[0].split("_")[-1][1:] or 0)
+                                         if p[0][-1].isdigit() else 0, p[1]))
+    for model, prec in order:
+        doc = pairs[(model, prec)]
+        e = {x["name"]: x for x in doc["entries"]}
+        t = next(x for n, x in e.items() if n.startswith("tessera"))
+        us = {n: x["ms"] * 1e3 for n, x in e.items() if x["passed"]}
+        attention = "sdpa" in e
+        base = min(us[n] for n in ("sdpa", "inductor") if n in us) if attention else us["eager"]
+        ex = t["extra"]
+        chains = list(ex.get("chains", {}).values())
+        c = chains[0] if chains else {}
+        sch = c.get("runs") or {}
+        err = c.get("rank_error") or {}
+        plan = ", ".join(f"{v} {k}" for k, v in sorted(ex["backends"].items()))
+        cell = (f"m{sch['block_m']} n{sch['block_n']} l{sch['block_l']} k{sch['block_k']} w{sch['num_warps']} "
+                f"s{sch['num_stages']}" if sch else "library" if "chains" in ex else "(a run before bench recorded it)")
+        print(f"| {model} | {prec} | {t['ms'] * 1e3:.2f} | {us.get('eager', float('nan')):.2f} | "
+              f"{us['sdpa'] if 'sdpa' in us else float('nan'):.2f} | {us.get('inductor', float('nan')):.2f} | "
+              f"{t['ms'] * 1e3 / base:.2f} | {plan} | {cell} | "
+              + (f"{c['space']} → {c['after_pruning']} | {c['generations']} | {c.get('measured', '')} | "
+                 f"{err.get('discordant_pairs', float('nan')):.2f} | {err.get('regret', float('nan')):.2f} |"
+                 if c else "| | | | |"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
