@@ -94,7 +94,7 @@ def test_verbose_logs_the_passes_to_stderr(tmp_path, capsys, monkeypatch):
                      "analytical"]) == 0
         err = capsys.readouterr().err
         assert all(f"pass {p}" in err for p in ("load", "fission", "layout", "orchestrate", "codegen"))
-        assert "orchestrate: 4 kernels" in err
+        assert "orchestrate: 3 kernels" in err  # K^T rides in the first matmul as a transposed view
     finally:
         logging.getLogger("tessera").setLevel(logging.WARNING)
 

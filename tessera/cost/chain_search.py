@@ -3,14 +3,14 @@
 A chain kernel (`codegen/chain.py`) has a larger space than a single GEMM: rows per program,
 the intermediate's columns per step, whether K and N are walked whole or in blocks, warps and
 pipeline stages. `chain_schedules` enumerates it and prunes it by MCFuser's four rules. The
-model `predict_chain` prices a schedule as t = max(waves x per-SM time, DRAM time), where an
-SM's time is the largest of its programs' tensor-core work, their operand stream from L2, and
-the latency of their walk steps one after another (each step: a dot, the middle, a dot; the
-pipeline hides loads, not this chain of dependences). The evolutionary search explores the
-space with the model as fitness and stops when its best few stay the same for `PATIENCE`
-generations; post-scheduling (`cost/measured.py`, `tune_schedules`) measures only the top
-of what it found. The constants are guesses, not yet fitted to the measured chains in the
-tuning database.
+model `predict_chain` prices a schedule from the SM's throughput work (tensor cores, the middle
+on the CUDA cores, the operand stream) plus one program's walk latency (`predict_chain`). Its
+constants are fitted to measured chains (`fit_chain_params`): the defaults to the H100's, and a
+measured compile refits them from its tuning database's chains (`calibrate_from_db`). The
+evolutionary search explores the space with the model as fitness and stops when its best few
+stay the same for `PATIENCE` generations; the tuner (`cost/measured.py`) measures only the first
+few of what it found, the best of each tiling family first. `rank_error` scores the model
+against what was measured.
 """
 from __future__ import annotations
 
@@ -173,6 +173,7 @@ def rank_error(predicted: Sequence[float], measured: Sequence[float]) -> dict[st
 
 _CALIBRATED: dict[str, ChainParams] = {}  # device preset name -> params fitted from a tuning database
 MIN_SAMPLES = 24  # measured chain schedules a refit needs (over at least two chains)
+MAX_SAMPLES = 1000  # at most this many fit (about 3 s on one core)
 
 
 def calibrate_from_db(samples: Sequence[tuple[str, Sample]], dev: Device) -> ChainParams | None:
@@ -180,7 +181,8 @@ def calibrate_from_db(samples: Sequence[tuple[str, Sample]], dev: Device) -> Cha
     the result in every later search on it; None (defaults kept) when they are too few."""
     if len(samples) < MIN_SAMPLES or len({sig for sig, _ in samples}) < 2:
         return None
-    p = fit_chain_params([s for _, s in samples], dev)
+    step = -(-len(samples) // MAX_SAMPLES)  # a large database: every step-th sample bounds the fit's time
+    p = fit_chain_params([s for _, s in samples[::step]], dev)
     _CALIBRATED[dev.name] = p
     return p
 
