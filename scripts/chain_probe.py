@@ -58,7 +58,8 @@ def main() -> int:
     ap.add_argument("--precision", default="fp16")
     a = ap.parse_args()
     r = compile_model(build(a.case, Path(tempfile.mkdtemp())),
-                      CompileOptions(cost="analytical", templates="force", precision=a.precision, io="precision"))
+                      CompileOptions(cost="analytical", templates="force", precision=a.precision, io="precision",
+                                     solver="highs"))
     (k,) = [k for k in r.kernels if isinstance(getattr(k.triton, "schedule", None), ChainSchedule)]
     g = r.graph
     torch.manual_seed(0)
