@@ -395,3 +395,39 @@ def test_bert_tiny_forced_runs_its_attention_as_chains():
     ref = run_onnxruntime(model.model, feeds)
     for name, out in zip(exe.output_names, run_exe(exe, feeds)):
         assert rel_l2(out, ref[name]) < TOLERANCE["fp32"]
+
+
+def test_tuning_walks_to_the_warps_and_stages_the_model_missed(tmp_path):
+    """After the tiling families, a chain's tuning measures the fastest one's warp and stage
+    neighbours: the fastest schedule here is the first family's pick with its warps or stages changed."""
+    from dataclasses import replace
+
+    from tessera.cost.chain_search import chain_space
+    from tessera.cost.db import TuningDB
+    from tessera.cost.measured import CHAIN_MOST, _schedule_key, template_space, tune_schedules
+
+    model, _ = attention(64, 256, 64, heads=4)
+    g, _, nodes, outputs = whole_kernel(model)
+    og = build_ograph(g)
+    prims = list(og.nodes)
+    pro = prologue_of(og, prims)
+    ranked = template_space(g, prims, pro, outputs, "fp32", None)
+    head = ranked[0]
+    space = set(chain_space(g, pro + prims))
+    near = [replace(head, num_warps=w) for w in (4, 8)] + [replace(head, num_stages=st) for st in (1, 2, 3)]
+    # A neighbour that rank order alone would never measure.
+    fastest = next(s for s in near if s != head and s in space and s not in ranked[:CHAIN_MOST])
+
+    class Profiler:
+        keys: list[str] = []
+
+        def measure(self, jobs, record) -> None:
+            for i, j in enumerate(jobs):
+                self.keys.append(j.key.schedule)
+                record(i, 1e-6 if j.schedule == fastest else 1e-5 if j.schedule is not None else 1e-3, "")
+
+    prof = Profiler()
+    with TuningDB(tmp_path / "t.db") as db:
+        best = tune_schedules(g, [("k_chain", prims, pro, outputs)], db, prof, "fake", "v1")
+    assert best["k_chain"] == (fastest, 1e-6) and _schedule_key(fastest) in prof.keys
+    assert len(prof.keys) <= CHAIN_MOST + 4

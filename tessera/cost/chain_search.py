@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 from tessera.codegen.chain import ChainProblem, _Chain, chain_problem, chain_schedules
 from tessera.codegen.kernels import ChainSchedule
 from tessera.codegen.tile import cdiv
+from tessera.codegen.triton_ops import Unsupported
 from tessera.cost.devices import Device, device
 from tessera.ir.graph import Graph, Node
 
@@ -249,6 +250,16 @@ def chain_search(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], pr
     predicted, generations = evolve(list(space.kept), lambda s: predict_chain(s, f, dev, p), seed)
     ranked = _families_first(sorted(predicted, key=predicted.__getitem__), cp)
     return ChainSearch(ranked, predicted, space.size, len(space.kept), space.rejected, generations, f.walks)
+
+
+def chain_space(graph: Graph, nodes: Sequence[Node], dev: Device | None = None) -> tuple[ChainSchedule, ...]:
+    """The chain kernel's pruned schedule space (empty when it has no chain form)."""
+    try:
+        cp = chain_problem(graph, nodes)
+    except Unsupported:
+        return ()
+    itemsize = graph.types[cp.first.inputs[0]].dtype.itemsize
+    return chain_schedules(cp, itemsize, (dev or device("h100")).smem_bytes).kept
 
 
 def _families_first(ranked: list[ChainSchedule], cp: ChainProblem) -> list[ChainSchedule]:

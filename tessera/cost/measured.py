@@ -13,13 +13,15 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Protocol, Sequence
 
 from tessera.codegen.kernels import (AnySchedule, ChainSchedule, ConvSchedule, GemmSchedule, KernelSource, Schedule,
                                      TemplateSchedule)
 from tessera.codegen.select import needs_template, prologue_of
-from tessera.cost.chain_search import chain_features, chain_key
+from tessera.codegen.chain import STAGES as CHAIN_STAGES
+from tessera.codegen.chain import WARPS as CHAIN_WARPS
+from tessera.cost.chain_search import chain_features, chain_key, chain_space
 from tessera.cost.db import Key, TuningDB
 from tessera.cost.devices import Device
 from tessera.ir.graph import Graph, Node
@@ -301,6 +303,8 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
     from tessera.cost.schedule_model import rank_kernel
 
     lanes: dict[tuple[str, str], list[Job]] = {}  # (kernel, "generated" | "library" | "template") -> queue
+    # GEMM chains: (job maker, pruned space, schedules refined around) for the neighbour walk below
+    refine: dict[str, tuple[Callable[[AnySchedule | None], Job], set[ChainSchedule], set[ChainSchedule]]] = {}
     firsts: dict[tuple[str, str], int] = {}
     measured: dict[str, list[tuple[AnySchedule | None, float]]] = {}
     for name, prims, prologue, outputs in kernels:
@@ -314,10 +318,7 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
         if ks is None and not tpl:
             continue
         sig = kernel_signature(graph, prims, prologue, outputs, math_mode(prims, precision))
-
-        def job(sch: AnySchedule | None) -> Job:
-            key = Key(device, versions, sig, "default" if sch is None else _schedule_key(sch))
-            return Job(key, graph, tuple(prims), tuple(prologue), tuple(outputs), sch, precision)
+        job = _job_maker(Key(device, versions, sig, ""), graph, prims, prologue, outputs, precision)
 
         measured[name] = []
         default = db.get(Key(device, versions, sig, "default"))
@@ -348,6 +349,8 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
             chain = isinstance(tpl[0], ChainSchedule)
             n_first, n_most = (CHAIN_FIRST, CHAIN_MOST) if chain else (first, most)
             lanes[(name, "template")], firsts[(name, "template")] = [job(s) for s in tpl[:n_most]], n_first
+            if chain:
+                refine[name] = (job, set(chain_space(graph, list(prologue) + list(prims), gpu)), set())
 
     def take(lane: tuple[str, str], n: int) -> list[Job]:
         out, lanes[lane] = lanes[lane][:n], lanes[lane][n:]
@@ -365,6 +368,8 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
             last = got[js[-1].key] if js else math.inf
             improving = math.isfinite(last) and last < before[lane[0]] * (1 - converge)
             nxt[lane] = take(lane, 1) if js and improving and lane[1] != "library" else []
+            if lane[1] == "template" and lane[0] in refine:
+                nxt[lane] = _neighbours(refine[lane[0]], measured[lane[0]]) or nxt[lane]
         batch = nxt
     best: dict[str, tuple[AnySchedule, float]] = {}
     for name, runs in measured.items():
@@ -374,6 +379,35 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
             if sch is not None:
                 best[name] = (sch, t)
     return best
+
+
+def _job_maker(key: Key, graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], outputs: Sequence[str],
+               precision: str) -> Callable[[AnySchedule | None], Job]:
+    """Jobs of one kernel under any schedule (`key` names the kernel; its schedule is replaced)."""
+    def job(sch: AnySchedule | None) -> Job:
+        k = Key(key.device, key.versions, key.signature, "default" if sch is None else _schedule_key(sch))
+        return Job(k, graph, tuple(prims), tuple(prologue), tuple(outputs), sch, precision)
+    return job
+
+
+def _neighbours(state: tuple[Callable[[AnySchedule | None], Job], set[ChainSchedule], set[ChainSchedule]],
+                runs: Sequence[tuple[AnySchedule | None, float]]) -> list[Job]:
+    """A GEMM chain's next measurements: the fastest chain schedule measured so far with its warps and
+    pipeline stages changed (within the pruned space, not yet measured), once per fastest schedule.
+    The tiling families the search measures first are each represented by the model's pick, whose
+    warps and stages the model gets wrong (attn_s2 fp16 on the H100: 4 warps ran 1.45x faster than
+    the 8 the model picked, scripts/chain_probe.py)."""
+    job, space, done = state
+    ok = [(s, t) for s, t in runs if isinstance(s, ChainSchedule) and math.isfinite(t)]
+    if not ok:
+        return []
+    best = min(ok, key=lambda r: r[1])[0]
+    if best in done:
+        return []
+    done.add(best)
+    tried = {s for s, _ in runs}
+    near = [replace(best, num_warps=w) for w in CHAIN_WARPS] + [replace(best, num_stages=st) for st in CHAIN_STAGES]
+    return [job(s) for s in dict.fromkeys(near) if s in space and s not in tried]
 
 
 def template_space(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], outputs: Sequence[str],
