@@ -37,11 +37,15 @@ def test_db_round_trip_failures_and_export(tmp_path):
         assert db.best("gpu", "v", "sig1").seconds == 2e-6 and db.best("gpu", "v", "sig2") is None
         assert not db.put(k1, 3e-6)  # measured once: the first row stands
         assert db.get(k1).seconds == 2e-6 and len(db) == 2
-        assert db.export(tmp_path / "x.jsonl") == 2
+        db.put_features("sig1", {"m": 64})
+        db.put(Key("gpu", "v", "sig1", "chain-m16-n32-l64-k64-w4-s2"), 5e-6)
+        assert db.export(tmp_path / "x.jsonl") == 3
     with TuningDB(tmp_path / "b.db") as other:
         other.put(k1, 9e-6)  # kept: import never overwrites
-        assert other.import_(tmp_path / "x.jsonl") == 1
+        assert other.import_(tmp_path / "x.jsonl") == 2
         assert other.get(k1).seconds == 9e-6 and other.get(k2).seconds == math.inf
+        # The chain model's features come along, so the imported chain is a sample to refit from.
+        assert other.chain_samples("gpu") == [("sig1", "chain-m16-n32-l64-k64-w4-s2", 5e-6, {"m": 64})]
 
 
 def test_cli_db_export_import(tmp_path, capsys):

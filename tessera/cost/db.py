@@ -184,12 +184,17 @@ class TuningDB:
             yield dict(zip(("device", "versions", "signature", "schedule", "seconds", "reason", "measured_at"), r))
 
     def export(self, out: str | Path, append: bool = False) -> int:
-        """Write every row as JSON lines (after what `out` holds, with append); returns the count."""
+        """Write every row as JSON lines (after what `out` holds, with append), then the chain
+        features; returns the count of measurement rows."""
         n = 0
         with open(out, "a" if append else "w") as f:
             for row in self.rows():
                 f.write(json.dumps(row) + "\n")
                 n += 1
+            # The chain model's features of measured chains travel too (`put_features`), so an
+            # imported database refits the model the same way.
+            for sig, feat in self.conn.execute("SELECT signature, features FROM chain_features ORDER BY signature"):
+                f.write(json.dumps({"signature": sig, "chain_features": json.loads(feat)}) + "\n")
         return n
 
     def import_(self, src: str | Path) -> int:
@@ -203,6 +208,10 @@ class TuningDB:
                         continue
                     try:
                         r = json.loads(line)
+                        if "chain_features" in r:
+                            self.conn.execute("INSERT OR IGNORE INTO chain_features VALUES (?, ?)",
+                                              (str(r["signature"]), json.dumps(dict(r["chain_features"]))))
+                            continue
                         row = (str(r["device"]), str(r["versions"]), str(r["signature"]), str(r["schedule"]),
                                None if r["seconds"] is None else float(r["seconds"]), str(r.get("reason", "")),
                                str(r["measured_at"]))
