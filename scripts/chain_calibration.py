@@ -24,10 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from tessera.codegen.chain import chain_problem, chain_schedules
 from tessera.codegen.kernels import ChainSchedule
 from tessera.cost.chain_search import (CHAIN_PARAMS, ChainFeatures, ChainParams, chain_features, chain_key,
-                                       chain_search, fit_chain_params, parse_chain_key, predict_chain, rank_error)
+                                       chain_search, chain_space, family, fit_chain_params, parse_chain_key,
+                                       predict_chain, rank_error)
 from tessera.cost.devices import Device, device
 from tessera.cost.measured import CHAIN_FIRST
 
@@ -61,7 +61,7 @@ def measure(a: argparse.Namespace) -> int:
             (k,) = [k for k in r.kernels if k.triton is not None and isinstance(k.triton.schedule, ChainSchedule)]
             found = chain_search(r.graph, k.nodes, k.outputs, precision, dev)
             feats = chain_features(r.graph, k.nodes, k.outputs, precision)
-            space = chain_schedules(chain_problem(r.graph, k.nodes), feats.itemsize, dev.smem_bytes).kept
+            space = chain_space(r.graph, k.nodes, dev)
             top = found.ranked[:MODEL_TOP]
             rest = [s for s in space if s not in top]
             picked = top + rng.sample(rest, min(len(rest), PER_CHAIN - len(top)))
@@ -110,8 +110,8 @@ def _errors(chains: list[dict], dev: Device, p: ChainParams) -> tuple[float, flo
         r.append(e["regret"])
         ranked = [x for _, x in sorted(zip(pred, s), key=lambda z: z[0])]
         heads: dict[tuple[int, bool], tuple] = {}
-        for x in ranked:
-            heads.setdefault((x[1].block_m, x[1].block_n >= x[0].n), x)
+        for x in ranked:  # the tuner's order (`chain_search._families_first`)
+            heads.setdefault(family(x[1], x[0].n), x)
         order = list(heads.values()) + [x for x in ranked if x not in heads.values()]
         tuned.append(min(t for _, _, t in order[:CHAIN_FIRST]) / min(t for _, _, t in s))
     return sum(d) / len(d), sum(r) / len(r), sum(tuned) / len(tuned)

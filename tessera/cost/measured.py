@@ -104,10 +104,9 @@ def tune(jobs: Sequence[Job], profiler: Profiler, db: TuningDB,
         elif j.key not in out:
             out[j.key] = math.nan  # claimed: measured once even if several candidates share it
             todo.append(j)
-    for j in todo:
-        if isinstance(j.schedule, ChainSchedule):  # what the chain model needs to learn from this row
-            db.put_features(j.key.signature,
-                            chain_features(j.graph, j.prologue + j.prims, j.outputs, j.precision).to_json())
+    chains = {j.key.signature: j for j in todo if isinstance(j.schedule, ChainSchedule)}
+    for sig, j in chains.items():  # what the chain model needs to learn from these rows, once per kernel
+        db.put_features(sig, chain_features(j.graph, j.prologue + j.prims, j.outputs, j.precision).to_json())
     done = 0
 
     def record(i: int, seconds: float, why: str) -> None:
