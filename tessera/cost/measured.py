@@ -394,7 +394,7 @@ def _neighbours(state: tuple[Callable[[AnySchedule | None], Job], set[ChainSched
     """A GEMM chain's next measurements: the fastest chain schedule measured so far with its warps and
     pipeline stages changed (within the pruned space, not yet measured), once per fastest schedule.
     The tiling families the search measures first are each represented by the model's pick, whose
-    warps and stages the model gets wrong (attn_s2 fp16 on the H100: 4 warps ran 1.45x faster than
+    warps and stages the model gets wrong (attn_s2 fp16 on the H100: 4 warps ran 1.44x faster than
     the 8 the model picked, scripts/chain_probe.py)."""
     job, space, done = state
     ok = [(s, t) for s, t in runs if isinstance(s, ChainSchedule) and math.isfinite(t)]
