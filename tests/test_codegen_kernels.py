@@ -275,3 +275,27 @@ def test_tiled_schedules_only_for_transposing_kernels():
         one_kernel(plain, Schedule(4, 4, 4, False))
     with pytest.raises(Unsupported, match="narrower"):
         one_kernel(g, Schedule(4, 4, 4, True))
+
+
+# ---- division by a divisor invariant in the inner loops --------------------------------------
+def test_row_invariant_divisor_is_inverted_once():
+    # Softmax divides each element by its row's sum: one reciprocal per row, a multiply per element.
+    ks = check("Softmax", {"x": rand(4, 37, seed=37)}, {"axis": -1}, 13)
+    assert "1.0 / r" in ks.source and " / r" not in ks.source.replace("1.0 / r", "")
+
+
+def test_elementwise_divisor_keeps_the_division():
+    ks = check("Div", {"a": rand(3, 5, seed=38), "b": rand(3, 5, seed=39) + 3.0}, {}, 13)
+    assert "1.0 /" not in ks.source and " / " in ks.source
+
+
+@pytest.mark.parametrize("value, form", [(8.0, "* 0.125"), (0.0, "/ 0.0"), (3.0, "* 0.333")])
+def test_literal_divisor(value, form):
+    # A nonzero finite constant becomes a product; x / 0 stays a division (inf, -inf and NaN kept).
+    from tessera.codegen.triton_ops import Val, elementwise
+    from tessera.ir.dtype import DType
+    from tessera.ir.prims import Prim
+    x = Val("x", DType.FLOAT32, frozenset({"m"}))
+    expr = elementwise(Prim.DIV, [x, Val(repr(value), DType.FLOAT32, literal=value)], DType.FLOAT32, {},
+                       lambda e, d: "t")
+    assert form in expr
