@@ -404,7 +404,8 @@ def test_tuning_walks_to_the_warps_and_stages_the_model_missed(tmp_path):
 
     from tessera.cost.chain_search import chain_space
     from tessera.cost.db import TuningDB
-    from tessera.cost.measured import CHAIN_MOST, _schedule_key, template_space, tune_schedules
+    from tessera.cost.measured import (CHAIN_FIRST, CHAIN_MOST, CHAIN_STARTS, _schedule_key, template_space,
+                                       tune_schedules)
 
     model, _ = attention(64, 256, 64, heads=4)
     g, _, nodes, outputs = whole_kernel(model)
@@ -430,4 +431,44 @@ def test_tuning_walks_to_the_warps_and_stages_the_model_missed(tmp_path):
     with TuningDB(tmp_path / "t.db") as db:
         best = tune_schedules(g, [("k_chain", prims, pro, outputs)], db, prof, "fake", "v1")
     assert best["k_chain"] == (fastest, 1e-6) and _schedule_key(fastest) in prof.keys
-    assert len(prof.keys) <= CHAIN_MOST + 4
+    # Here every other schedule ties, so each is near the fastest until the neighbour is found:
+    # one round of walks from CHAIN_STARTS of them (5 neighbours each at most).
+    assert len(prof.keys) <= CHAIN_FIRST + CHAIN_STARTS * 5
+
+
+def test_tuning_walks_from_every_schedule_near_the_fastest(tmp_path):
+    """A family measured a little slower than the fastest at the model's warps can win at other
+    warps (attn_s2 fp16 on the H100): the walk starts from each schedule within CHAIN_NEAR."""
+    from dataclasses import replace
+
+    from tessera.cost.chain_search import chain_space
+    from tessera.cost.db import TuningDB
+    from tessera.cost.measured import CHAIN_FIRST, CHAIN_MOST, CHAIN_NEAR, template_space, tune_schedules
+
+    model, _ = attention(64, 256, 64, heads=4)
+    g, _, nodes, outputs = whole_kernel(model)
+    og = build_ograph(g)
+    prims = list(og.nodes)
+    pro = prologue_of(og, prims)
+    ranked = template_space(g, prims, pro, outputs, "fp32", None)
+    space = set(chain_space(g, pro + prims))
+    head, second = ranked[0], ranked[1]
+    warps = [replace(second, num_warps=w) for w in (4, 8)] + [replace(second, num_stages=st) for st in (1, 2, 3)]
+    fastest = next(s for s in warps if s != second and s in space and s not in ranked[:CHAIN_MOST])
+    assert fastest not in {replace(head, num_warps=w) for w in (4, 8)} | {replace(head, num_stages=st)
+                                                                          for st in (1, 2, 3)}
+
+    class Profiler:
+        keys: list = []
+
+        def measure(self, jobs, record) -> None:
+            for i, j in enumerate(jobs):
+                self.keys.append(j.schedule)
+                t = {head: 1e-5, second: 1e-5 * (1 + CHAIN_NEAR / 2), fastest: 1e-6}.get(j.schedule, 3e-5)
+                record(i, t if j.schedule is not None else 1e-3, "")
+
+    prof = Profiler()
+    with TuningDB(tmp_path / "t.db") as db:
+        best = tune_schedules(g, [("k_chain", prims, pro, outputs)], db, prof, "fake", "v1")
+    assert best["k_chain"] == (fastest, 1e-6)
+    assert second in prof.keys[:CHAIN_FIRST + 1]

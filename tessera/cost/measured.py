@@ -67,6 +67,8 @@ def kernel_signature(graph: Graph, prims: Sequence[Node], prologue: Sequence[Nod
 
 FAILED_S = 1.0
 CHAIN_FIRST, CHAIN_MOST = 6, 8  # GEMM-chain schedules measured at once after the solve, and at most
+CHAIN_NEAR, CHAIN_STARTS = 0.1, 3  # GEMM-chain schedules this close to the fastest measured are walked from,
+# at most CHAIN_STARTS per round (`_neighbours`)
 CHAIN_CANDIDATE = 4  # GEMM-chain schedules measured per chain candidate before the solve (its cost: the least)
 
 
@@ -391,21 +393,24 @@ def _job_maker(key: Key, graph: Graph, prims: Sequence[Node], prologue: Sequence
 
 def _neighbours(state: tuple[Callable[[AnySchedule | None], Job], set[ChainSchedule], set[ChainSchedule]],
                 runs: Sequence[tuple[AnySchedule | None, float]]) -> list[Job]:
-    """A GEMM chain's next measurements: the fastest chain schedule measured so far with its warps and
-    pipeline stages changed (within the pruned space, not yet measured), once per fastest schedule.
-    The tiling families the search measures first are each represented by the model's pick, whose
-    warps and stages the model gets wrong (attn_s2 fp16 on the H100: 4 warps ran 1.44x faster than
-    the 8 the model picked, scripts/chain_probe.py)."""
+    """A GEMM chain's next measurements: the warp and pipeline-stage neighbours (within the pruned
+    space, not yet measured) of every chain schedule measured within CHAIN_NEAR of the fastest, each
+    schedule walked from once. The tiling families the search measures first are each represented by
+    the model's pick, whose warps and stages the model gets wrong (attn_s2 fp16 on the H100: 4 warps
+    ran 1.44x faster than the 8 the model picked, scripts/chain_probe.py), and the family that wins
+    at the model's warps need not be the one that wins at its best warps (attn_s2 fp16, session 14:
+    m128 n32 w8 at 8.97 us beat m64 n64 w8 at 9.18, whose 4-warp neighbour ran 6.8)."""
     job, space, done = state
     ok = [(s, t) for s, t in runs if isinstance(s, ChainSchedule) and math.isfinite(t)]
     if not ok:
         return []
-    best = min(ok, key=lambda r: r[1])[0]
-    if best in done:
-        return []
-    done.add(best)
+    fastest = min(t for _, t in ok)
+    starts = [s for s, t in sorted(ok, key=lambda r: r[1])
+              if t <= fastest * (1 + CHAIN_NEAR) and s not in done][:CHAIN_STARTS]
+    done.update(starts)
     tried = {s for s, _ in runs}
-    near = [replace(best, num_warps=w) for w in CHAIN_WARPS] + [replace(best, num_stages=st) for st in CHAIN_STAGES]
+    near = [replace(b, num_warps=w) for b in starts for w in CHAIN_WARPS] + \
+        [replace(b, num_stages=st) for b in starts for st in CHAIN_STAGES]
     return [job(s) for s in dict.fromkeys(near) if s in space and s not in tried]
 
 
