@@ -164,6 +164,8 @@ class MeasuredCost:
         self._jobs: dict[tuple[int, int], Job] = {}  # signatures are computed once per candidate
         self._tjobs: dict[tuple[int, int], list[Job]] = {}  # the template lane, where there is one
         self._tspace: dict[str, list[TemplateSchedule]] = {}  # by signature: identical layers generate once
+        # GEMM-chain core (its two linear nodes) -> its first candidate's signature and schedules
+        self._cores: dict[frozenset[int], tuple[str, list[ChainSchedule]]] = {}
         self.stats = {"candidates": 0, "measured": 0, "failed": 0, "seconds": 0.0,
                       "template_candidates": 0, "templates_faster": 0}
 
@@ -190,27 +192,48 @@ class MeasuredCost:
         j = self.job(c)
         return None if needs_template(j.prims) else j
 
-    def template_jobs(self, c: Candidate) -> list[Job]:
-        """The candidate as its best-ranked template (empty: templates off, or no template form); a GEMM
-        chain as its first CHAIN_CANDIDATE schedules in the search's order (the best of each tiling
-        family first), since the model ranks families apart poorly and one bad pick would lose the
-        chain to the library calls in the binary program. They share the library job's signature, so
-        `tune_schedules` finds them measured."""
+    def template_jobs(self, c: Candidate, alone: bool = False) -> list[Job] | None:
+        """The candidate as its best-ranked template (empty: templates off, or no template form).
+
+        A GEMM chain is measured at its first CHAIN_CANDIDATE schedules in the search's order (the
+        best of each tiling family first), since the model ranks families apart poorly and one bad
+        pick would lose the chain to the library calls in the binary program, but only once per
+        chain core (its two linear primitives): the other candidates around the same core (more or
+        less of the layout and bias prologue fused; 38 per attention block in segformer_b0) are
+        measured at the fastest of the core's first candidate, so None until that one is measured
+        (`alone`: not waiting, measured as a first candidate is). They share the library job's signature, so `tune_schedules` finds them measured."""
         k = (c.nodes, c.outputs)
         if k not in self._tjobs:
-            self._tjobs[k] = []
             prims = [self.og.nodes[i] for i in bits(c.nodes)]
-            if self.templates and any(Prim(n.op).category is Category.LINEAR for n in prims):
-                lib = self.job(c)
-                sig = lib.key.signature
-                if sig not in self._tspace:
-                    ranked = template_space(self.og.graph, lib.prims, lib.prologue, lib.outputs, self.precision,
-                                            self.gpu)
-                    n = CHAIN_CANDIDATE if ranked and isinstance(ranked[0], ChainSchedule) else 1
-                    self._tspace[sig] = ranked[:n]
-                self._tjobs[k] = [Job(Key(self.device, self.versions, sig, _schedule_key(s)), self.og.graph, lib.prims,
-                                      lib.prologue, lib.outputs, s, self.precision) for s in self._tspace[sig]]
+            if not (self.templates and any(Prim(n.op).category is Category.LINEAR for n in prims)):
+                self._tjobs[k] = []
+                return []
+            lib = self.job(c)
+            sig = lib.key.signature
+            if sig not in self._tspace:
+                ranked = template_space(self.og.graph, lib.prims, lib.prologue, lib.outputs, self.precision, self.gpu)
+                if ranked and isinstance(ranked[0], ChainSchedule):
+                    core = frozenset(i for i in bits(c.nodes) if Prim(self.og.nodes[i].op).category is Category.LINEAR)
+                    first = self._cores.setdefault(core, (sig, ranked[:CHAIN_CANDIDATE]))
+                    if first[0] != sig and not alone:
+                        best = self._core_best(*first)
+                        if best is None:
+                            return None  # its core's first candidate is not measured yet
+                        ranked = [best]
+                self._tspace[sig] = ranked[:CHAIN_CANDIDATE if ranked and isinstance(ranked[0], ChainSchedule)
+                                           else 1]
+            self._tjobs[k] = [Job(Key(self.device, self.versions, sig, _schedule_key(s)), self.og.graph, lib.prims,
+                                  lib.prologue, lib.outputs, s, self.precision) for s in self._tspace[sig]]
         return self._tjobs[k]
+
+    def _core_best(self, sig: str, schedules: Sequence[ChainSchedule]) -> ChainSchedule | None:
+        """The fastest of a chain core's first candidate's schedules (its first where all failed);
+        None while any is unmeasured."""
+        recs = [(self.db.get(Key(self.device, self.versions, sig, _schedule_key(s))), s) for s in schedules]
+        if any(r is None for r, _ in recs):
+            return None
+        ok = [(r.seconds, i) for i, (r, _) in enumerate(recs) if r is not None and math.isfinite(r.seconds)]
+        return schedules[min(ok)[1] if ok else 0]
 
     def _best_ranked(self, prims: list[Node], pro: list[Node], outs: list[str]) -> Schedule | None:
         """The schedule model's first choice for a generated kernel, or None for the default."""
@@ -235,11 +258,16 @@ class MeasuredCost:
         jobs = [self.library_job(c) for c in new]
         tjobs = [self.template_jobs(c) for c in new]
         before = len(self.db)
-        got = tune([j for j in jobs if j is not None] + [t for ts in tjobs for t in ts], self.profiler, self.db,
-                   progress=self.progress)
+        got = tune([j for j in jobs if j is not None] + [t for ts in tjobs if ts for t in ts], self.profiler,
+                   self.db, progress=self.progress)
+        if any(ts is None for ts in tjobs):  # chains around a core measured just now: at its fastest schedule
+            tjobs = [ts if ts is not None else self.template_jobs(c) or self.template_jobs(c, alone=True) or []
+                     for c, ts in zip(new, tjobs)]
+            got.update(tune([t for ts in tjobs for t in ts if t.key not in got], self.profiler, self.db,
+                            progress=self.progress))
         for c, j, ts in zip(new, jobs, tjobs):
             lib = got[j.key] if j is not None else math.inf
-            tpl = min((got[t.key] for t in ts), default=math.inf)
+            tpl = min((got[t.key] for t in ts or []), default=math.inf)
             self._cache[(c.nodes, c.outputs)] = min(lib, tpl)
             self.stats["template_candidates"] += bool(ts)
             self.stats["templates_faster"] += tpl < lib
@@ -255,7 +283,10 @@ class MeasuredCost:
         k = (c.nodes, c.outputs)
         if k in self._cache:
             return True
-        recs = [self.db.get(j.key) for j in [self.library_job(c), *self.template_jobs(c)] if j is not None]
+        tjobs = self.template_jobs(c)
+        if tjobs is None:
+            return False
+        recs = [self.db.get(j.key) for j in [self.library_job(c), *tjobs] if j is not None]
         if any(r is None for r in recs):
             return False
         self._cache[k] = min(r.seconds for r in recs if r is not None)
