@@ -10,6 +10,7 @@ chains, the issue's target), and the chain kernel's search statistics.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -19,12 +20,12 @@ def main(dirs: list[str]) -> int:
     for d in dirs:
         for f in sorted(Path(d).glob("bench_*.json")):
             doc = json.loads(f.read_text())
-            pairs[(doc["model"], doc["precision"])] = doc
+            if re.fullmatch(r"(attn_s|gemm_g)\d+", doc["model"]):  # whole models have their own table
+                pairs[(doc["model"], doc["precision"])] = doc
     print("| case | prec | tessera µs | eager µs | SDPA µs | Inductor µs | target ratio | kernels | chain schedule"
-          " | space → pruned | generations | measured | discordant pairs | regret |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |")
-    order = sorted(pairs, key=lambda p: (p[0].rstrip("0123456789"), int(p[0].split("_")[-1][1:] or 0)
-                                         if p[0][-1].isdigit() else 0, p[1]))
+          " | space → pruned | generations | measured | discordant pairs | regret | tuning s |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    order = sorted(pairs, key=lambda p: (p[0].rstrip("0123456789"), int(p[0].split("_")[-1][1:]), p[1]))
     for model, prec in order:
         doc = pairs[(model, prec)]
         e = {x["name"]: x for x in doc["entries"]}
@@ -45,7 +46,8 @@ def main(dirs: list[str]) -> int:
               f"{t['ms'] * 1e3 / base:.2f} | {plan} | {cell} | "
               + (f"{c['space']} → {c['after_pruning']} | {c['generations']} | {c.get('measured', '')} | "
                  f"{err.get('discordant_pairs', float('nan')):.2f} | {err.get('regret', float('nan')):.2f} |"
-                 if c else "| | | | |"))
+                 if c else "| | | | |")
+              + f" {ex['tuning']['seconds']:.0f} |")
     return 0
 
 
