@@ -10,7 +10,7 @@ import pytest
 from kernelcheck import DEVICE
 from onnx import helper
 from opcheck import Const, graph_model, models_dir, rand
-from test_gemm_template import run_exe, run_template
+from test_gemm_template import run_exe, run_template, template_launch
 
 import tessera
 from tessera.codegen.chain import chain_problem, chain_schedules
@@ -18,7 +18,7 @@ from tessera.codegen.kernels import ChainSchedule, schedule_from_json
 from tessera.codegen.select import TritonLegality, implement, prologue_of
 from tessera.codegen.triton_ops import Unsupported
 from tessera.compiler import CompileOptions, compile_model
-from tessera.cost.chain_search import chain_search, evolve
+from tessera.cost.chain_search import chain_search, evolve, parse_chain_key
 from tessera.cost.measured import _schedule_key
 from tessera.fission import fission
 from tessera.frontend import load
@@ -200,6 +200,47 @@ def test_plain_gemm_chain_fp16():
     check_chain(model, {"a": a, "b": b, "c": c}, ChainSchedule(16, 32, 32, 32, 4, 2), "fp16")
 
 
+# Split L: (M, L, block_l, split) with the last slice short (70 = 48 + 22) and exact (64 = 4 x 16).
+@pytest.mark.parametrize("m,l,bl,split", [(33, 70, 16, 2), (20, 64, 16, 4)])
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])
+def test_split_walks_sum_their_partials_once_per_tile(m, l, bl, split, precision):
+    model, feeds = mlp(m, 24, l, 17, "Relu", seed=m)
+    ks = check_chain(model, feeds, ChainSchedule(16, 32, bl, 32, 4, 2, split), precision)
+    assert f"split over {split} programs" in ks.source and ks.workspace > 0
+    assert ks.launches[0].grid[-1] == split
+    # The bias and ReLU of the middle ride in each slice's walk; the output bias only in the sum.
+    assert ks.source.index("arrived ==") < ks.source.index("tl.store(out")
+
+
+def test_a_split_chain_runs_again_from_its_reset_counters():
+    a, b, c = rand(3, 40, 24, seed=1), rand(3, 24, 50, seed=2), rand(3, 50, 30, seed=3)
+    model = graph_model([helper.make_node("MatMul", ["a", "b"], ["ab"]), helper.make_node("MatMul", ["ab", "c"], ["out"])],
+                        {"a": a, "b": b, "c": c}, ["out"])
+    g, g32, nodes, outputs = whole_kernel(model)
+    ks = implement(g, nodes, [], outputs, "k_chain", (), ChainSchedule(16, 16, 16, 16, 4, 1, 4)).triton
+    kernel, args, outs = template_launch(g, ks, {**g.constants, "a": a, "b": b, "c": c})
+    ref = interp.run(g32, {"a": a, "b": b, "c": c}, exact=True)["out"]
+    for _ in range(2):  # batch 3: one counter per (batch entry, tile), each back at 0 after a launch
+        outs[0].zero_()
+        kernel(*args, *outs)
+        assert rel_l2(outs[0].cpu().numpy(), ref) < TOLERANCE["fp32"]
+    assert not kernel.workspace[-ks.launches[0].grid[0] * 3:].any()
+
+
+def test_split_needs_a_middle_without_row_reductions():
+    model, feeds = attention(13, 64, 16)
+    g, _, nodes, outputs = whole_kernel(model)
+    assert all(s.split_l == 1 for s in chain_schedules(chain_problem(g, nodes), 4).kept)
+    with pytest.raises(Unsupported, match="row reduction"):
+        implement(g, nodes, [], outputs, "k", (), ChainSchedule(16, 16, 16, 16, 4, 1, 2))
+    model, _ = mlp(64, 32, 100, 64)
+    g, _, nodes, outputs = whole_kernel(model)
+    kept = chain_schedules(chain_problem(g, nodes), 4).kept
+    # Splits of whole blocks that cover L = 100 (7 steps of 16) exactly: 2 (4 + 3 steps) or 4 ways
+    # (2 + 2 + 2 + 1), not 8 (7 slices of one step: the same as 7) or 16.
+    assert {s.split_l for s in kept if s.block_l == 16} == {1, 2, 4}
+
+
 def test_no_chain_form_is_refused_with_the_reason():
     # A middle value read outside the chain (the probabilities as a second output) has no chain form.
     q, k, v = rand(1, 4, 8, seed=1), rand(1, 8, 6, seed=2), rand(1, 6, 5, seed=3)
@@ -335,6 +376,9 @@ def test_measured_chains_refit_the_model_from_the_database(tmp_path):
 def test_schedule_round_trips():
     s = ChainSchedule(32, 64, 128, 64, 8, 3)
     assert schedule_from_json(s.to_json()) == s and _schedule_key(s) == "chain-m32-n64-l128-k64-w8-s3"
+    s = ChainSchedule(32, 64, 128, 64, 8, 3, 4)
+    assert schedule_from_json(s.to_json()) == s and _schedule_key(s) == "chain-m32-n64-l128-k64-w8-s3-p4"
+    assert parse_chain_key(_schedule_key(s)) == s and parse_chain_key("chain-m32-n64-l128-k64-w8-s3-x4") is None
 
 
 # ---- end to end ----------------------------------------------------------------------------------

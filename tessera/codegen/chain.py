@@ -156,6 +156,9 @@ DEEP_K = (32, 64, 128)
 MAX_FLAT = 256  # the widest K or N held as one tile
 WARPS = (4, 8)
 STAGES = (1, 2, 3)
+# Programs sharing one tile's walk over L (a middle without row reductions only): few output tiles
+# leave most SMs idle, and each program of a flat tiling re-reads all of B and V.
+SPLITS_L = (1, 2, 4, 8, 16)
 REGISTERS_PER_THREAD = 255
 REGISTER_SHARE = 0.75  # of a thread's registers for live tiles (the rest: addresses, temporaries)
 
@@ -185,16 +188,17 @@ def chain_schedules(cp: ChainProblem, itemsize: int, smem_bytes: int = 227 << 10
     ks += [k for k in DEEP_K if k < p2(cp.k)]
     ns = [max(MIN_BLOCK, p2(cp.n))] if p2(cp.n) <= MAX_FLAT else []
     ns += [n for n in (32, 64, 128, 256) if n < p2(cp.n) and n <= MAX_FLAT]
-    full = [(bm, bn, bl, bk, w, st) for bm in BLOCKS_M for bn in ns for bl in BLOCKS_L for bk in ks
-            for w in WARPS for st in STAGES]
+    splits = SPLITS_L if splittable(cp) else (1,)
+    full = [(bm, bn, bl, bk, w, st, sp) for bm in BLOCKS_M for bn in ns for bl in BLOCKS_L for bk in ks
+            for w in WARPS for st in STAGES for sp in splits]
     rejected = {"duplicate": 0, "padding": 0, "registers": 0, "shared memory": 0}
     kept: dict[ChainSchedule, None] = {}
-    for bm, bn, bl, bk, w, st in full:
+    for bm, bn, bl, bk, w, st, sp in full:
         cm, cl = min(bm, max(MIN_BLOCK, p2(cp.m))), min(bl, max(MIN_BLOCK, p2(cp.l)))
-        if (cm, cl) != (bm, bl):
+        if (cm, cl) != (bm, bl) or split_chunk(cp.l, bl, sp) is None:
             rejected["duplicate"] += 1
             continue
-        s = ChainSchedule(bm, bn, bl, bk, w, st)
+        s = ChainSchedule(bm, bn, bl, bk, w, st, sp)
         flat_k = bk >= cp.k
         live = bm * bn + bm * bl + (bm * bk * itemsize // 4 if flat_k else 0)  # 32-bit values
         if live > REGISTER_SHARE * REGISTERS_PER_THREAD * 32 * w:
@@ -209,6 +213,18 @@ def chain_schedules(cp: ChainProblem, itemsize: int, smem_bytes: int = 227 << 10
             continue
         kept[s] = None
     return ChainSpace(len(full), tuple(kept), rejected)
+
+
+def splittable(cp: ChainProblem) -> bool:
+    """Can programs share a tile's walk over L? Only when no row reduction reads the whole walk."""
+    return not any(n.op in _REDUCE_OPS for n in cp.middle)
+
+
+def split_chunk(l: int, block_l: int, split: int) -> int | None:
+    """The L columns each of `split` programs walks (whole blocks); None when `split` slices of
+    whole blocks do not cover L exactly `split` times (the same schedule as a smaller split)."""
+    chunk = cdiv(cdiv(l, split), block_l) * block_l
+    return chunk if cdiv(l, chunk) == split else None
 
 
 class _Chain:
@@ -229,6 +245,14 @@ class _Chain:
         self.math2 = dot_math(*(g.types[t].dtype for t in cp.second.inputs), precision, f"{cp.second.name}: a chain")
         check_outputs(graph, nodes, outputs, cp.second.outputs[0], "second matmul", "GEMM-chain")
         self.passes, self.online = self._passes()
+        self.chunk = cp.l  # the L columns one program walks
+        if s.split_l > 1:
+            chunk = split_chunk(cp.l, s.block_l, s.split_l)
+            if not splittable(cp) or chunk is None:
+                raise Unsupported(f"{cp.second.name}: L {cp.l} cannot be split in {s.split_l} walks of "
+                                  f"{s.block_l}-column steps" + ("" if splittable(cp) else " (a row reduction "
+                                                                 "reads the whole walk)"))
+            self.chunk = chunk
 
     # ---- passes over L ---------------------------------------------------------------------
     def _passes(self) -> tuple[list[list[Node]], Node | None]:
@@ -319,7 +343,12 @@ class _Chain:
                 em.stmt(f"{accs[n.name]} = tl.full([BLOCK_M, 1], {_IDENT[n.op]}, tl.float32)")
         tag = em.fresh("l")
         vtag = tag + "v"
-        em.push(f"for {tag} in range(0, {cp.l}, BLOCK_L):", tag)
+        if self.chunk == cp.l:
+            em.push(f"for {tag} in range(0, {cp.l}, BLOCK_L):", tag)
+        else:  # this program's slice of L (the last may be shorter)
+            lo = f"pid_s * {self.chunk}"
+            hi = f"{lo} + {self.chunk}" if cp.l % self.chunk == 0 else f"tl.minimum({lo} + {self.chunk}, {cp.l})"
+            em.push(f"for {tag} in range({lo}, {hi}, BLOCK_L):", tag)
         em.stack[-1].avail = em.stack[-1].avail | {vtag}
         coords, lmask, lmask_v, rlv = self._chunk(t, tag, vtag, row)
         mask = t.mmask | lmask
@@ -462,21 +491,56 @@ def generate_chain(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], 
                                 else "[BLOCK_M, BLOCK_N]" if "n" in deps else "[BLOCK_M, 1]")
     for group in ch.passes:
         ch.walk(t, group)
-    store_outputs(t, graph, outputs, cp.second.outputs[0], t.coords)
+    tiles = cdiv(cp.m, s.block_m) * cdiv(cp.n, s.block_n)
+    workspace, extra = 0, []
+    if s.split_l > 1:
+        workspace = _sum_slices(t, cp, s.split_l, tiles)
+        extra = ["pid_s = tl.program_id(2)"]
+        store_outputs(t, graph, outputs, cp.second.outputs[0], t.coords, Val("tot", graph.types[cp.second.outputs[0]].dtype,
+                                                                                frozenset({"b", "m", "n", "fix"})))
+        t.em.pop()
+    else:
+        store_outputs(t, graph, outputs, cp.second.outputs[0], t.coords)
     fn = sanitize(name)
     ins = [f"in{i}" for i in range(len(main.inputs))]
-    params = ", ".join(ins + list(main.out_args.values()))
-    tiles = cdiv(cp.m, s.block_m) * cdiv(cp.n, s.block_n)
+    params = ", ".join(ins + (["ws"] if workspace else []) + list(main.out_args.values()))
     meta = (("BLOCK_M", s.block_m), ("BLOCK_N", s.block_n), ("BLOCK_L", s.block_l), ("BLOCK_K", s.block_k),
             ("num_warps", s.num_warps), ("num_stages", s.num_stages))
-    src = "\n".join(["import triton", "import triton.language as tl", "", ""] + _doc(graph, name, ch, main, sources)
-                    + jit_function(fn, params, t, CHAIN_CONSTS)).rstrip() + "\n"
+    src = "\n".join(["import triton", "import triton.language as tl", "", ""]
+                    + _doc(graph, name, ch, main, sources, workspace)
+                    + jit_function(fn, params, t, CHAIN_CONSTS, extra)).rstrip() + "\n"
+    grid = (tiles, cp.batch, s.split_l) if s.split_l > 1 else (tiles, cp.batch)
     return KernelSource(fn, src, main.inputs, main.outputs, cp.batch * cp.m * cp.n, cp.l, s,
-                        [n.name for n in nodes], launches=[Launch(fn, (tiles, cp.batch), meta)],
+                        [n.name for n in nodes], launches=[Launch(fn, grid, meta)], workspace=workspace,
                         rounded_inputs=tuple(sorted(main.rounded)))
 
 
-def _doc(graph: Graph, name: str, ch: _Chain, k: KernelBody, sources: Sequence[str]) -> list[str]:
+def _sum_slices(t: Tile, cp: ChainProblem, split: int, tiles: int) -> int:
+    """After a split walk: store this program's partial product, count it in, and open the block
+    where the tile's last program sums the slices in order (the same bits whichever comes last)
+    as `tot`; the caller emits the epilogue in that block and closes it. Returns the workspace's
+    float32 elements: the partials, then one arrival counter per tile, zero between launches (the
+    runtime allocates it zeroed; the last program resets its counter)."""
+    em = t.em
+    m = em.mask_expr(t.mask)
+    parts = split * cp.batch * cp.m * cp.n
+    em.stmt(f"tl.store(ws + {t.workspace_offset('pid_s')}, acc" + (f", mask={m})" if m else ")"))
+    # Every thread's partial is written before the counter moves (the atomic orders it for the GPU).
+    em.stmt("tl.debug_barrier()")
+    counter = f"ws + {parts} + " + (f"pid_b * {tiles} + pid" if t.nbatch > 1 else "pid")
+    em.stmt(f"arrived = tl.atomic_add({counter}, 1.0)")
+    em.push(f"if arrived == {split - 1}:", "fix")
+    em.stmt(f"tl.store({counter}, 0.0)")
+    em.stmt("tot = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
+    em.push(f"for split in range({split}):", "split")
+    # .cg: read at L2, where the other programs' partials are (never a stale line of this SM's L1)
+    em.stmt(f"tot += tl.load(ws + {t.workspace_offset('split')}" + (f", mask={m}, other=0.0" if m else "")
+            + ', cache_modifier=".cg")')
+    em.pop()
+    return parts + cp.batch * tiles
+
+
+def _doc(graph: Graph, name: str, ch: _Chain, k: KernelBody, sources: Sequence[str], workspace: int) -> list[str]:
     """The header: both products, the middle, the epilogue, the passes and the roofline."""
     g, cp = graph, ch.cp
     f, sc = cp.first, cp.second
@@ -492,11 +556,14 @@ def _doc(graph: Graph, name: str, ch: _Chain, k: KernelBody, sources: Sequence[s
     epi = [n for n in ch.nodes if n is not sc and n.outputs[0] in after]
     doc += textwrap.wrap("epilogue: " + (", ".join(f"{n.name} ({n.op})" for n in epi) or "none"), 100,
                          initial_indent="# ", subsequent_indent="#   ")
-    doc.append(f"# walks over L: {walks}" + (f" ({ch.online.name} merged online)" if ch.online else ""))
+    doc.append(f"# walks over L: {walks}" + (f" ({ch.online.name} merged online)" if ch.online else "")
+               + (f", split over {ch.s.split_l} programs of {ch.chunk} columns" if ch.s.split_l > 1 else ""))
     if sources:
         doc += textwrap.wrap("ONNX nodes: " + ", ".join(sources), 100, initial_indent="# ", subsequent_indent="#   ")
     doc += [f"# in{i}: {t} {g.types[t]}" + (" (rounded to tf32 once, at load)" if t in k.rounded else "")
             for i, t in enumerate(k.inputs)]
+    if workspace:
+        doc.append(f"# ws: float32[{workspace}] the slices' partial products, then one arrival counter per tile")
     doc += [f"# {arg}: {t} {g.types[t]}" for t, arg in k.out_args.items()]
     rd = sum(g.types[t].nbytes for t in k.inputs)
     wr = sum(g.types[t].nbytes for t in k.outputs)

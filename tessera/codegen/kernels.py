@@ -111,7 +111,9 @@ class ChainSchedule:
     """A GEMM-chain template's schedule (`codegen/chain.py`): a program owns block_m rows and
     block_n output columns of the second product; it walks the intermediate's L columns block_l
     at a time, computing each chunk of the first product over K in block_k steps (block_k >= K:
-    the left operand's row tile is loaded once, before the walk), with warps and pipeline stages."""
+    the left operand's row tile is loaded once, before the walk), with warps and pipeline stages.
+    split_l > 1 splits the walk over that many programs per tile (a middle without row
+    reductions): the last to finish sums their partial products."""
 
     block_m: int
     block_n: int
@@ -119,14 +121,19 @@ class ChainSchedule:
     block_k: int
     num_warps: int = 4
     num_stages: int = 2
+    split_l: int = 1
 
     @property
     def group_m(self) -> int:  # the tile's swizzle (codegen/tile.py): none, programs walk rows
         return 1
 
     def to_json(self) -> dict[str, object]:
-        return {"form": "chain", "block_m": self.block_m, "block_n": self.block_n, "block_l": self.block_l,
-                "block_k": self.block_k, "num_warps": self.num_warps, "num_stages": self.num_stages}
+        doc: dict[str, object] = {"form": "chain", "block_m": self.block_m, "block_n": self.block_n,
+                                  "block_l": self.block_l, "block_k": self.block_k, "num_warps": self.num_warps,
+                                  "num_stages": self.num_stages}
+        if self.split_l > 1:  # plans written before split L read the same
+            doc["split_l"] = self.split_l
+        return doc
 
 
 TemplateSchedule = GemmSchedule | ConvSchedule | ChainSchedule

@@ -121,7 +121,8 @@ class TritonKernel:
         if self.ks.workspace:
             dev = tensors[0].device
             if self.workspace is None or self.workspace.device != dev:
-                self.workspace = torch.empty(self.ks.workspace, dtype=torch.float32, device=dev)
+                # zeroed: a split chain's arrival counters start at 0 (and its last program resets them)
+                self.workspace = torch.zeros(self.ks.workspace, dtype=torch.float32, device=dev)
             args.insert(len(self.ks.inputs), self.workspace)
         try:
             for fn, grid, meta in self.launches:

@@ -183,12 +183,13 @@ def dot_operand(t: Tile, graph: Graph, math: DotMath, tensor: str, coords: list[
     return v
 
 
-def store_outputs(t: Tile, graph: Graph, outputs: Sequence[str], product: str, coords: list[Ix]) -> None:
-    """Every output from the accumulator `acc`, which holds `product` at `coords` (the tile's
-    indices): each output at its own indices (a reshape of the product's)."""
+def store_outputs(t: Tile, graph: Graph, outputs: Sequence[str], product: str, coords: list[Ix],
+                  acc: Val | None = None) -> None:
+    """Every output from the accumulator (`acc`, default the variable `acc`), which holds `product`
+    at `coords` (the tile's indices): each output at its own indices (a reshape of the product's)."""
     em = t.em
     tc = graph.types[product]
-    em.known[(product, tuple(i.expr for i in coords))] = Val("acc", tc.dtype, frozenset({"b", "m", "n"}))
+    em.known[(product, tuple(i.expr for i in coords))] = acc or Val("acc", tc.dtype, frozenset({"b", "m", "n"}))
     for o in outputs:
         ty = graph.types[o]
         oc = ix.reshape_index(coords, tc.shape, ty.shape)

@@ -43,6 +43,9 @@ class ChainParams:
     max_warps_per_sm: int = 64
     middle_flops: float = 3.75  # CUDA-core operations per intermediate element and walk (scale, max, exp, sum)
     launch_s: float = 3.2e-7  # what a launch adds inside a CUDA graph, as the tuning measures it
+    # A split walk's tail: the partial's store, the arrival counter's round trip, the last program's
+    # sum of the slices (a guess until measured split chains refit it).
+    sum_s: float = 8e-7
 
 
 CHAIN_PARAMS = ChainParams()
@@ -97,7 +100,7 @@ def predict_chain(s: ChainSchedule, f: ChainFeatures, dev: Device, p: ChainParam
     (its steps one after another: a dot, the middle, a dot, and the operand loads that each
     further pipeline stage issues a step ahead). Fitted to measurements, this form ranked the
     H100's chains better than taking the largest of the three (scripts/chain_calibration.py)."""
-    tiles = f.batch * cdiv(f.m, s.block_m) * cdiv(f.n, s.block_n)
+    tiles = f.batch * cdiv(f.m, s.block_m) * cdiv(f.n, s.block_n) * s.split_l
     flat_k = s.block_k >= f.k
     isz = f.itemsize
     smem = s.num_stages * (s.block_k * s.block_l + s.block_l * s.block_n) * isz + s.block_m * s.block_k * isz
@@ -106,26 +109,28 @@ def predict_chain(s: ChainSchedule, f: ChainFeatures, dev: Device, p: ChainParam
     resident = max(1, min(dev.smem_bytes // max(smem, 1), p.max_warps_per_sm // s.num_warps, dev.registers // regs))
     waves = math.ceil(tiles / (dev.sms * resident))
     per_sm = math.ceil(min(tiles, dev.sms * resident) / dev.sms)
-    chunks = cdiv(f.l, s.block_l)
+    chunks = cdiv(cdiv(f.l, s.split_l), s.block_l)  # one program's steps (split: the longest slice's)
     kpad = cdiv(f.k, s.block_k) * s.block_k
     npad = s.block_n
     flops = 2.0 * s.block_m * s.block_l * chunks * (f.walks * kpad + npad)
     compute = per_sm * flops / (f.rate(dev) / dev.sms * min(1.0, s.block_m / p.mma_rows))
     middle = per_sm * f.walks * chunks * s.block_m * s.block_l * p.middle_flops / (dev.fp32 / dev.sms)
     operand = (f.walks * chunks * kpad * s.block_l + chunks * s.block_l * npad + s.block_m * kpad) * isz
+    if s.split_l > 1:  # each program's float32 partial, written and read back once by the sum
+        operand += 2 * 4 * s.block_m * s.block_n
     stream = per_sm * operand / (dev.bandwidth * p.l2_factor / dev.sms)
     steps = f.walks * chunks
     # Each further stage issues a step's loads one step earlier, hiding a share of their latency.
     load = p.load_s * p.pipelined ** (s.num_stages - 1)
     ksteps = 0 if flat_k else cdiv(f.k, s.block_k)  # deep K: a loop of loads and dots inside each step
-    latency = steps * (p.step_s + load + ksteps * (p.k_step_s + load))
+    latency = steps * (p.step_s + load + ksteps * (p.k_step_s + load)) + (p.sum_s if s.split_l > 1 else 0.0)
     dram = (f.operand_bytes + f.output_bytes) / dev.bandwidth
     return p.launch_s + max(waves * (max(compute + middle, stream) + latency), dram)
 
 
 Sample = tuple[ChainFeatures, ChainSchedule, float]  # a measured chain schedule: features, schedule, seconds
 # Fitted constants and how far each step may move them (multiplicative), coordinate by coordinate.
-_FITTED = ("step_s", "k_step_s", "load_s", "pipelined", "l2_factor", "middle_flops", "launch_s")
+_FITTED = ("step_s", "k_step_s", "load_s", "pipelined", "l2_factor", "middle_flops", "launch_s", "sum_s")
 _MOVES = (0.25, 0.5, 0.8, 0.95, 1.05, 1.25, 2.0, 4.0)
 
 
@@ -190,13 +195,14 @@ def calibrate_from_db(samples: Sequence[tuple[str, Sample]], dev: Device) -> Cha
 
 def chain_key(s: ChainSchedule) -> str:
     """A chain schedule's name in the tuning database."""
-    return f"chain-m{s.block_m}-n{s.block_n}-l{s.block_l}-k{s.block_k}-w{s.num_warps}-s{s.num_stages}"
+    key = f"chain-m{s.block_m}-n{s.block_n}-l{s.block_l}-k{s.block_k}-w{s.num_warps}-s{s.num_stages}"
+    return key + (f"-p{s.split_l}" if s.split_l > 1 else "")  # rows measured before split L keep their keys
 
 
 def parse_chain_key(key: str) -> ChainSchedule | None:
     """The schedule `chain_key` named (None for any other key)."""
     parts = key.split("-")
-    if len(parts) != 7 or parts[0] != "chain":
+    if len(parts) not in (7, 8) or parts[0] != "chain" or (len(parts) == 8 and parts[7][:1] != "p"):
         return None
     try:
         return ChainSchedule(*(int(p[1:]) for p in parts[1:]))
@@ -267,16 +273,17 @@ def _families_first(ranked: list[ChainSchedule], cp: ChainProblem) -> list[Chain
     schedules of one family far better than families, so the few schedules measured should span
     them. (Held out on the H100's measured chains, the best of the first six so ordered was 2.2%
     from the best measured: scripts/chain_calibration.py fit.)"""
-    heads: dict[tuple[int, bool], ChainSchedule] = {}
+    heads: dict[tuple[int, bool, bool], ChainSchedule] = {}
     for s in ranked:
         heads.setdefault(family(s, cp.n), s)
     first = list(heads.values())
     return first + [s for s in ranked if s not in heads.values()]
 
 
-def family(s: ChainSchedule, n: int) -> tuple[int, bool]:
-    """A schedule's tiling family: rows per program, and whether N (of extent `n`) is one tile."""
-    return s.block_m, s.block_n >= n
+def family(s: ChainSchedule, n: int) -> tuple[int, bool, bool]:
+    """A schedule's tiling family: rows per program, whether N (of extent `n`) is one tile, and
+    whether programs split the walk over L."""
+    return s.block_m, s.block_n >= n, s.split_l > 1
 
 
 def evolve(space: Sequence[ChainSchedule], fitness: Callable[[ChainSchedule], float], seed: int = 0,

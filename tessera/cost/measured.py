@@ -425,9 +425,9 @@ def _job_maker(key: Key, graph: Graph, prims: Sequence[Node], prologue: Sequence
 def _neighbours(state: tuple[Callable[[AnySchedule | None], Job], set[ChainSchedule], set[ChainSchedule]],
                 runs: Sequence[tuple[AnySchedule | None, float]]) -> list[Job]:
     """A GEMM chain's next measurements: the neighbours (within the pruned space, not yet measured)
-    with other warps or pipeline stages, or half or twice the L or K step, of each chain schedule
-    measured within CHAIN_NEAR of the fastest, each walked from once. The tiling families measured
-    first are each represented by the model's pick, whose warps the model gets wrong (attn_s2 fp16
+    with other warps or pipeline stages, or half or twice the L step, K step or L split, of each
+    chain schedule measured within CHAIN_NEAR of the fastest, each walked from once. The tiling
+    families measured first are each represented by the model's pick, whose warps the model gets wrong (attn_s2 fp16
     on the H100: 4 warps ran 1.44x faster than the model's 8, scripts/chain_probe.py), and the family
     fastest at the model's warps need not be fastest at its best (attn_s2 fp16, session 14: m128 n32
     w8 at 8.97 us beat m64 n64 w8 at 9.18 us, the family of the probe's 4-warp winner)."""
@@ -443,7 +443,8 @@ def _neighbours(state: tuple[Callable[[AnySchedule | None], Job], set[ChainSched
     near = [n for b in starts for n in (
         *(replace(b, num_warps=w) for w in CHAIN_WARPS), *(replace(b, num_stages=st) for st in CHAIN_STAGES),
         replace(b, block_l=b.block_l // 2), replace(b, block_l=b.block_l * 2),
-        replace(b, block_k=b.block_k // 2), replace(b, block_k=b.block_k * 2))]
+        replace(b, block_k=b.block_k // 2), replace(b, block_k=b.block_k * 2),
+        replace(b, split_l=b.split_l // 2), replace(b, split_l=b.split_l * 2))]
     return [job(s) for s in dict.fromkeys(near) if s in space and s not in tried]
 
 
