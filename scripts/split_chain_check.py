@@ -78,6 +78,7 @@ def check(case: str, precision: str, tmp: Path) -> list[dict[str, object]]:
         rows.append({"case": case, "precision": precision, "split_l": split, "schedule": s.to_json(),
                      "predicted_us": found.predicted[s] * 1e6, "us": ms * 1e3, "eager_us": eager_ms * 1e3,
                      "rel_l2": err, "passed": err < TOLERANCE[precision], "same_bits": same})
+        print(json.dumps(rows[-1]), flush=True)  # a call cut short keeps what it measured
     return rows
 
 
