@@ -532,7 +532,7 @@ def _sum_slices(t: Tile, cp: ChainProblem, split: int, tiles: int) -> int:
     em.push(f"if arrived == {split - 1}:", "fix")
     em.stmt(f"tl.store({counter}, 0.0)")
     em.stmt("tot = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
-    em.push(f"for split in range({split}):", "split")
+    em.push(f"for split in tl.static_range({split}):", "split")  # unrolled: the loads in flight together
     # .cg: read at L2, where the other programs' partials are (never a stale line of this SM's L1)
     em.stmt(f"tot += tl.load(ws + {t.workspace_offset('split')}" + (f", mask={m}, other=0.0" if m else "")
             + ', cache_modifier=".cg")')
