@@ -241,6 +241,13 @@ def test_split_needs_a_middle_without_row_reductions():
     assert {s.split_l for s in kept if s.block_l == 16} == {1, 2, 4}
 
 
+def test_the_first_measured_alternate_whole_and_split_walks():
+    model, _ = mlp(512, 128, 512, 128)
+    g, _, nodes, outputs = whole_kernel(model, "fp16")
+    first = chain_search(g, nodes, outputs, "fp16").ranked[:4]
+    assert [s.split_l > 1 for s in first] == [False, True, False, True]
+
+
 def test_no_chain_form_is_refused_with_the_reason():
     # A middle value read outside the chain (the probabilities as a second output) has no chain form.
     q, k, v = rand(1, 4, 8, seed=1), rand(1, 8, 6, seed=2), rand(1, 6, 5, seed=3)
