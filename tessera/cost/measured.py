@@ -69,7 +69,8 @@ FAILED_S = 1.0
 CHAIN_FIRST, CHAIN_MOST = 6, 8  # GEMM-chain schedules measured at once after the solve, and at most
 CHAIN_NEAR, CHAIN_STARTS = 0.1, 3  # GEMM-chain schedules this close to the fastest measured are walked from,
 # at most CHAIN_STARTS per round (`_neighbours`)
-CHAIN_CANDIDATE = 4  # GEMM-chain schedules measured per chain candidate before the solve (its cost: the least)
+CHAIN_CANDIDATE = 4  # GEMM-chain schedules measured per chain candidate before the solve (its cost: the least),
+# per kind of walk (whole, split over programs: twice as many where L may be split)
 
 
 @dataclass(frozen=True)
@@ -195,13 +196,14 @@ class MeasuredCost:
     def template_jobs(self, c: Candidate, alone: bool = False) -> list[Job] | None:
         """The candidate as its best-ranked template (empty: templates off, or no template form).
 
-        A GEMM chain is measured at its first CHAIN_CANDIDATE schedules in the search's order (the
-        best of each tiling family first), since the model ranks families apart poorly and one bad
-        pick would lose the chain to the library calls in the binary program, but only once per
-        chain core (its two linear primitives): the other candidates around the same core (more or
-        less of the layout and bias prologue fused; 38 per attention block in segformer_b0) are
-        measured at the fastest of the core's first candidate, so None until that one is measured
-        (`alone`: not waiting, measured as a first candidate is). They share the library job's signature, so `tune_schedules` finds them measured."""
+        A GEMM chain is measured at its first CHAIN_CANDIDATE schedules of each kind of walk in the
+        search's order (the best of each tiling family first), since the model ranks families apart
+        poorly and one bad pick would lose the chain to the library calls in the binary program, but
+        only once per chain core (its two linear primitives): the other candidates around the same
+        core (more or less of the layout and bias prologue fused; 38 per attention block in
+        segformer_b0) are measured at the fastest of the core's first candidate, so None until that
+        one is measured (`alone`: not waiting, measured as a first candidate is). They share the
+        library job's signature, so `tune_schedules` finds them measured."""
         k = (c.nodes, c.outputs)
         if k not in self._tjobs:
             prims = [self.og.nodes[i] for i in bits(c.nodes)]
@@ -212,16 +214,17 @@ class MeasuredCost:
             sig = lib.key.signature
             if sig not in self._tspace:
                 ranked = template_space(self.og.graph, lib.prims, lib.prologue, lib.outputs, self.precision, self.gpu)
+                n_first = 1
                 if ranked and isinstance(ranked[0], ChainSchedule):
+                    n_first = CHAIN_CANDIDATE * (2 if any(s.split_l > 1 for s in ranked) else 1)
                     core = frozenset(i for i in bits(c.nodes) if Prim(self.og.nodes[i].op).category is Category.LINEAR)
-                    first = self._cores.setdefault(core, (sig, ranked[:CHAIN_CANDIDATE]))
+                    first = self._cores.setdefault(core, (sig, ranked[:n_first]))
                     if first[0] != sig and not alone:
                         best = self._core_best(*first)
                         if best is None:
                             return None  # its core's first candidate is not measured yet
                         ranked = [best]
-                self._tspace[sig] = ranked[:CHAIN_CANDIDATE if ranked and isinstance(ranked[0], ChainSchedule)
-                                           else 1]
+                self._tspace[sig] = ranked[:n_first]
             self._tjobs[k] = [Job(Key(self.device, self.versions, sig, _schedule_key(s)), self.og.graph, lib.prims,
                                   lib.prologue, lib.outputs, s, self.precision) for s in self._tspace[sig]]
         return self._tjobs[k]
