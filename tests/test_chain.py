@@ -200,6 +200,14 @@ def test_plain_gemm_chain_fp16():
     check_chain(model, {"a": a, "b": b, "c": c}, ChainSchedule(16, 32, 32, 32, 4, 2), "fp16")
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_head_dim_of_80_walked_whole_is_a_64_and_a_16_wide_dot(precision):
+    model, feeds = attention(13, 37, 80, mask="causal", seed=5)
+    ks = check_chain(model, feeds, ChainSchedule(16, 128, 32, 128, 4, 2), precision)
+    assert "tl.arange(0, 64)" in ks.source and "64 + tl.arange(0, 16)" in ks.source
+    assert "tl.arange(0, 128)" not in ks.source.split("for l")[0]  # no K lane past 80 in the first product
+
+
 # Split L: (M, L, block_l, split) with the last slice short (70 = 48 + 22) and exact (64 = 4 x 16).
 @pytest.mark.parametrize("m,l,bl,split", [(33, 70, 16, 2), (20, 64, 16, 4)])
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])

@@ -215,6 +215,16 @@ def chain_schedules(cp: ChainProblem, itemsize: int, smem_bytes: int = 227 << 10
     return ChainSpace(len(full), tuple(kept), rejected)
 
 
+def k_pieces(k: int) -> tuple[int, ...]:
+    """The widths of a K walked whole: one power of two, or for a K past a power of two (a head
+    dim of 80) the powers of two of its 16-rounded extent (64 + 16), so the dots skip the padding
+    to 128; at most three pieces."""
+    whole = max(MIN_BLOCK, pow2(k))
+    rounded = cdiv(k, MIN_BLOCK) * MIN_BLOCK
+    pieces = tuple(1 << b for b in range(rounded.bit_length() - 1, -1, -1) if rounded >> b & 1)
+    return pieces if whole != rounded and len(pieces) <= 3 else (whole,)
+
+
 def splittable(cp: ChainProblem) -> bool:
     """Can programs share a tile's walk over L? Only when no row reduction reads the whole walk."""
     return not any(n.op in _REDUCE_OPS for n in cp.middle)
@@ -440,15 +450,22 @@ class _Chain:
         a_in, b_in = cp.first.inputs
         mt = self.math1
         if s.block_k >= cp.k:  # one K step: A's row tile is the same for every chunk (hoisted)
-            ka, kb = frozenset({"ka"}), frozenset({"kb"})
-            rka = Ix(em.emit("tl.arange(0, BLOCK_K)[None, :]", ka, "rk"), None, cp.k, ka)
-            rkb = Ix(em.emit("tl.arange(0, BLOCK_K)[:, None]", kb, "rk"), None, cp.k, kb)
-            kma = frozenset({em.cond(f"{rka.expr} < {cp.k}", ka)}) if cp.k % s.block_k else frozenset()
-            kmb = frozenset({em.cond(f"{rkb.expr} < {cp.k}", kb)}) if cp.k % s.block_k else frozenset()
-            a = dot_operand(t, g, mt, a_in, [*t.batch, t.rm, rka], t.mmask | kma, kma, "[BLOCK_M, BLOCK_K]",
-                            {"m"} | ka)
-            b = dot_operand(t, g, mt, b_in, [*t.batch, rkb, rl], kmb | lmask, kmb, "[BLOCK_K, BLOCK_L]", kb | ldep)
-            sval = em.emit(f"tl.dot({a}, {b}{mt.precision})", row | ldep, "s")
+            sval = ""
+            start = 0
+            for i, width in enumerate(k_pieces(cp.k)):  # a K of 80 is a 64-wide dot and a 16-wide one
+                ka, kb = frozenset({f"ka{i}"}), frozenset({f"kb{i}"})
+                at = f"{start} + " if start else ""
+                rka = Ix(em.emit(f"{at}tl.arange(0, {width})[None, :]", ka, "rk"), None, cp.k, ka)
+                rkb = Ix(em.emit(f"{at}tl.arange(0, {width})[:, None]", kb, "rk"), None, cp.k, kb)
+                start += width
+                kma = frozenset({em.cond(f"{rka.expr} < {cp.k}", ka)}) if start > cp.k else frozenset()
+                kmb = frozenset({em.cond(f"{rkb.expr} < {cp.k}", kb)}) if start > cp.k else frozenset()
+                a = dot_operand(t, g, mt, a_in, [*t.batch, t.rm, rka], t.mmask | kma, kma, f"[BLOCK_M, {width}]",
+                                {"m"} | ka)
+                b = dot_operand(t, g, mt, b_in, [*t.batch, rkb, rl], kmb | lmask, kmb, f"[{width}, BLOCK_L]",
+                                kb | ldep)
+                sval = em.emit(f"tl.dot({a}, {b}" + (f", {sval}" if sval else "") + f"{mt.precision})", row | ldep,
+                               "s")
         else:
             sval = em.fresh("s")
             em.stmt(f"{sval} = tl.zeros([BLOCK_M, BLOCK_L], dtype=tl.float32)")
@@ -486,7 +503,7 @@ def generate_chain(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], 
     oshape = graph.types[cp.second.outputs[0]].shape
     t = Tile(main, oshape, s)
     em = t.em
-    em.stack[0].avail = em.stack[0].avail | {"ka", "kb"}
+    em.stack[0].avail = em.stack[0].avail | {f"k{ab}{i}" for ab in "ab" for i in range(len(k_pieces(cp.k)))}
     em.shape_of = lambda deps: ("[BLOCK_M, BLOCK_L]" if any(d.startswith("l") for d in deps)
                                 else "[BLOCK_M, BLOCK_N]" if "n" in deps else "[BLOCK_M, 1]")
     for group in ch.passes:

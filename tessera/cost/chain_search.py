@@ -20,7 +20,7 @@ from itertools import zip_longest
 from dataclasses import dataclass, fields, replace
 from typing import Callable, Sequence
 
-from tessera.codegen.chain import ChainProblem, _Chain, chain_problem, chain_schedules
+from tessera.codegen.chain import ChainProblem, _Chain, chain_problem, chain_schedules, k_pieces
 from tessera.codegen.kernels import ChainSchedule
 from tessera.codegen.tile import cdiv
 from tessera.codegen.triton_ops import Unsupported
@@ -111,7 +111,7 @@ def predict_chain(s: ChainSchedule, f: ChainFeatures, dev: Device, p: ChainParam
     waves = math.ceil(tiles / (dev.sms * resident))
     per_sm = math.ceil(min(tiles, dev.sms * resident) / dev.sms)
     chunks = cdiv(cdiv(f.l, s.split_l), s.block_l)  # one program's steps (split: the longest slice's)
-    kpad = cdiv(f.k, s.block_k) * s.block_k
+    kpad = sum(k_pieces(f.k)) if flat_k else cdiv(f.k, s.block_k) * s.block_k
     npad = s.block_n
     flops = 2.0 * s.block_m * s.block_l * chunks * (f.walks * kpad + npad)
     compute = per_sm * flops / (f.rate(dev) / dev.sms * min(1.0, s.block_m / p.mma_rows))
