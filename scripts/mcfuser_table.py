@@ -23,8 +23,8 @@ def main(dirs: list[str]) -> int:
             if re.fullmatch(r"(attn_s|gemm_g)\d+", doc["model"]):  # whole models have their own table
                 pairs[(doc["model"], doc["precision"])] = doc
     print("| case | prec | tessera µs | eager µs | SDPA µs | Inductor µs | target ratio | kernels | chain schedule"
-          " | space → pruned | generations | measured | discordant pairs | regret | tuning s |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+          " | space → pruned | generations | measured | discordant pairs | regret | tuning s | commit |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     order = sorted(pairs, key=lambda p: (p[0].rstrip("0123456789"), int(p[0].split("_")[-1][1:]), p[1]))
     for model, prec in order:
         doc = pairs[(model, prec)]
@@ -47,7 +47,7 @@ def main(dirs: list[str]) -> int:
               + (f"{c['space']} → {c['after_pruning']} | {c['generations']} | {c.get('measured', '')} | "
                  f"{err.get('discordant_pairs', float('nan')):.2f} | {err.get('regret', float('nan')):.2f} |"
                  if c else "| | | | |")
-              + f" {ex['tuning']['seconds']:.0f} |")
+              + f" {ex['tuning']['seconds']:.0f} | {doc.get('code', '')} |")
     return 0
 
 
