@@ -496,6 +496,32 @@ def test_tuning_walks_to_the_warps_and_stages_the_model_missed(tmp_path):
     assert len(prof.keys) <= CHAIN_FIRST + CHAIN_STARTS * 9
 
 
+def test_a_flat_landscape_stops_the_walk(tmp_path):
+    """Where every schedule ties, each is near the fastest and the walk could go on while the space
+    lasts: it stops after CHAIN_ROUNDS rounds, CHAIN_WALK schedules measured at most."""
+    from tessera.cost.db import TuningDB
+    from tessera.cost.measured import CHAIN_WALK, tune_schedules
+
+    model, _ = attention(64, 256, 64, heads=4)
+    g, _, nodes, outputs = whole_kernel(model)
+    og = build_ograph(g)
+    prims = list(og.nodes)
+    pro = prologue_of(og, prims)
+
+    class Profiler:
+        batches: list[int] = []
+
+        def measure(self, jobs, record) -> None:
+            self.batches.append(len(jobs))
+            for i, j in enumerate(jobs):
+                record(i, 1e-5 if j.schedule is not None else 1e-3, "")
+
+    prof = Profiler()
+    with TuningDB(tmp_path / "t.db") as db:
+        tune_schedules(g, [("k_chain", prims, pro, outputs)], db, prof, "fake", "v1")
+    assert sum(prof.batches) <= CHAIN_WALK and len(prof.batches) <= 1 + 4
+
+
 def test_tuning_walks_from_every_schedule_near_the_fastest(tmp_path):
     """A family measured a little slower than the fastest at the model's warps can win at other
     warps (attn_s2 fp16 on the H100): the walk starts from each schedule within CHAIN_NEAR."""

@@ -69,6 +69,11 @@ FAILED_S = 1.0
 CHAIN_FIRST, CHAIN_MOST = 6, 8  # GEMM-chain schedules measured at once after the solve, and at most
 CHAIN_NEAR, CHAIN_STARTS = 0.1, 3  # GEMM-chain schedules this close to the fastest measured are walked from,
 # at most CHAIN_STARTS per round (`_neighbours`)
+# ... for at most CHAIN_ROUNDS rounds and CHAIN_WALK schedules measured in all: where many schedules
+# run within 10% of each other the walk went on for 30 rounds of a few jobs each (segformer_b0's
+# three reduced attentions: 96 schedules each, counted with a fake profiler), each round a profiler
+# batch of its own while every other kernel was done.
+CHAIN_ROUNDS, CHAIN_WALK = 4, 40
 CHAIN_CANDIDATE = 4  # GEMM-chain schedules measured per chain candidate before the solve (its cost: the least),
 # per kind of walk (whole, split over programs: twice as many where L may be split)
 
@@ -392,6 +397,7 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
         return out
 
     batch = {lane: take(lane, max(0, firsts[lane])) for lane in lanes}
+    walked: dict[str, int] = {}  # chain kernel -> rounds of its neighbour walk
     while any(batch.values()):
         jobs = [j for js in batch.values() for j in js]
         got = tune(jobs, profiler, db, progress=progress)
@@ -403,8 +409,10 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
             last = got[js[-1].key] if js else math.inf
             improving = math.isfinite(last) and last < before[lane[0]] * (1 - converge)
             nxt[lane] = take(lane, 1) if js and improving and lane[1] != "library" else []
-            if lane[1] == "template" and lane[0] in refine:
-                nxt[lane] = _neighbours(refine[lane[0]], measured[lane[0]]) or nxt[lane]
+            left = CHAIN_WALK - len(measured[lane[0]])
+            if lane[1] == "template" and lane[0] in refine and walked.get(lane[0], 0) < CHAIN_ROUNDS and left > 0:
+                walked[lane[0]] = walked.get(lane[0], 0) + 1
+                nxt[lane] = _neighbours(refine[lane[0]], measured[lane[0]])[:left] or nxt[lane]
         batch = nxt
     best: dict[str, tuple[AnySchedule, float]] = {}
     for name, runs in measured.items():
