@@ -39,8 +39,10 @@ def main(dirs: list[str]) -> int:
         sch = c.get("runs") or {}
         err = c.get("rank_error") or {}
         plan = ", ".join(f"{v} {k}" for k, v in sorted(ex["backends"].items()))
+        split = f" split {sch['split_l']}" if sch.get("split_l", 1) > 1 else ""
         cell = (f"m{sch['block_m']} n{sch['block_n']} l{sch['block_l']} k{sch['block_k']} w{sch['num_warps']} "
-                f"s{sch['num_stages']}" + (f" split {sch['split_l']}" if sch.get("split_l", 1) > 1 else "") if sch else "library" if "chains" in ex else "(a run before bench recorded it)")
+                f"s{sch['num_stages']}{split}" if sch else "library" if "chains" in ex
+                else "(a run before bench recorded it)")
         print(f"| {model} | {prec} | {t['ms'] * 1e3:.2f} | {us.get('eager', float('nan')):.2f} | "
               f"{us['sdpa'] if 'sdpa' in us else float('nan'):.2f} | {us.get('inductor', float('nan')):.2f} | "
               f"{t['ms'] * 1e3 / base:.2f} | {plan} | {cell} | "

@@ -513,8 +513,8 @@ def generate_chain(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], 
     if s.split_l > 1:
         workspace = _sum_slices(t, cp, s.split_l, tiles)
         extra = ["pid_s = tl.program_id(2)"]
-        store_outputs(t, graph, outputs, cp.second.outputs[0], t.coords, Val("tot", graph.types[cp.second.outputs[0]].dtype,
-                                                                                frozenset({"b", "m", "n", "fix"})))
+        summed = Val("tot", graph.types[cp.second.outputs[0]].dtype, frozenset({"b", "m", "n", "fix"}))
+        store_outputs(t, graph, outputs, cp.second.outputs[0], t.coords, summed)  # inside the last's block
         t.em.pop()
     else:
         store_outputs(t, graph, outputs, cp.second.outputs[0], t.coords)

@@ -69,10 +69,9 @@ FAILED_S = 1.0
 CHAIN_FIRST, CHAIN_MOST = 6, 8  # GEMM-chain schedules measured at once after the solve, and at most
 CHAIN_NEAR, CHAIN_STARTS = 0.1, 3  # GEMM-chain schedules this close to the fastest measured are walked from,
 # at most CHAIN_STARTS per round (`_neighbours`)
-# ... for at most CHAIN_ROUNDS rounds and CHAIN_WALK schedules measured in all: where many schedules
-# run within 10% of each other the walk went on for 30 rounds of a few jobs each (segformer_b0's
-# three reduced attentions: 96 schedules each, counted with a fake profiler), each round a profiler
-# batch of its own while every other kernel was done.
+# The walk's rounds, and the schedules measured per chain in all: where many schedules run within 10%
+# of each other it went on for 30 rounds of a few jobs each (segformer_b0's three reduced attentions,
+# 96 schedules each, counted with a fake profiler), each round a profiler batch of its own.
 CHAIN_ROUNDS, CHAIN_WALK = 4, 40
 CHAIN_CANDIDATE = 4  # GEMM-chain schedules measured per chain candidate before the solve (its cost: the least),
 # per kind of walk (whole, split over programs: twice as many where L may be split)
@@ -438,10 +437,11 @@ def _neighbours(state: tuple[Callable[[AnySchedule | None], Job], set[ChainSched
     """A GEMM chain's next measurements: the neighbours (within the pruned space, not yet measured)
     with other warps or pipeline stages, or half or twice the L step, K step or L split, of each
     chain schedule measured within CHAIN_NEAR of the fastest, each walked from once. The tiling
-    families measured first are each represented by the model's pick, whose warps the model gets wrong (attn_s2 fp16
-    on the H100: 4 warps ran 1.44x faster than the model's 8, scripts/chain_probe.py), and the family
-    fastest at the model's warps need not be fastest at its best (attn_s2 fp16, session 14: m128 n32
-    w8 at 8.97 us beat m64 n64 w8 at 9.18 us, the family of the probe's 4-warp winner)."""
+    families measured first are each represented by the model's pick, whose warps the model gets
+    wrong (attn_s2 fp16 on the H100: 4 warps ran 1.44x faster than the model's 8,
+    scripts/chain_probe.py), and the family fastest at the model's warps need not be fastest at its
+    best (attn_s2 fp16, session 14: m128 n32 w8 at 8.97 us beat m64 n64 w8 at 9.18 us, the family of
+    the probe's 4-warp winner)."""
     job, space, done = state
     ok = [(s, t) for s, t in runs if isinstance(s, ChainSchedule) and math.isfinite(t)]
     if not ok:
