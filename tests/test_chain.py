@@ -456,6 +456,15 @@ def test_bert_tiny_forced_runs_its_attention_as_chains():
         assert rel_l2(out, ref[name]) < TOLERANCE["fp32"]
 
 
+def tuned_attention():
+    """An attention kernel for tuning tests: (graph, primitives, operand prologue, outputs)."""
+    model, _ = attention(64, 256, 64, heads=4)
+    g, _, nodes, outputs = whole_kernel(model)
+    og = build_ograph(g)
+    prims = list(og.nodes)
+    return g, prims, prologue_of(og, prims), outputs
+
+
 def test_tuning_walks_to_the_warps_and_stages_the_model_missed(tmp_path):
     """After the tiling families, a chain's tuning measures the fastest one's warp and stage
     neighbours: the fastest schedule here is the first family's pick with its warps or stages changed."""
@@ -466,11 +475,7 @@ def test_tuning_walks_to_the_warps_and_stages_the_model_missed(tmp_path):
     from tessera.cost.measured import (CHAIN_FIRST, CHAIN_MOST, CHAIN_STARTS, _schedule_key, template_space,
                                        tune_schedules)
 
-    model, _ = attention(64, 256, 64, heads=4)
-    g, _, nodes, outputs = whole_kernel(model)
-    og = build_ograph(g)
-    prims = list(og.nodes)
-    pro = prologue_of(og, prims)
+    g, prims, pro, outputs = tuned_attention()
     ranked = template_space(g, prims, pro, outputs, "fp32", None)
     head = ranked[0]
     space = set(chain_space(g, pro + prims))
@@ -502,11 +507,7 @@ def test_a_flat_landscape_stops_the_walk(tmp_path):
     from tessera.cost.db import TuningDB
     from tessera.cost.measured import CHAIN_WALK, tune_schedules
 
-    model, _ = attention(64, 256, 64, heads=4)
-    g, _, nodes, outputs = whole_kernel(model)
-    og = build_ograph(g)
-    prims = list(og.nodes)
-    pro = prologue_of(og, prims)
+    g, prims, pro, outputs = tuned_attention()
 
     class Profiler:
         batches: list[int] = []
@@ -531,11 +532,7 @@ def test_tuning_walks_from_every_schedule_near_the_fastest(tmp_path):
     from tessera.cost.db import TuningDB
     from tessera.cost.measured import CHAIN_FIRST, CHAIN_MOST, CHAIN_NEAR, template_space, tune_schedules
 
-    model, _ = attention(64, 256, 64, heads=4)
-    g, _, nodes, outputs = whole_kernel(model)
-    og = build_ograph(g)
-    prims = list(og.nodes)
-    pro = prologue_of(og, prims)
+    g, prims, pro, outputs = tuned_attention()
     ranked = template_space(g, prims, pro, outputs, "fp32", None)
     space = set(chain_space(g, pro + prims))
     head, second = ranked[0], ranked[1]
