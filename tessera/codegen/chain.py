@@ -257,11 +257,11 @@ class _Chain:
         self.passes, self.online = self._passes()
         self.chunk = cp.l  # the L columns one program walks
         if s.split_l > 1:
+            if not splittable(cp):
+                raise Unsupported(f"{cp.second.name}: a row reduction reads the whole walk over L; it cannot split")
             chunk = split_chunk(cp.l, s.block_l, s.split_l)
-            if not splittable(cp) or chunk is None:
-                raise Unsupported(f"{cp.second.name}: L {cp.l} cannot be split in {s.split_l} walks of "
-                                  f"{s.block_l}-column steps" + ("" if splittable(cp) else " (a row reduction "
-                                                                 "reads the whole walk)"))
+            if chunk is None:
+                raise Unsupported(f"{cp.second.name}: L {cp.l} is not {s.split_l} slices of {s.block_l}-column steps")
             self.chunk = chunk
 
     # ---- passes over L ---------------------------------------------------------------------
