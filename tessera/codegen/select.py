@@ -328,4 +328,4 @@ def operand_prologue(prims: Sequence[Node]) -> list[Node]:
         if n is not None and n is not root and n.name not in found:
             found[n.name] = n
             todo.extend(t for t in n.inputs if t)
-    return [n for n in found.values() if n.name not in views]
+    return [n for n in prims if n.name in found and n.name not in views]  # in the kernel's (topological) order
