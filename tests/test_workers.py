@@ -75,6 +75,13 @@ def fake_build(payload: tuple[str, str]) -> tuple[float, str, dict[str, float]]:
     """As the profiler's _build answers. "crash" always kills its worker; "flaky" kills the first
     worker that runs it (its flag file is gone after) and measures fine alone."""
     kind, flag = payload
+    if kind == "fault":  # what _fail does on its own GPU fault: answer, then exit; counts its runs
+        from tessera.cost.worker import exit_after_reply
+
+        with open(flag, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        exit_after_reply(3)
+        return math.inf, "the GPU faulted running it", {"generate": 0.001}
     if kind == "crash" or (kind == "flaky" and os.path.exists(flag)):
         if kind == "flaky":
             os.remove(flag)
@@ -206,6 +213,29 @@ def test_profiler_retries_a_lost_job_alone(tmp_path):
     assert got[1][0] == math.inf and "worker died" in got[1][1] and "exit code 3" in got[1][1]
     assert got[2] == (1e-6, "")  # killed a worker in the batch, measured fine alone
     assert prof.stats["generate"] > 0 and "build_phase" in prof.stats
+
+
+def test_a_job_that_broke_its_worker_answers_once_and_the_worker_is_replaced(tmp_path):
+    # A job that faults the GPU itself answers with its failure and its worker exits: it is not
+    # re-run alone (one run, segformer_b0 lost ~7 s per such re-run), and the jobs after it get a
+    # fresh worker, never the leaving one.
+    from tessera.cost.profiler import GpuProfiler
+
+    runs = tmp_path / "runs"
+    prof = GpuProfiler(workers=1, timeout_s=60)
+    got: dict[int, tuple[float, str]] = {}
+    try:
+        prof._run("build", fake_build, [("ok", ""), ("fault", str(runs)), ("ok", ""), ("fault", str(runs)),
+                                        ("ok", "")], 1, got.__setitem__)
+        pids = prof._pools["build"].pids
+    finally:
+        prof.close()
+    assert set(got) == {0, 1, 2, 3, 4}
+    assert got[0] == got[2] == got[4] == (1e-6, "")
+    assert got[1] == got[3] == (math.inf, "the GPU faulted running it")
+    faulted = runs.read_text().split()
+    assert len(faulted) == 2 and len(set(faulted)) == 2  # each ran once, each in its own worker
+    assert not set(faulted) & {str(p) for p in pids}  # both workers gone; the one left is fresh
 
 
 def test_profiler_workers_get_their_gpu_by_the_machines_number(monkeypatch):

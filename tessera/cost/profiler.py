@@ -38,7 +38,7 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 from tessera.cost.measured import Job
-from tessera.cost.worker import WorkerPool
+from tessera.cost.worker import WorkerPool, exit_after_reply
 from tessera.ir.graph import Graph, GraphKind
 
 LAUNCHES = 20
@@ -86,24 +86,37 @@ def kernel_graph(job: Job) -> tuple[Graph, dict[str, Any]]:
     return mini, plan
 
 
-def _check_context() -> None:
-    """A GPU fault poisons the process's CUDA context, and later work fails in odd ways. Such a
-    worker exits, so the pool sees it die and re-runs the jobs it held one per fresh worker."""
+def _context_ok() -> bool:
+    """Does this process's CUDA context still work? A GPU fault poisons it for good."""
     import torch
 
     try:
         torch.cuda.synchronize()
         torch.ones(1, device="cuda").add_(1).item()
+        return True
     except Exception:  # noqa: BLE001 - any error here means the context is gone
+        return False
+
+
+def _check_context() -> None:
+    """Before a job: a context found broken here was broken by something before this job, so the
+    worker exits without answering and the pool re-runs the job alone in a fresh worker."""
+    if not _context_ok():
         os._exit(3)
 
 
 def _fail(phase: str, e: Exception) -> tuple[float, str]:
-    """The candidate's failure, with its reason; exits first if the GPU context did not survive."""
+    """The candidate's failure, with its reason. A job starts on a working context and ends
+    synchronized (`_check_context`, `_build`, `_time`), so a GPU fault seen here is this
+    candidate's own: it is recorded as its failure and the worker exits after answering
+    (`worker.exit_after_reply`), instead of dying unanswered and having the job re-run alone in a
+    fresh worker, one at a time (segformer_b0's tuning, session 15: 24 such re-runs, about 7 s each,
+    of chain kernels that fault on Triton 3.6 / H100)."""
     text = f"{type(e).__name__}: {e}"
-    if "CUDA error" in text or "illegal memory access" in text or "AcceleratorError" in text:
-        os._exit(3)
-    _check_context()
+    fault = "CUDA error" in text or "illegal memory access" in text or "AcceleratorError" in text
+    if fault or not _context_ok():
+        exit_after_reply(3)
+        return math.inf, f"{phase}: the GPU faulted running it ({text.splitlines()[0][:300]})"
     return math.inf, f"{phase}: {text}"[:500]
 
 

@@ -18,7 +18,11 @@ the worker's stdin and stdout, so what Triton, torch or a job prints cannot corr
     parent -> worker  ("init", sys.path, initializer, initargs)   once, first
     worker -> parent  ("ready", pid) | ("init_error", traceback)
     parent -> worker  (job id, "module:qualname", pickled payload) one job at a time
-    worker -> parent  (job id, "ok", pickled value) | (job id, "error", pickled exception)
+    worker -> parent  (job id, "ok", pickled value, last) | (job id, "error", pickled exception, last)
+
+`last` is true when the job called `exit_after_reply`: the worker exits once its answer is sent
+(a CUDA context that a job's own GPU fault poisoned is of no further use), so that job's result
+stands as it reported it and the pool sends that worker nothing more.
 
 A job names its function by import path, so functions of `__main__` are refused. The worker
 takes the parent's `sys.path` (so that what the parent can import, the worker can too), exits on
@@ -154,13 +158,24 @@ def _portable(e: BaseException) -> BaseException:
         return err
 
 
+_EXIT_AFTER: int | None = None  # set by a job (`exit_after_reply`): the exit code once it has answered
+
+
+def exit_after_reply(code: int) -> None:
+    """Called by a job running in a worker: answer as usual, then exit with `code`. For a job
+    that knows it left the process unusable (its own GPU fault): its result is its own, so the
+    pool need not re-run it alone in a fresh worker to find out whose fault it was."""
+    global _EXIT_AFTER
+    _EXIT_AFTER = code
+
+
 def _run_job(job_id: int, target: str, payload: bytes) -> tuple[Any, ...]:
     try:
         value = _resolve(target)(pickle.loads(payload))
-        return job_id, "ok", pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        return job_id, "ok", pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), _EXIT_AFTER is not None
     except Exception as e:  # noqa: BLE001 - the job's failure goes back to the parent; the worker lives on
         e.add_note(f"(in tessera worker {os.getpid()})\n{traceback.format_exc().rstrip()}")
-        return job_id, "error", pickle.dumps(_portable(e), protocol=pickle.HIGHEST_PROTOCOL)
+        return job_id, "error", pickle.dumps(_portable(e), protocol=pickle.HIGHEST_PROTOCOL), _EXIT_AFTER is not None
 
 
 def main(argv: Sequence[str]) -> int:
@@ -192,6 +207,8 @@ def _serve(rx: int, tx: int) -> int:
         if msg is None:
             return 0
         _write_all(tx, _frame(_run_job(*msg)))
+        if _EXIT_AFTER is not None:
+            os._exit(_EXIT_AFTER)  # no interpreter teardown: it would touch the broken CUDA context
 
 
 # --- the parent's side ---------------------------------------------------------------------------
@@ -209,6 +226,7 @@ class _Worker:
     job: int | None = None
     deadline: float = float("inf")
     init_error: str = ""
+    leaving: bool = False  # its last answer came: it exits, and takes no job
 
 
 def _exit_text(code: int | None) -> str:
@@ -377,7 +395,7 @@ class WorkerPool:
             while left:
                 now = time.monotonic()
                 # Start workers for the jobs no idle or starting worker will take.
-                free = sum(1 for w in self._procs if w.job is None)
+                free = sum(1 for w in self._procs if w.job is None and not w.leaving)
                 taken = {w.slot for w in self._procs}
                 for slot in [s for s in range(self.workers) if s not in taken][:max(0, len(todo) - free)]:
                     self._spawn(slot)
@@ -389,7 +407,7 @@ class WorkerPool:
                 for w in self._procs:
                     if not todo:
                         break
-                    if w.ready and w.job is None and not w.eof:
+                    if w.ready and w.job is None and not w.eof and not w.leaving:
                         i = todo.popleft()
                         try:
                             data = _frame((i, target, pickle.dumps(payloads[i], protocol=pickle.HIGHEST_PROTOCOL)))
@@ -416,7 +434,7 @@ class WorkerPool:
                         elif msg[0] == "init_error":
                             w.init_error = msg[1]
                         else:
-                            i, status, data = msg
+                            i, status, data, w.leaving = msg
                             w.job, w.deadline = None, float("inf")
                             left -= 1
                             try:
