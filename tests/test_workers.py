@@ -238,6 +238,56 @@ def test_a_job_that_broke_its_worker_answers_once_and_the_worker_is_replaced(tmp
     assert not set(faulted) & {str(p) for p in pids}  # both workers gone; the one left is fresh
 
 
+def slow_build(payload: tuple[int, str, str]) -> tuple[float, str, dict[str, float]]:
+    """A build that takes longer the later its job; "bad" ones fail. Logs when it ends."""
+    i, kind, log = payload
+    time.sleep(0.5 * i)
+    with open(log, "a") as f:
+        f.write(f"built {i} {time.time()}\n")
+    return (math.inf, "build: bad", {}) if kind == "bad" else (0.0, "", {"compile": 0.5 * i})
+
+
+def quick_time(payload: tuple[int, str, str]) -> tuple[float, str, dict[str, float]]:
+    i, _, log = payload
+    with open(log, "a") as f:
+        f.write(f"timed {i} {time.time()}\n")
+    return 1e-6 * (i + 1), "", {"timing": 0.001}
+
+
+def test_measure_times_each_job_as_soon_as_it_is_built(tmp_path, monkeypatch):
+    # The build and time phases overlap: the first job is timed while later ones still build,
+    # every job is recorded once (failures too), and only the calling thread records.
+    import threading
+
+    from tessera.cost import profiler
+
+    log = str(tmp_path / "log")
+    monkeypatch.setattr(profiler, "_build", slow_build)
+    monkeypatch.setattr(profiler, "_time", quick_time)
+    monkeypatch.setattr(profiler, "kernel_graph", lambda job: job)
+    prof = profiler.GpuProfiler(workers=2, timeout_s=60)
+    got: dict[int, tuple[float, str]] = {}
+    threads = set()
+
+    def record(i: int, seconds: float, why: str) -> None:
+        threads.add(threading.get_ident())
+        assert i not in got
+        got[i] = (seconds, why)
+
+    jobs = [(i, "bad" if i == 3 else "ok", log) for i in range(6)]
+    try:
+        prof.measure(jobs, record)
+    finally:
+        prof.close()
+    assert got == {i: (math.inf, "build: bad") if i == 3 else (1e-6 * (i + 1), "") for i in range(6)}
+    assert threads == {threading.get_ident()}
+    events = [line.split() for line in Path(log).read_text().splitlines()]
+    first_timed = min(float(t) for what, _, t in events if what == "timed")
+    last_built = max(float(t) for what, _, t in events if what == "built")
+    assert first_timed < last_built
+    assert prof.stats["compile"] > 0 and prof.stats["timing"] > 0
+
+
 def test_profiler_workers_get_their_gpu_by_the_machines_number(monkeypatch):
     # Under CUDA_VISIBLE_DEVICES=2,3 timing workers are pinned round robin to the machine's GPUs 2
     # and 3 and take those GPUs' locks; none runs Triton's interpreter.

@@ -130,3 +130,21 @@ class TritonKernel:
         except Exception as e:
             raise KernelCompileError(f"kernel {self.ks.name} ({', '.join(self.ks.prims)}) failed: "
                                      f"{type(e).__name__}: {e}") from e
+
+    def compile_only(self, *tensors: torch.Tensor) -> None:
+        """Compile every launch for these arguments (as `__call__` takes them) without running
+        anything on the GPU: the profiler's builders compile in parallel while another process
+        times kernels, and take the GPU only to run what they compiled. The arguments' contents
+        are never read (`torch.empty` will do); the first real launch finds the binary compiled."""
+        args = list(tensors)
+        if self.ks.workspace:
+            ws = self.workspace
+            if ws is None or ws.device != tensors[0].device:
+                ws = torch.empty(self.ks.workspace, dtype=torch.float32, device=tensors[0].device)
+            args.insert(len(self.ks.inputs), ws)
+        try:
+            for fn, grid, meta in self.launches:
+                fn.warmup(*args, grid=grid, **meta)
+        except Exception as e:
+            raise KernelCompileError(f"kernel {self.ks.name} ({', '.join(self.ks.prims)}) failed: "
+                                     f"{type(e).__name__}: {e}") from e

@@ -1,12 +1,14 @@
 """The GPU profiler: real kernels timed on the device, failures contained.
 
 Each job is a candidate kernel. Measuring runs in two phases, both in worker
-processes so that a crash or GPU fault kills a worker, not the compile:
+processes so that a crash or GPU fault kills a worker, not the compile. The
+phases overlap: a job is timed as soon as it is built (`GpuProfiler.measure`).
 
-1. *build* (all CPU cores in parallel): generate the kernel, compile it and
-   run it once on the GPU. Triton keeps compiled binaries in its on-disk
-   cache, so phase 2 does not compile again. A compile error or a fault here
-   is the candidate's recorded failure.
+1. *build* (all CPU cores in parallel): generate the kernel and compile it
+   without running it, then, holding the GPU's lock (below), run it once and
+   check a template against the library. Triton keeps compiled binaries in its
+   on-disk cache, so phase 2 does not compile again. A compile error or a
+   fault here is the candidate's recorded failure.
 2. *time* (`TIMERS_PER_GPU` processes per GPU): each generates and loads its
    kernel on its own, then takes the GPU's lock (an `flock`, which the OS
    drops if the holder dies) for everything that runs on the GPU, so kernels
@@ -21,7 +23,8 @@ processes so that a crash or GPU fault kills a worker, not the compile:
 The workers are `cost/worker.py`'s processes, started from tessera's own code:
 unlike multiprocessing's "spawn" workers they never import the user's
 `__main__`, so a script without `if __name__ == "__main__":` can tune.
-A worker holds one job at a time. A worker that dies (a crash, or `_check_context`
+A worker holds one job at a time. A job whose own kernel faults the GPU answers with
+that failure and its worker exits (`_fail`). A worker that dies (a crash, or `_check_context`
 finding the CUDA context poisoned) or outlives `timeout_s` (it is killed) takes
 that job with it, and a fresh worker takes its place for the rest of the batch;
 the job is re-run alone in another fresh worker, so only a job that kills a
@@ -33,12 +36,15 @@ import contextlib
 import fcntl
 import math
 import os
+import queue
+import signal
 import tempfile
+import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
 
 from tessera.cost.measured import Job
-from tessera.cost.worker import WorkerPool, exit_after_reply
+from tessera.cost.worker import Feed, WorkerPool, exit_after_reply
 from tessera.ir.graph import Graph, GraphKind
 
 LAUNCHES = 20
@@ -120,18 +126,22 @@ def _fail(phase: str, e: Exception) -> tuple[float, str]:
     return math.inf, f"{phase}: {text}"[:500]
 
 
-def _inputs(graph: Graph, device: str, seed: int) -> dict[str, Any]:
+def _inputs(graph: Graph, device: str, seed: int | None) -> dict[str, Any]:
+    """Random inputs for a kernel's graph, in the layouts it reads; with seed None, empty tensors
+    of the same shapes and strides (nothing runs on the GPU: for `Executable.precompile`)."""
     import torch
 
     from tessera.runtime.buffers import inverse_perm
     from tessera.runtime.torch_prims import TORCH_DTYPES
 
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     out = {}
     for t in graph.inputs:
         ty = graph.types[t]
         dt = TORCH_DTYPES[ty.dtype]
-        if ty.dtype.is_float:  # drawn on the GPU: a host draw of a large input costs more than its timing
+        if gen is None:
+            x = torch.empty(ty.storage_shape, dtype=dt, device=device)
+        elif ty.dtype.is_float:  # drawn on the GPU: a host draw of a large input costs more than its timing
             x = torch.randn(ty.storage_shape, generator=gen, device=device).to(dt)
         else:  # indices: 0 is valid for every gather; masks: any bits
             x = torch.zeros(ty.storage_shape, dtype=dt, device=device)
@@ -178,7 +188,10 @@ Payload = tuple[Graph, dict[str, Any]]  # what a worker gets: the kernel's own s
 
 
 def _build(payload: Payload) -> Result:
-    """Phase 1 in a worker: generate, compile, run once. (0.0, "", stages) on success."""
+    """Phase 1 in a worker: generate and compile (on the CPU), then, holding the GPU's lock, run
+    once and check a template against the library. (0.0, "", stages) on success. Builds overlap
+    the timing of earlier candidates (`GpuProfiler.measure`), so the little they run on the GPU
+    waits its turn: a timed replay never shares the GPU."""
     _check_context()
     st = _Stages()
     try:
@@ -188,32 +201,50 @@ def _build(payload: Payload) -> Result:
 
         mini, plan = payload
         exe = Executable(mini, plan, "cuda", cuda_graph=False)
+        ref_exe = _reference(mini, plan, "cuda")
         st("generate")
-        feeds = _inputs(mini, "cuda", 0)
-        with exe.precision_flags():  # the plan's math flags (tf32 or full fp32 in the libraries)
-            got = exe._launch(feeds)
-        torch.cuda.synchronize()
+        shaped = _inputs(mini, "cuda", None)
+        for e in (exe, ref_exe):
+            if e is not None:
+                e.precompile(shaped)
         st("compile")
-        wrong = template_disagreement(mini, plan, feeds, got, "cuda")
-        st("check")
+        with _gpu_section():
+            st("build_wait")
+            feeds = _inputs(mini, "cuda", 0)
+            with exe.precision_flags():  # the plan's math flags (tf32 or full fp32 in the libraries)
+                got = exe._launch(feeds)
+            torch.cuda.synchronize()
+            st("run")
+            wrong = template_disagreement(mini, plan, feeds, got, "cuda", ref_exe)
+            torch.cuda.synchronize()
+            st("check")
         return (math.inf, f"build: {wrong}", st.times) if wrong else (0.0, "", st.times)
     except Exception as e:  # noqa: BLE001 - any failure is the candidate's, recorded with its reason
         return (*_fail("build", e), st.times)
 
 
-def template_disagreement(mini: Graph, plan: dict[str, Any], feeds: dict[str, Any], got: dict[str, Any],
-                          device: str) -> str:
-    """Why a template candidate's outputs `got` are wrong ("" if they agree): the same kernel
-    through the library on the same `feeds`. A kernel that Triton miscompiles (session 8: a
-    flat-K convolution gather on Triton 3.6, H100) must fail its measurement, never win it."""
+def _reference(mini: Graph, plan: dict[str, Any], device: str) -> Any:
+    """The executable a template candidate is checked against (`template_disagreement`); None for
+    a kernel that is no template."""
     kernel = plan["kernels"][0]
     if kernel.get("schedule", {}).get("form") not in ("gemm", "conv"):
-        return ""
+        return None
     from tessera.runtime.executable import Executable
+
+    return Executable(mini, {**plan, "kernels": _library_kernels(mini, kernel)}, device, cuda_graph=False)
+
+
+def template_disagreement(mini: Graph, plan: dict[str, Any], feeds: dict[str, Any], got: dict[str, Any],
+                          device: str, ref_exe: Any = None) -> str:
+    """Why a template candidate's outputs `got` are wrong ("" if they agree): the same kernel
+    through the library on the same `feeds` (`ref_exe`, made by `_reference` if not given). A
+    kernel that Triton miscompiles (session 8: a flat-K convolution gather on Triton 3.6, H100)
+    must fail its measurement, never win it."""
+    ref_exe = ref_exe or _reference(mini, plan, device)
+    if ref_exe is None:
+        return ""
     from tessera.tolerance import AGREEMENT, rel_l2
 
-    library = {**plan, "kernels": _library_kernels(mini, kernel)}
-    ref_exe = Executable(mini, library, device, cuda_graph=False)
     with ref_exe.precision_flags():
         ref = ref_exe._launch(feeds)
     bound = AGREEMENT[plan["precision"]]
@@ -367,6 +398,7 @@ class GpuProfiler:
         self._lock_dir = os.path.join(tempfile.gettempdir(), "tessera-gpu-locks")
         os.makedirs(self._lock_dir, exist_ok=True)
         self.stats: dict[str, float] = {}
+        self._stats_lock = threading.Lock()
 
     def _new_pool(self, kind: str, n: int) -> WorkerPool:
         """n workers, round robin over the GPUs by slot (a replaced worker keeps its GPU)."""
@@ -375,7 +407,7 @@ class GpuProfiler:
         def gpu(slot: int) -> str | None:
             return gpus[slot % self.gpus] if self.gpus > 1 else None
 
-        lock_dir = self._lock_dir if kind == "time" else None
+        lock_dir = self._lock_dir  # builders take it too, to run what they compiled (`_build`)
         return WorkerPool(n, _init_worker, lambda slot: (gpu(slot), lock_dir), env=lambda slot: worker_env(gpu(slot)))
 
     def _pool(self, kind: str, n: int) -> WorkerPool:
@@ -393,16 +425,20 @@ class GpuProfiler:
             self._pools.pop(kind).close()
 
     def _add(self, stages: dict[str, float]) -> None:
-        for k, v in stages.items():
-            self.stats[k] = self.stats.get(k, 0.0) + v
+        with self._stats_lock:  # the build thread and the timing loop both add
+            for k, v in stages.items():
+                self.stats[k] = self.stats.get(k, 0.0) + v
 
     def _run(self, kind: str, fn: Callable[[Payload], Result], jobs: Sequence[Payload], workers: int,
-             on_result: Callable[[int, tuple[float, str]], None]) -> None:
-        """Run fn over jobs; on_result(i, (seconds, why)) per job in completion order."""
+             on_result: Callable[[int, tuple[float, str]], None], feed: Feed | None = None) -> None:
+        """Run fn over jobs (or, with `feed`, over those of them put on it, by index);
+        on_result(i, (seconds, why)) per job in completion order."""
         t0 = time.perf_counter()
         lost: list[int] = []
+        pool = self._pool(kind, workers)
         try:
-            with contextlib.closing(self._pool(kind, workers).run(fn, jobs, self.timeout_s)) as outcomes:
+            with contextlib.closing(pool.run(fn, jobs, self.timeout_s) if feed is None
+                                    else pool.stream(fn, feed, self.timeout_s)) as outcomes:
                 for o in outcomes:
                     if o.died is not None:
                         lost.append(o.index)
@@ -438,16 +474,57 @@ class GpuProfiler:
         return seconds, why
 
     def measure(self, jobs: Sequence[Job], record: Any) -> None:
+        """Build every job (all cores) and time each as soon as it is built (the timers), the
+        phases overlapping: a thread drives the builders and feeds the timers, which this thread
+        drives; only this thread calls `record` (the database is this thread's). A build's
+        failure is recorded when the next timing arrives, or at the end."""
         payloads = [kernel_graph(j) for j in jobs]  # small: only the kernel's own constants travel
-        built: list[int] = []
+        built, failed, stop = Feed(), queue.SimpleQueue(), threading.Event()
+        crashed: list[BaseException] = []
 
         def after_build(i: int, r: tuple[float, str]) -> None:
+            if stop.is_set():
+                raise _Stopped()
             if math.isfinite(r[0]):
-                built.append(i)
+                built.put(i, payloads[i])
             else:
-                record(i, *r)
+                failed.put((i, r))
 
-        self._run("build", _build, payloads, self.workers, after_build)
-        built.sort()
-        self._run("time", _time, [payloads[i] for i in built], self.gpus * TIMERS_PER_GPU,
-                  lambda k, r: record(built[k], *r))
+        def build() -> None:
+            try:
+                self._run("build", _build, payloads, self.workers, after_build)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                crashed.append(e)
+            finally:
+                built.close()
+
+        def failures() -> None:
+            while not failed.empty():
+                i, (seconds, why) = failed.get()
+                record(i, seconds, why)
+
+        def timed(i: int, r: tuple[float, str]) -> None:
+            failures()
+            record(i, *r)
+
+        builder = threading.Thread(target=build, name="tessera-build", daemon=True)
+        builder.start()
+        try:
+            self._run("time", _time, payloads, self.gpus * TIMERS_PER_GPU, timed, feed=built)
+        finally:
+            if builder.is_alive():  # stopped early (an error here, Ctrl-C): end the builds now
+                stop.set()
+                pool = self._pools.get("build")
+                for pid in pool.pids if pool is not None else []:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+            builder.join()
+            built.dispose()
+        failures()
+        errors = [e for e in crashed if not isinstance(e, _Stopped)]
+        if errors:
+            raise errors[0]
+
+
+class _Stopped(Exception):
+    """The build thread's signal to stop: its caller has stopped waiting."""

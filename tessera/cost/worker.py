@@ -260,6 +260,57 @@ def _kill_all(workers: list[_Worker]) -> None:
     workers.clear()
 
 
+class Feed:
+    """Jobs that become ready while a pool runs (`WorkerPool.stream`): `put` them from any thread,
+    then `close`. The pool's loop wakes on a pipe when one arrives."""
+
+    def __init__(self) -> None:
+        self._jobs: deque[tuple[int, Any]] = deque()
+        self.closed = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    @classmethod
+    def of(cls, payloads: Sequence[Any]) -> Feed:
+        """A closed feed of payloads, numbered by position."""
+        feed = cls()
+        feed._jobs.extend(enumerate(payloads))
+        feed.closed = True
+        return feed
+
+    def put(self, index: int, payload: Any) -> None:
+        self._jobs.append((index, payload))
+        self._wake()
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"!")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full (so the loop wakes anyway) or the feed is disposed of
+
+    def _drain(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def dispose(self) -> None:
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
 class WorkerPool:
     """Up to `workers` processes running jobs (see the module docstring). Workers start when jobs
     need them and live across `run` calls until `close`.
@@ -381,23 +432,39 @@ class WorkerPool:
         """fn(payload) for each payload in the workers; an Outcome per job in completion order.
         A job running longer than timeout_s has its worker killed. Stopping the iteration early
         kills the workers still busy."""
-        return self._loop(function_path(fn), payloads, timeout_s)
+        target, feed = function_path(fn), Feed.of(payloads)
 
-    def _loop(self, target: str, payloads: Sequence[Any], timeout_s: float | None) -> Iterator[Outcome]:
+        def outcomes() -> Iterator[Outcome]:
+            try:
+                yield from self._loop(target, feed, timeout_s)
+            finally:
+                feed.dispose()
+        return outcomes()
+
+    def stream(self, fn: Callable[[Any], Any] | str, feed: Feed, timeout_s: float | None = None) -> Iterator[Outcome]:
+        """As `run`, for jobs put on `feed` while it runs (an Outcome's index is the job's index
+        given to `put`); ends when the feed is closed and every job put has its outcome."""
+        return self._loop(function_path(fn), feed, timeout_s)
+
+    def _loop(self, target: str, todo: Feed, timeout_s: float | None) -> Iterator[Outcome]:
         if self._running:  # one run at a time: workers hold one job each
             raise RuntimeError("this pool is already running jobs")
         self._running = True
-        todo = deque(range(len(payloads)))
-        left = len(payloads)
         sel = selectors.DefaultSelector()
+        sel.register(todo._wake_r, selectors.EVENT_READ, None)
         watched: set[_Worker] = set()
         try:
-            while left:
+            while True:
+                closed = todo.closed  # read first: every job put before closing is in the queue now
+                if closed and not todo._jobs and all(w.job is None for w in self._procs):
+                    break
                 now = time.monotonic()
-                # Start workers for the jobs no idle or starting worker will take.
+                # Start workers for the jobs no idle or starting worker will take; for a feed still
+                # open, all of them at once (its jobs come later, and a worker takes seconds to start).
                 free = sum(1 for w in self._procs if w.job is None and not w.leaving)
                 taken = {w.slot for w in self._procs}
-                for slot in [s for s in range(self.workers) if s not in taken][:max(0, len(todo) - free)]:
+                need = len(todo) - free if closed else self.workers
+                for slot in [s for s in range(self.workers) if s not in taken][:max(0, need)]:
                     self._spawn(slot)
                 for w in self._procs:
                     if w not in watched:
@@ -405,28 +472,27 @@ class WorkerPool:
                         watched.add(w)
                 # Hand jobs to the idle workers.
                 for w in self._procs:
-                    if not todo:
+                    if not todo._jobs:
                         break
                     if w.ready and w.job is None and not w.eof and not w.leaving:
-                        i = todo.popleft()
+                        i, payload = todo._jobs.popleft()
                         try:
-                            data = _frame((i, target, pickle.dumps(payloads[i], protocol=pickle.HIGHEST_PROTOCOL)))
+                            data = _frame((i, target, pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)))
                         except Exception as e:  # noqa: BLE001 - a payload that will not pickle is that job's error
-                            left -= 1
                             yield Outcome(i, error=e)
                             continue
                         try:
                             _write_all(w.tx, data)
                         except BrokenPipeError:
-                            todo.appendleft(i)  # it died idle: the job never started; seen below
+                            todo._jobs.appendleft((i, payload))  # it died idle: the job never started; seen below
                             continue
                         w.job, w.deadline = i, (now + timeout_s if timeout_s is not None else float("inf"))
-                if not left:
-                    break
                 deadlines = [w.deadline for w in self._procs if w.job is not None]
                 deadlines += [w.started + self.start_timeout_s for w in self._procs if not w.ready]
                 wait = min([0.5] + [max(0.0, d - now) for d in deadlines])
-                sel.select(wait)
+                for key, _ in sel.select(wait):
+                    if key.data is None:
+                        todo._drain()
                 for w in list(self._procs):
                     for msg in self._read(w):
                         if msg[0] == "ready":
@@ -436,7 +502,6 @@ class WorkerPool:
                         else:
                             i, status, data, w.leaving = msg
                             w.job, w.deadline = None, float("inf")
-                            left -= 1
                             try:
                                 obj = pickle.loads(data)
                             except Exception as e:  # noqa: BLE001 - a value the parent cannot load is the job's error
@@ -460,7 +525,6 @@ class WorkerPool:
                         raise WorkerError(f"a tessera worker failed to start ({'timed out' if slow else how})"
                                           + (f":\n{w.init_error}" if w.init_error else "; its stderr says why"))
                     if w.job is not None:
-                        left -= 1
                         if late and not gone:
                             yield Outcome(w.job, died=f"timed out after {timeout_s:g} s and was killed",
                                           timed_out=True)

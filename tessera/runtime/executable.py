@@ -361,6 +361,29 @@ class Executable:
         self._run_steps(range(len(self.steps)), env)
         return {t: env[t] for t in self.graph.outputs}
 
+    def precompile(self, feeds: Mapping[str, torch.Tensor]) -> None:
+        """Compile the plan's generated kernels for inputs shaped as `feeds` without launching
+        anything (`TritonKernel.compile_only`; contents unread: empty tensors will do). A kernel
+        that reads what an opaque step computes is left to compile at its first launch."""
+        env: dict[str, torch.Tensor] = {**self.constants, **feeds}
+        for step in self.steps:
+            impl = step.impl
+            if impl.backend == "view":
+                for n in impl.prims:
+                    if n.inputs[0] in env:
+                        env[n.outputs[0]] = env[n.inputs[0]].reshape(self.graph.types[n.outputs[0]].shape)
+            if step.kernel is None:
+                continue
+            ks = step.kernel.ks
+            names = step.args or ks.inputs
+            args = [env[t] if t in env else self.pool.views.get(t) for t in names]
+            if any(a is None for a in args):
+                continue
+            try:
+                step.kernel.compile_only(*args, *[self.pool.views[t] for t in ks.outputs])
+            except KernelCompileError as e:
+                raise KernelBuildError(str(e)) from None
+
     def _run_steps(self, steps: Sequence[int], env: dict[str, torch.Tensor]) -> None:
         for i in steps:
             step = self.steps[i]
