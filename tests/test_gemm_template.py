@@ -639,48 +639,46 @@ def test_a_template_candidate_that_disagrees_with_the_library_fails_its_build():
 def test_a_prologue_template_is_checked_against_the_prologue_then_the_library():
     # No library call computes an operand prologue: the reference runs it as a generated kernel
     # first, then the library call, so a prologue candidate can pass its check (and fail it).
-    from tessera.cost.db import Key
-    from tessera.cost.profiler import _inputs, kernel_graph, template_disagreement
-    from tessera.runtime.executable import Executable
+    from tessera.cost.profiler import template_disagreement
 
     model = graph_model([helper.make_node("Mul", ["x", "s"], ["xs"]), helper.make_node("Relu", ["xs"], ["xr"]),
                          helper.make_node("MatMul", ["xr", "w"], ["out"])],
                         {"x": rand(13, 31, seed=66), "s": Const(rand(31, seed=67)), "w": Const(rand(31, 17, seed=68))},
                         ["out"])
+    mini, plan, feeds, got = template_run(model, lambda n: True)
+    assert template_disagreement(mini, plan, feeds, got, DEVICE) == ""
+    assert "wrong result" in template_disagreement(mini, plan, feeds, {t: v * 1.01 for t, v in got.items()}, DEVICE)
+
+
+def template_run(model, keep):
+    """The template candidate of `model`'s primitives that `keep`, as the profiler's build runs it:
+    (its one-kernel graph, plan, inputs, outputs)."""
+    from tessera.cost.db import Key
+    from tessera.cost.profiler import _inputs, kernel_graph
+    from tessera.runtime.executable import Executable
+
     g = fission(load(model).graph).graph
     og = build_ograph(g)
-    prims = list(og.nodes)
+    prims = [n for n in og.nodes if keep(n)]
     pro = prologue_of(og, prims)
     s = rank_templates(g, pro + prims, ["out"], "fp32")[0]
     mini, plan = kernel_graph(Job(Key("d", "v", "sig", "s"), g, tuple(prims), tuple(pro), ("out",), s))
     use_interpreter(torch.device(DEVICE))
     feeds = _inputs(mini, DEVICE, 0)
-    got = Executable(mini, plan, DEVICE, cuda_graph=False)._launch(feeds)
-    assert template_disagreement(mini, plan, feeds, got, DEVICE) == ""
-    assert "wrong result" in template_disagreement(mini, plan, feeds, {t: v * 1.01 for t, v in got.items()}, DEVICE)
+    return mini, plan, feeds, Executable(mini, plan, DEVICE, cuda_graph=False)._launch(feeds)
 
 
 def test_a_prologue_of_two_reshapes_runs_in_order_in_the_reference():
     # segformer_b0 (session 16): a template reading a transposed activation through two reshapes
     # failed every build with a KeyError: the reference ran its operand prologue's reshapes last
     # first (`operand_prologue` listed them walking back from the matmul).
-    from tessera.cost.db import Key
-    from tessera.cost.profiler import _inputs, kernel_graph, template_disagreement
-    from tessera.runtime.executable import Executable
+    from tessera.cost.profiler import template_disagreement
 
     model = graph_model([helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1, 3]),
                          helper.make_node("Reshape", ["xt", "shape"], ["xr"]),
                          helper.make_node("MatMul", ["xr", "w"], ["out"])],
                         {"x": rand(1, 4, 8, 16, seed=69), "shape": Const(np.array([1, 8, 64], np.int64)),
                          "w": Const(rand(64, 17, seed=70))}, ["out"])
-    g = fission(load(model).graph).graph
-    og = build_ograph(g)
-    prims = [n for n in og.nodes if n.op != "transpose"]
-    assert [n.op for n in prims].count("reshape") >= 2
-    pro = prologue_of(og, prims)
-    s = rank_templates(g, pro + prims, ["out"], "fp32")[0]
-    mini, plan = kernel_graph(Job(Key("d", "v", "sig", "s"), g, tuple(prims), tuple(pro), ("out",), s))
-    use_interpreter(torch.device(DEVICE))
-    feeds = _inputs(mini, DEVICE, 0)
-    got = Executable(mini, plan, DEVICE, cuda_graph=False)._launch(feeds)
+    mini, plan, feeds, got = template_run(model, lambda n: n.op != "transpose")
+    assert [n.op for n in mini.nodes].count("reshape") >= 2
     assert template_disagreement(mini, plan, feeds, got, DEVICE) == ""
