@@ -117,34 +117,36 @@ class TritonKernel:
         """Launch on tensors in argument order: the inputs, then the outputs to write (a kernel with a
         workspace gets it between the two; it is allocated once, before any CUDA graph capture,
         since every executable launches once before it captures)."""
-        args = list(tensors)
-        if self.ks.workspace:
-            dev = tensors[0].device
-            if self.workspace is None or self.workspace.device != dev:
-                # zeroed: a split chain's arrival counters start at 0 (and its last program resets them)
-                self.workspace = torch.zeros(self.ks.workspace, dtype=torch.float32, device=dev)
-            args.insert(len(self.ks.inputs), self.workspace)
-        try:
-            for fn, grid, meta in self.launches:
-                fn[grid](*args, **meta)
-        except Exception as e:
-            raise KernelCompileError(f"kernel {self.ks.name} ({', '.join(self.ks.prims)}) failed: "
-                                     f"{type(e).__name__}: {e}") from e
+        args = self._arguments(tensors, launch=True)
+        self._each_launch(lambda fn, grid, meta: fn[grid](*args, **meta))
 
     def compile_only(self, *tensors: torch.Tensor) -> None:
         """Compile every launch for these arguments (as `__call__` takes them) without running
         anything on the GPU: the profiler's builders compile in parallel while another process
         times kernels, and take the GPU only to run what they compiled. The arguments' contents
         are never read (`torch.empty` will do); the first real launch finds the binary compiled."""
+        args = self._arguments(tensors, launch=False)
+        self._each_launch(lambda fn, grid, meta: fn.warmup(*args, grid=grid, **meta))
+
+    def _arguments(self, tensors: tuple[torch.Tensor, ...], launch: bool) -> list[torch.Tensor]:
+        """The kernel's arguments: the tensors, with the workspace between inputs and outputs. A
+        launch allocates the kept, zeroed workspace (a split chain's arrival counters start at 0,
+        and its last program resets them); a compile only needs one of its type and place."""
         args = list(tensors)
         if self.ks.workspace:
+            dev = tensors[0].device
             ws = self.workspace
-            if ws is None or ws.device != tensors[0].device:
-                ws = torch.empty(self.ks.workspace, dtype=torch.float32, device=tensors[0].device)
+            if ws is None or ws.device != dev:
+                ws = (torch.zeros if launch else torch.empty)(self.ks.workspace, dtype=torch.float32, device=dev)
+                if launch:
+                    self.workspace = ws
             args.insert(len(self.ks.inputs), ws)
+        return args
+
+    def _each_launch(self, go: Any) -> None:
         try:
             for fn, grid, meta in self.launches:
-                fn.warmup(*args, grid=grid, **meta)
+                go(fn, grid, meta)
         except Exception as e:
             raise KernelCompileError(f"kernel {self.ks.name} ({', '.join(self.ks.prims)}) failed: "
                                      f"{type(e).__name__}: {e}") from e

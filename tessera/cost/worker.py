@@ -290,14 +290,14 @@ class Feed:
     def _wake(self) -> None:
         try:
             os.write(self._wake_w, b"!")
-        except (BlockingIOError, OSError):
+        except OSError:
             pass  # the pipe is full (so the loop wakes anyway) or the feed is disposed of
 
     def _drain(self) -> None:
         try:
             while os.read(self._wake_r, 4096):
                 pass
-        except (BlockingIOError, OSError):
+        except OSError:  # BlockingIOError: drained
             pass
 
     def __len__(self) -> int:
