@@ -24,6 +24,9 @@ from tessera.fission import fission
 from tessera.frontend import load
 from tessera.ir import interp
 from tessera.orchestrate import build_ograph
+from tessera.orchestrate.candidates import (CandidateRules, enumerate_candidates, layout_prologue,
+                                            pointwise_epilogue)
+from tessera.orchestrate.graphview import bits
 from tessera.rewrite import convert_precision
 from tessera.rewrite.deferred import defer_normalization
 from tessera.tolerance import TOLERANCE, rel_l2
@@ -33,14 +36,15 @@ FORCE = CompileOptions(cost="analytical", templates="force")
 
 
 def attention(m: int, l: int, d: int, heads: int = 2, kv_heads: int | None = None, mask: str = "",
-              dv: int | None = None, seed: int = 0, repeat: bool = False):
+              dv: int | None = None, seed: int = 0, repeat: bool = False, nan_guard: bool = False):
     """softmax(q k^T * scale [+ mask]) v as ONNX: q [1, H, M, D], k [1, Hkv, L, D], v [1, Hkv, L, Dv];
     Hkv < H (dividing H) shares each K/V head among G = H / Hkv query heads (GQA). MatMul broadcasts
     them: k against q directly when Hkv = 1, else against q grouped as [1, Hkv, G, M, D] with k and v
     unsqueezed to [1, Hkv, 1, L, D] (the result reshaped back to [1, H, M, Dv]); or, with `repeat`,
     k and v are repeated to H heads first (Unsqueeze, Expand, Reshape: repeat_kv as exported
     Llama-style models spell it). mask: "causal" (-inf above the diagonal, through Where),
-    "additive" (a constant [M, L] added), or none."""
+    "additive" (a constant [M, L] added), or none. `nan_guard`: the probabilities pass through
+    Where(IsNaN(p), 0, p), as torch exports scaled_dot_product_attention (GPT-2)."""
     kv = kv_heads or heads
     dv = dv or d
     assert heads % kv == 0
@@ -78,7 +82,13 @@ def attention(m: int, l: int, d: int, heads: int = 2, kv_heads: int | None = Non
         inits["bias"] = Const(rand(m, l, seed=seed + 3, lo=-4, hi=0))
         nodes.append(helper.make_node("Add", ["ss", "bias"], ["sm"]))
         logits = "sm"
-    nodes += [helper.make_node("Softmax", [logits], ["p"], axis=-1), helper.make_node("MatMul", ["p", vn], [out])]
+    nodes.append(helper.make_node("Softmax", [logits], ["p"], axis=-1))
+    probs = "p"
+    if nan_guard:
+        inits["zero"] = Const(np.array(0.0, np.float32))
+        nodes += [helper.make_node("IsNaN", ["p"], ["p_nan"]), helper.make_node("Where", ["p_nan", "zero", "p"], ["pg"])]
+        probs = "pg"
+    nodes.append(helper.make_node("MatMul", [probs, vn], [out]))
     if grouped:
         nodes.append(helper.make_node("Reshape", [out, "o_heads"], ["out"]))
     return graph_model(nodes, inits, ["out"]), {"q": q, "k": k, "v": v}
@@ -157,6 +167,40 @@ def test_deferred_normalization_moves_through_row_regroupings():
     assert rel_l2(interp.run(moved, feeds, exact=True)["out"], interp.run(g, feeds, exact=True)["out"]) < 1e-12
 
 
+@pytest.mark.parametrize("m,l", [(13, 31), (13, 9)])  # (13, 9): the first rows fully masked
+def test_deferred_normalization_moves_past_the_nan_guard(m, l):
+    # torch exports SDPA's softmax as where(isnan(p), 0, p): a fully masked row gives zeros, not NaN.
+    model, feeds = attention(m, l, 16, mask="causal", nan_guard=True, seed=3)
+    g = fission(load(model).graph).graph
+    moved, n = defer_normalization(g)
+    assert n == 1 and any(x.name.endswith("/guarded") for x in moved.nodes)
+    assert moved.producers()["out/undivided"].inputs[0].endswith("/nan_zeroed")  # the product reads the guarded E
+    a, b = interp.run(g, feeds, exact=True)["out"], interp.run(moved, feeds, exact=True)["out"]
+    masked = (m - l) * 2 if m > l else 0  # rows of both heads with no key to attend to
+    assert not np.isnan(a).any() and (np.abs(a).sum(-1) == 0).sum() == masked
+    assert not np.isnan(b).any() and rel_l2(b, a) < 1e-12
+
+
+def test_the_nan_guard_moves_only_with_a_zero_and_a_softmax():
+    # A guard that puts 1, not 0, is not homogeneous; left alone (and so is the division before it).
+    model, _ = attention(8, 16, 16, nan_guard=True)
+    g = fission(load(model).graph).graph
+    (w,) = [x for x in g.nodes if x.op == "where"]
+    zero = g.producers()[w.inputs[1]]
+    while zero.inputs[0] not in g.constants:
+        zero = g.producers()[zero.inputs[0]]
+    g.constants[zero.inputs[0]] = np.ones_like(g.constants[zero.inputs[0]])
+    assert defer_normalization(g)[1] == 0
+    # E / r @ V with the guard, E not an exp: r = 0 would not mean a zero row.
+    q, v = rand(1, 6, 7, seed=1), rand(1, 7, 5, seed=2)
+    nodes = [helper.make_node("ReduceSum", ["q", "ax"], ["r"], keepdims=1), helper.make_node("Div", ["q", "r"], ["p"]),
+             helper.make_node("IsNaN", ["p"], ["pn"]), helper.make_node("Where", ["pn", "zero", "p"], ["pg"]),
+             helper.make_node("MatMul", ["pg", "v"], ["out"])]
+    model = graph_model(nodes, {"q": q, "v": v, "ax": Const(np.array([-1], np.int64)),
+                                "zero": Const(np.array(0.0, np.float32))}, ["out"])
+    assert defer_normalization(fission(load(model).graph).graph)[1] == 0
+
+
 # ---- the generator -----------------------------------------------------------------------------
 @pytest.mark.parametrize("m,l,d", [(13, 31, 64), (7, 23, 80), (37, 16, 64)])
 def test_attention_odd_and_prime_lengths_head_dims_64_and_80(m, l, d):
@@ -170,6 +214,54 @@ def test_attention_odd_and_prime_lengths_head_dims_64_and_80(m, l, d):
 def test_masked_attention(mask, precision):
     model, feeds = attention(19, 29, 64, mask=mask, seed=5)
     check_chain(model, feeds, precision=precision)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_nan_guarded_attention_merges_its_max_online(precision):
+    model, feeds = attention(13, 9, 64, mask="causal", nan_guard=True, seed=7)  # 4 rows fully masked
+    ks = check_chain(model, feeds, precision=precision)
+    assert "merged online" in ks.source and ks.source.count("for l") == 1
+
+
+def fused_qkv_attention(m: int, heads: int, d: int, seed: int = 0):
+    """GPT-2's attention as torch exports it: one [1, M, 3*H*D] projection split into q, k and v, each
+    reshaped to heads and transposed, a causal mask, a NaN-guarded softmax."""
+    x = rand(1, m, 3 * heads * d, seed=seed)
+    hd = heads * d
+    keep = np.tril(np.ones((m, m), bool))
+    inits = {"x": x, "split": Const(np.array([hd] * 3, np.int64)), "heads": Const(np.array([1, m, heads, d], np.int64)),
+             "scale": Const(np.array(1 / np.sqrt(d), np.float32)), "keep": Const(keep),
+             "ninf": Const(np.array(-np.inf, np.float32)), "zero": Const(np.array(0.0, np.float32))}
+    nodes = [helper.make_node("Split", ["x", "split"], ["q0", "k0", "v0"], axis=2)]
+    for t in "qkv":
+        nodes += [helper.make_node("Reshape", [f"{t}0", "heads"], [f"{t}1"]),
+                  helper.make_node("Transpose", [f"{t}1"], [t], perm=[0, 2, 1, 3])]
+    nodes += [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"]),
+              helper.make_node("Where", ["keep", "ss", "ninf"], ["sm"]),
+              helper.make_node("Softmax", ["sm"], ["p"], axis=-1), helper.make_node("IsNaN", ["p"], ["pn"]),
+              helper.make_node("Where", ["pn", "zero", "p"], ["pg"]), helper.make_node("MatMul", ["pg", "v"], ["out"])]
+    return graph_model(nodes, inits, ["out"]), {"x": x}
+
+
+def test_the_head_split_and_the_guard_ride_in_the_chain_past_the_size_cap():
+    # The chain's core alone fills the cap; its operands' slices, reshapes and transposes and its
+    # epilogue (the deferred division and the NaN guard's rows) come on top.
+    model, feeds = fused_qkv_attention(11, 2, 16, seed=4)
+    g, _, nodes, outputs = whole_kernel(model)
+    og = build_ograph(g)
+    split = ("Split_0/", "Reshape_1/", "Transpose_2/", "Reshape_3/", "Transpose_4/", "Reshape_5/", "Transpose_6/")
+    epilogue = {"out/row_factor", "out/deferred_div", "out/guard_probe", "out/guard_rows", "out/guard_rows_wide",
+                "out/guarded"}
+    core = sum(1 << i for i, n in enumerate(og.nodes) if not n.name.startswith(split) and n.name not in epilogue)
+    cap = core.bit_count()
+    found = enumerate_candidates(og, og.all, CandidateRules(max_nodes=cap, max_linear=2), TritonLegality(chains=True))
+    assert og.n > cap + 12 and [c.outputs for c in found if c.nodes == og.all] == [og.sinks(og.all)]
+    assert {og.nodes[i].name for i in bits(pointwise_epilogue(og, core, og.all, 16))} == epilogue
+    assert layout_prologue(og, core, og.all, 2).bit_count() == 2  # at most the limit, nearest first
+    ks = check_chain(model, feeds, precision="fp16")
+    assert [t for t in ks.inputs if t not in g.constants] == ["x"]  # q, k and v read in place: no copy
+    assert "merged online" in ks.source
 
 
 @pytest.mark.parametrize("schedule", [ChainSchedule(16, 16, 16, 32, 4, 2),  # deep K, split N, ragged L

@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from math import prod
 from typing import Sequence
 
+import numpy as np
+
 from tessera.codegen import index as ix
 from tessera.codegen.index import Ix
 from tessera.codegen.kernels import _COMBINE, _IDENT, _REDUCE_FN, _REDUCE_OPS
@@ -325,10 +327,25 @@ class _Chain:
         elif n.op == Prim.DIV.value:
             a, b = (self._degree(i, m, from_m, producer, memo) for i in n.inputs)
             d = a if b == 0 else None
+        elif n.op == Prim.WHERE.value and self._zeroes_nans(n, producer):
+            d = self._degree(n.inputs[2], m, from_m, producer, memo)  # homogeneous: NaN and 0 scale alike
         else:
             d = None
         memo[t] = d
         return d
+
+    def _zeroes_nans(self, n: Node, producer: dict[str, Node]) -> bool:
+        """Is `n` where(isnan(x), 0, x), 0 a constant (through broadcasts and reshapes)?"""
+        cond, z, x = n.inputs
+        test = producer.get(cond)
+        if test is None or test.op != Prim.ISNAN.value or test.inputs[0] != x:
+            return False
+        while z not in self.graph.constants:
+            p = producer.get(z)
+            if p is None or p.op not in (Prim.BROADCAST.value, Prim.RESHAPE.value):
+                return False
+            z = p.inputs[0]
+        return not np.any(self.graph.constants[z])
 
     def _is_row(self, t: str, m: str, producer: dict[str, Node]) -> bool:
         """Is `t` the row max `m` itself, through broadcasts and reshapes?"""

@@ -16,6 +16,15 @@ This module decides legality only; it never looks at costs. Pruning rules:
 - the code generator's verdict, through `KernelLegality`.
 The first three are monotone (no superset of an illegal set is legal), so the
 enumeration prunes on them; the code generator's verdict is asked last.
+
+One exception to the size rule: a GEMM chain also comes grown (`grow_chain`) by
+its operands' layout prologue and by the elementwise nodes computed from its
+values alone, up to `max_chain_growth` more nodes. Attention's chain alone
+fills the size (GPT-2's: 16 nodes from the scale to the second product), so
+without it the head split of a fused QKV projection (three slices, reshapes and
+transposes) would stay a copy kernel of its own, though the chain template reads
+through it at index arithmetic, and the deferred division with its NaN guard
+(`rewrite/deferred.py`) would leave the chain's row sums to another kernel.
 """
 from __future__ import annotations
 
@@ -70,6 +79,7 @@ class CandidateRules:
     # up to this many, every subset is a variant; more, only none or all.
     output_subset_limit: int = 2
     max_candidates: int = 40_000
+    max_chain_growth: int = 16  # nodes a GEMM chain may add past max_nodes (`grow_chain`)
 
 
 @dataclass(frozen=True)
@@ -183,6 +193,60 @@ def _output_variants(og: OGraph, mask: int, rules: CandidateRules) -> list[int]:
     return [sinks | sum(1 << i for i in s) for s in subsets]
 
 
+_LAYOUT = {Prim.TRANSPOSE.value, Prim.SLICE.value, Prim.RESHAPE.value, Prim.BROADCAST.value}
+
+
+def layout_prologue(og: OGraph, mask: int, members: int, limit: int) -> int:
+    """Layout nodes of `members` outside `mask` that feed it through layout nodes only and are read
+    nowhere else (at most `limit`, nearest first): what a template reads through as index
+    arithmetic, so taking them in removes their copy without adding an output."""
+    taken = 0
+    frontier = mask
+    while frontier:
+        preds = 0
+        for i in bits(frontier):
+            preds |= og.preds[i]
+        new = 0
+        for i in bits(preds & members & ~mask & ~taken):
+            if og.nodes[i].op in _LAYOUT and not og.succs[i] & ~(mask | taken | (1 << i)) \
+                    and not (og.graph_outputs >> i) & 1:
+                if (taken | new).bit_count() == limit:
+                    return taken | new
+                new |= 1 << i
+        taken |= new
+        frontier = new
+    return taken
+
+
+def pointwise_epilogue(og: OGraph, mask: int, members: int, limit: int) -> int:
+    """Elementwise nodes of `members` outside `mask` computed from its values (and constants)
+    alone, repeatedly (at most `limit`): a template computes them where it holds those values."""
+    taken = 0
+    grew = True
+    while grew:
+        grew = False
+        inside = mask | taken
+        succs = 0
+        for i in bits(inside):
+            succs |= og.succs[i]
+        for i in bits(succs & members & ~inside):
+            op = og.nodes[i].op
+            if (Prim(op).category is Category.ELEMENTWISE or op in _POINTWISE) and not og.preds[i] & ~(inside | taken):
+                if taken.bit_count() == limit:
+                    return taken
+                taken |= 1 << i
+                grew = True
+    return taken
+
+
+def grow_chain(og: OGraph, mask: int, members: int, limit: int) -> int:
+    """What a GEMM chain candidate takes in past the size rule: its elementwise epilogue computed from
+    its own values (`pointwise_epilogue`), then the layout prologue of its operands (`layout_prologue`),
+    `limit` nodes at most."""
+    epi = pointwise_epilogue(og, mask, members, limit)
+    return epi | layout_prologue(og, mask | epi, members, limit - epi.bit_count())
+
+
 def enumerate_candidates(og: OGraph, members: int, rules: CandidateRules,
                          legality: KernelLegality) -> list[Candidate]:
     """Every legal candidate kernel inside subgraph `members`, with its output variants."""
@@ -216,6 +280,16 @@ def enumerate_candidates(og: OGraph, members: int, rules: CandidateRules,
     for v in bits(members):
         later = adj[v] & ~((1 << (v + 1)) - 1)
         extend(1 << v, later, adj[v] | (1 << v), v, og.anc[v], og.desc[v])
+
+    if rules.max_linear >= 2 and rules.max_chain_growth:
+        seen = set(sets)
+        for mask in list(sets):
+            if (mask & linear).bit_count() < 2:
+                continue
+            grown = mask | grow_chain(og, mask, members, rules.max_chain_growth)
+            if grown not in seen:
+                seen.add(grown)
+                sets.append(grown)
 
     out: list[Candidate] = []
     for mask in sets:

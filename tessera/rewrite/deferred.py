@@ -12,6 +12,18 @@ rounding (the quotient is rounded once per output instead of once per probabilit
 
 Multiplication by a broadcast row factor (E * broadcast(1/s)) is the same rule.
 
+The NaN guard that exported scaled-dot-product attention puts after its softmax (GPT-2 through
+torch's ONNX export: P = where(isnan(P), 0, P), so a fully masked row gives zeros) moves along:
+
+    matmul(where(isnan(E / r), 0, E / r), V)
+        ->  where(isnan(0 / r), 0, matmul(where(isnan(E), 0, E), V) / r)
+
+when E = exp(x) and r = sum(E) along the last axis (the softmax itself): for r finite and
+non-zero, E / r is NaN exactly where E is, and where r is 0 (every E of the row 0) or NaN, every
+probability of the row is NaN, so the row is zeros on both sides. The guard on E is homogeneous
+(where(isnan(aE), 0, aE) = a where(isnan(E), 0, E) for a > 0), so the chain kernel still merges
+the row max online. Exact for finite values (inputs whose exp overflows to inf are not).
+
 Reshapes between the normalization and the matmul that keep the last axis only regroup rows
 (fission folds a batch whose right operand is shared into M: multi-query attention, q [1, H, M, D]
 against k [1, 1, L, D], is one [H*M, D] @ [D, L] product, the softmax runs on [1, H, M, L], and its
@@ -22,6 +34,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
+from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node, TensorType, unique_name
 from tessera.ir.prims import Prim
 
@@ -57,20 +72,26 @@ def defer_normalization(graph: Graph) -> tuple[Graph, int]:
             continue
         p = mm.inputs[0]
         q = _rows_source(g, producers, private, p)
+        regrouped = q != p
+        guard = _nan_guard(g, producers, consumers, q) if not regrouped and private(q) else None
+        if guard is not None:
+            q = guard.inputs[2]
         scale = producers.get(q)
-        if scale is None or scale.op not in (Prim.DIV.value, Prim.MUL.value) or not private(q):
+        if scale is None or scale.op not in (Prim.DIV.value, Prim.MUL.value) or (guard is None and not private(q)):
             continue
         found = _row_factor(g, producers, scale, q)
         if found is None:
             continue
         e, r = found
+        if guard is not None and not _softmax_parts(g, producers, e, r):
+            continue
         out = mm.outputs[0]
         ot, qt, rt = g.types[out], g.types[q], g.types[r]
         if any(a not in (1, b) for a, b in zip(rt.shape[:-1], qt.shape[:-1])):
             continue
         src = tuple(dict.fromkeys(mm.source + scale.source))
         new: list[Node] = []
-        if q != p:  # through reshapes: the product reads E regrouped as P, the factor is regrouped as its rows
+        if regrouped:  # through reshapes: the product reads E regrouped as P, the factor is regrouped as its rows
             ep = tensor(f"{p}/undivided", TensorType(g.types[p].shape, g.types[e].dtype))
             new.append(node(f"{mm.name}/rows", Prim.RESHAPE.value, (e,), ep, {"shape": g.types[p].shape},
                             scale.source))
@@ -88,11 +109,34 @@ def defer_normalization(graph: Graph) -> tuple[Graph, int]:
             r = rr
         raw = tensor(f"{out}/undivided", ot)
         wide = tensor(f"{r}/over_{out}", TensorType(ot.shape, rt.dtype))
+        scaled = out if guard is None else tensor(f"{out}/unguarded", ot)
+        if guard is not None:  # zero E's NaNs before the product
+            zero = producers[guard.inputs[1]].inputs[0]  # the guard's zero, before its broadcast
+            nan_e = tensor(f"{e}/isnan", TensorType(g.types[e].shape, DType.BOOL))
+            ez = tensor(f"{e}/nan_zeroed", g.types[e])
+            new += [node(f"{mm.name}/guard_isnan", Prim.ISNAN.value, (e,), nan_e, {}, guard.source),
+                    node(f"{mm.name}/guard", Prim.WHERE.value, (nan_e, guard.inputs[1], e), ez, {}, guard.source)]
+            e = ez
         replaced[mm.name] = new + [
             Node(mm.name, mm.op, (e, mm.inputs[1]), (raw,), dict(mm.attrs), mm.domain, mm.source),
             node(f"{mm.name}/row_factor", Prim.BROADCAST.value, (r,), wide, {"shape": ot.shape}, scale.source),
-            node(f"{mm.name}/deferred_{scale.op}", scale.op, (raw, wide), out, {}, src),
+            node(f"{mm.name}/deferred_{scale.op}", scale.op, (raw, wide), scaled, {}, src),
         ]
+        if guard is not None:  # the rows the guard zeroes whole: 0 / r is NaN (r 0 or NaN)
+            zr = tensor(f"{zero}/rows", TensorType(rt.shape, g.types[zero].dtype))
+            probe = tensor(f"{r}/guard_probe", rt)
+            bad = tensor(f"{r}/guard_rows", TensorType(rt.shape, DType.BOOL))
+            bad_o = tensor(f"{r}/guard_rows_over_{out}", TensorType(ot.shape, DType.BOOL))
+            zo = tensor(f"{zero}/over_{out}", TensorType(ot.shape, g.types[zero].dtype))
+            replaced[mm.name] += [
+                node(f"{mm.name}/guard_zero_rows", Prim.BROADCAST.value, (zero,), zr, {"shape": rt.shape}, guard.source),
+                node(f"{mm.name}/guard_probe", scale.op, (zr, r), probe, {}, guard.source),
+                node(f"{mm.name}/guard_rows", Prim.ISNAN.value, (probe,), bad, {}, guard.source),
+                node(f"{mm.name}/guard_rows_wide", Prim.BROADCAST.value, (bad,), bad_o, {"shape": ot.shape},
+                     guard.source),
+                node(f"{mm.name}/guard_zero_wide", Prim.BROADCAST.value, (zero,), zo, {"shape": ot.shape},
+                     guard.source),
+                node(f"{mm.name}/guarded", Prim.WHERE.value, (bad_o, zo, scaled), out, {}, guard.source)]
     if not replaced:
         return graph, 0
     nodes: list[Node] = []
@@ -116,6 +160,39 @@ def _rows_source(g: Graph, producers: dict[str, Node], private: Callable[[str], 
         if g.types[x].rank < 2 or g.types[x].shape[-1] != g.types[t].shape[-1]:
             return t
         t = x
+
+
+def _nan_guard(g: Graph, producers: dict[str, Node], consumers: dict[str, list[Node]], q: str) -> Node | None:
+    """The node computing q = where(isnan(x), 0, x) with x read by that isnan and where alone (the
+    0 a broadcast of a constant zero of x's rank); else None."""
+    w = producers.get(q)
+    if w is None or w.op != Prim.WHERE.value:
+        return None
+    cond, z, x = w.inputs
+    test = producers.get(cond)
+    if test is None or test.op != Prim.ISNAN.value or test.inputs[0] != x or x in g.outputs or cond in g.outputs:
+        return None
+    if {n.name for n in consumers.get(x, [])} != {test.name, w.name} or len(consumers.get(cond, [])) != 1:
+        return None
+    bz = producers.get(z)
+    if bz is None or bz.op != Prim.BROADCAST.value or g.types[bz.inputs[0]].rank != g.types[x].rank:
+        return None
+    t = bz.inputs[0]
+    while t not in g.constants:  # through reshapes of the constant
+        n = producers.get(t)
+        if n is None or n.op != Prim.RESHAPE.value:
+            return None
+        t = n.inputs[0]
+    return w if not np.any(g.constants[t]) else None
+
+
+def _softmax_parts(g: Graph, producers: dict[str, Node], e: str, r: str) -> bool:
+    """Is E an exp and r its sum along the last axis (kept)? Then r is 0 only where every E of its
+    row is, which the guarded rule needs."""
+    ex, s = producers.get(e), producers.get(r)
+    last = g.types[e].rank - 1
+    return (ex is not None and ex.op == Prim.EXP.value and s is not None and s.op == Prim.REDUCE_SUM.value
+            and s.inputs[0] == e and tuple(a % g.types[e].rank for a in s.attrs.get("axes", ())) == (last,))
 
 
 def _row_factor(g: Graph, producers: dict[str, Node], scale: Node, p: str) -> tuple[str, str] | None:
