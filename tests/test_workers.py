@@ -417,3 +417,19 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_timing_rotates_large_float_constants_as_stored():
+    # A weight timed hot in L2 looks faster than it runs in a model: the timer rotates copies of
+    # the large float constants, each stored as the original (strides kept), like the inputs.
+    import torch
+
+    from tessera.cost.profiler import COLD_CONSTANT_BYTES, _constant_copies
+
+    n = COLD_CONSTANT_BYTES // 4
+    w = torch.randn(8, n // 8).t()  # a transposed view: the copies keep its strides
+    consts = {"w": w, "scale": torch.tensor(0.5), "idx": torch.zeros(n, dtype=torch.int64)}
+    sets = _constant_copies(consts, 3)
+    assert len(sets) == 3 and all(set(c) == {"w"} for c in sets) and sets[0]["w"] is w
+    for c in sets[1:]:
+        assert c["w"].data_ptr() != w.data_ptr() and c["w"].stride() == w.stride() and torch.equal(c["w"], w)
