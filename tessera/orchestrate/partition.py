@@ -56,18 +56,21 @@ def cut_at(og: OGraph, p: int) -> Cut:
     return Cut(p, tuple(tensors), nbytes, tuple(lost))
 
 
-def _crossing_count(og: OGraph, lo: int, p: int, fusable: int) -> tuple[int, int]:
-    """(tensors, bytes) whose fusion a cut at position p forbids, counting
-    producers from `lo` on (earlier ones cross an earlier cut anyway). A value
-    read only by linear or opaque primitives across the cut costs nothing:
-    those read their inputs from memory in any plan."""
-    after = _mask(p, og.n) & fusable
-    count = nbytes = 0
+def _crossing_count(og: OGraph, lo: int, p: int, fusable: int, linear_nodes: int) -> tuple[int, int, int]:
+    """(tensors, tensors read by linear primitives, bytes) whose fusion a cut at position p
+    forbids, counting producers from `lo` on (earlier ones cross an earlier cut anyway). A value
+    read only by linear or opaque primitives across the cut counts apart: a library call reads
+    its inputs from memory in any plan, but a template may compute them in its operand prologue
+    (a GEMM chain reads attention's head split in place), so such a cut is second best."""
+    after = _mask(p, og.n)
+    count = linear = nbytes = 0
     for i in range(lo, p):
-        if og.succs[i] & after:
+        if og.succs[i] & after & fusable:
             count += 1
             nbytes += og.out_bytes[i]
-    return count, nbytes
+        elif og.succs[i] & after & linear_nodes:
+            linear += 1
+    return count, linear, nbytes
 
 
 def fusable_nodes(og: OGraph) -> int:
@@ -95,11 +98,12 @@ def best_cut(og: OGraph, lo: int, hi: int) -> int:
     fusions (then bytes); ties go to the later position, for larger subgraphs."""
     best, best_key = hi, None
     fusable = fusable_nodes(og)
+    linear_nodes = sum(1 << i for i, n in enumerate(og.nodes) if Prim(n.op).category is Category.LINEAR)
     for p in range(max(lo + 1, lo + (hi - lo) // 2), hi + 1):
         if p == og.n:
             return p
-        count, nbytes = _crossing_count(og, lo, p, fusable)
-        key = (count, nbytes, -p)
+        count, linear, nbytes = _crossing_count(og, lo, p, fusable, linear_nodes)
+        key = (count, linear, nbytes, -p)
         if best_key is None or key < best_key:
             best, best_key = p, key
     return best
