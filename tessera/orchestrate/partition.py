@@ -57,19 +57,21 @@ def cut_at(og: OGraph, p: int) -> Cut:
 
 
 def _crossing_count(og: OGraph, lo: int, p: int, fusable: int, linear_nodes: int) -> tuple[int, int, int]:
-    """(tensors, tensors read by linear primitives, bytes) whose fusion a cut at position p
-    forbids, counting producers from `lo` on (earlier ones cross an earlier cut anyway). A value
-    read only by linear or opaque primitives across the cut counts apart: a library call reads
-    its inputs from memory in any plan, but a template may compute them in its operand prologue
-    (a GEMM chain reads attention's head split in place), so such a cut is second best."""
+    """(fusions, fusions into linear primitives, bytes) that a cut at position p forbids, counting
+    producers from `lo` on (earlier ones cross an earlier cut anyway). A fusion is a producer ->
+    consumer edge: a tensor read by three fusable nodes across the cut (a residual sum read by the
+    layernorm's two steps and the next residual add) forbids three, where the residual stream
+    alone forbids one. Edges into linear primitives count apart: a library call reads its inputs
+    from memory in any plan, but a template may compute them in its operand prologue (a GEMM chain
+    reads attention's head split in place), so such a cut is second best."""
     after = _mask(p, og.n)
     count = linear = nbytes = 0
     for i in range(lo, p):
-        if og.succs[i] & after & fusable:
-            count += 1
+        fused = (og.succs[i] & after & fusable).bit_count()
+        if fused:
+            count += fused
             nbytes += og.out_bytes[i]
-        elif og.succs[i] & after & linear_nodes:
-            linear += 1
+        linear += (og.succs[i] & after & linear_nodes).bit_count()
     return count, linear, nbytes
 
 
