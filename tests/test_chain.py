@@ -86,7 +86,8 @@ def attention(m: int, l: int, d: int, heads: int = 2, kv_heads: int | None = Non
     probs = "p"
     if nan_guard:
         inits["zero"] = Const(np.array(0.0, np.float32))
-        nodes += [helper.make_node("IsNaN", ["p"], ["p_nan"]), helper.make_node("Where", ["p_nan", "zero", "p"], ["pg"])]
+        nodes += [helper.make_node("IsNaN", ["p"], ["p_nan"]),
+                  helper.make_node("Where", ["p_nan", "zero", "p"], ["pg"])]
         probs = "pg"
     nodes.append(helper.make_node("MatMul", [probs, vn], [out]))
     if grouped:

@@ -129,7 +129,8 @@ def defer_normalization(graph: Graph) -> tuple[Graph, int]:
             bad_o = tensor(f"{r}/guard_rows_over_{out}", TensorType(ot.shape, DType.BOOL))
             zo = tensor(f"{zero}/over_{out}", TensorType(ot.shape, g.types[zero].dtype))
             replaced[mm.name] += [
-                node(f"{mm.name}/guard_zero_rows", Prim.BROADCAST.value, (zero,), zr, {"shape": rt.shape}, guard.source),
+                node(f"{mm.name}/guard_zero_rows", Prim.BROADCAST.value, (zero,), zr, {"shape": rt.shape},
+                     guard.source),
                 node(f"{mm.name}/guard_probe", scale.op, (zr, r), probe, {}, guard.source),
                 node(f"{mm.name}/guard_rows", Prim.ISNAN.value, (probe,), bad, {}, guard.source),
                 node(f"{mm.name}/guard_rows_wide", Prim.BROADCAST.value, (bad,), bad_o, {"shape": ot.shape},
@@ -164,7 +165,7 @@ def _rows_source(g: Graph, producers: dict[str, Node], private: Callable[[str], 
 
 def _nan_guard(g: Graph, producers: dict[str, Node], consumers: dict[str, list[Node]], q: str) -> Node | None:
     """The node computing q = where(isnan(x), 0, x) with x read by that isnan and where alone (the
-    0 a broadcast of a constant zero of x's rank); else None."""
+    0 a broadcast of one constant zero of x's rank); else None."""
     w = producers.get(q)
     if w is None or w.op != Prim.WHERE.value:
         return None
@@ -175,7 +176,8 @@ def _nan_guard(g: Graph, producers: dict[str, Node], consumers: dict[str, list[N
     if {n.name for n in consumers.get(x, [])} != {test.name, w.name} or len(consumers.get(cond, [])) != 1:
         return None
     bz = producers.get(z)
-    if bz is None or bz.op != Prim.BROADCAST.value or g.types[bz.inputs[0]].rank != g.types[x].rank:
+    if bz is None or bz.op != Prim.BROADCAST.value or g.types[bz.inputs[0]].rank != g.types[x].rank \
+            or g.types[bz.inputs[0]].numel != 1:  # one value: broadcast again to the rows and the result
         return None
     t = bz.inputs[0]
     while t not in g.constants:  # through reshapes of the constant
