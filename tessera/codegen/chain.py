@@ -47,8 +47,6 @@ from dataclasses import dataclass
 from math import prod
 from typing import Sequence
 
-import numpy as np
-
 from tessera.codegen import index as ix
 from tessera.codegen.index import Ix
 from tessera.codegen.kernels import _COMBINE, _IDENT, _REDUCE_FN, _REDUCE_OPS
@@ -56,7 +54,7 @@ from tessera.codegen.kernels import ChainSchedule, KernelBody, KernelSource, Lau
 from tessera.codegen.tile import (GRID_Y_MAX, MIN_BLOCK, TF32_ROUND, Tile, cdiv, check_outputs, dot_math, dot_operand,
                                   jit_function, pow2, store_outputs)
 from tessera.codegen.triton_ops import Unsupported, Val
-from tessera.ir.graph import Graph, Node
+from tessera.ir.graph import Graph, Node, scalar_constant
 from tessera.ir.prims import Category, Prim
 
 CHAIN_CONSTS = ("BLOCK_M", "BLOCK_N", "BLOCK_L", "BLOCK_K")
@@ -340,12 +338,7 @@ class _Chain:
         test = producer.get(cond)
         if test is None or test.op != Prim.ISNAN.value or test.inputs[0] != x:
             return False
-        while z not in self.graph.constants:
-            p = producer.get(z)
-            if p is None or p.op not in (Prim.BROADCAST.value, Prim.RESHAPE.value):
-                return False
-            z = p.inputs[0]
-        return not np.any(self.graph.constants[z])
+        return scalar_constant(self.graph, producer, z) == 0.0
 
     def _is_row(self, t: str, m: str, producer: dict[str, Node]) -> bool:
         """Is `t` the row max `m` itself, through broadcasts and reshapes?"""

@@ -18,7 +18,7 @@ import numpy as np
 
 from tessera.ir import interp
 from tessera.ir.dtype import DType
-from tessera.ir.graph import Graph, GraphKind, Node, TensorType
+from tessera.ir.graph import Graph, GraphKind, Node, TensorType, scalar_constant
 from tessera.ir.prims import Prim
 
 GELU_TANH = "gelu_tanh"
@@ -118,7 +118,7 @@ def _signature(graph: Graph, producer: dict[str, Node], group: list[Node], a: st
         args = []
         for t in n.inputs:
             if t not in refs:
-                v = _scalar(graph, producer, t)
+                v = scalar_constant(graph, producer, t)
                 if v is None:
                     return None
                 refs[t] = ("k", v, graph.types[t].dtype.value)
@@ -126,24 +126,6 @@ def _signature(graph: Graph, producer: dict[str, Node], group: list[Node], a: st
         steps.append((n.op, tuple(args), graph.types[n.outputs[0]].dtype.value, n.attrs.get("dtype")))
         refs[n.outputs[0]] = ("v", i)
     return graph.types[a].dtype.value, tuple(steps)
-
-
-def _scalar(graph: Graph, producer: dict[str, Node], t: str) -> float | None:
-    """The one value a constant tensor holds (through reshapes and broadcasts), as its dtype
-    stores it; None if it varies or comes from anything else."""
-    while t not in graph.constants:
-        n = producer.get(t)
-        if n is None:
-            return None
-        if n.op == Prim.FILL.value:
-            return float(np.asarray(n.attrs["value"]).astype(graph.types[t].dtype.to_numpy()))
-        if n.op not in (Prim.RESHAPE.value, Prim.BROADCAST.value):
-            return None
-        t = n.inputs[0]
-    v = np.asarray(graph.constants[t])
-    if v.size == 0 or v.dtype.kind != "f" or not np.all(v == v.flat[0]):
-        return None
-    return float(v.flat[0])
 
 
 @lru_cache(maxsize=256)

@@ -133,12 +133,17 @@ def _fail(phase: str, e: Exception) -> tuple[float, str]:
     return math.inf, f"{phase}: {text}"[:500]
 
 
+def _cold_constants(constants: dict[str, Any]) -> dict[str, Any]:
+    """An executable's float constants of COLD_CONSTANT_BYTES or more: those a timing rotates."""
+    return {t: v for t, v in constants.items()
+            if v.is_floating_point() and v.numel() * v.element_size() >= COLD_CONSTANT_BYTES}
+
+
 def _constant_copies(constants: dict[str, Any], copies: int) -> list[dict[str, Any]]:
-    """`copies` sets of an executable's float constants of COLD_CONSTANT_BYTES or more (the first
-    the originals), each stored as its original (strides, channels-last weights, tf32-rounded
-    copies alike), so a timing can rotate them with the inputs."""
-    big = {t: v for t, v in constants.items()
-           if v.is_floating_point() and v.numel() * v.element_size() >= COLD_CONSTANT_BYTES}
+    """`copies` sets of an executable's cold constants (`_cold_constants`; the first the
+    originals), each stored as its original (strides, channels-last weights, tf32-rounded copies
+    alike), so a timing can rotate them with the inputs."""
+    big = _cold_constants(constants)
     return [big] + [{t: v.clone() for t, v in big.items()} for _ in range(copies - 1)]
 
 
@@ -252,12 +257,12 @@ def _reference(mini: Graph, plan: dict[str, Any], device: str) -> Any:
 
 
 def template_disagreement(mini: Graph, plan: dict[str, Any], feeds: dict[str, Any], got: dict[str, Any],
-                          device: str, ref_exe: Any = None) -> str:
+                          device: str) -> str:
     """Why a template candidate's outputs `got` are wrong ("" if they agree): the same kernel
-    through the library on the same `feeds` (`ref_exe`, made by `_reference` if not given). A
-    kernel that Triton miscompiles (session 8: a flat-K convolution gather on Triton 3.6, H100)
-    must fail its measurement, never win it."""
-    ref_exe = ref_exe or _reference(mini, plan, device)
+    through the library on the same `feeds` (`_reference`). A kernel that Triton miscompiles
+    (session 8: a flat-K convolution gather on Triton 3.6, H100) must fail its measurement, never
+    win it. (`_build` runs the same check in two halves, around the GPU's lock.)"""
+    ref_exe = _reference(mini, plan, device)
     if ref_exe is None:
         return ""
     return _disagreement(plan, _host(got, mini.outputs), _reference_run(ref_exe, feeds, mini.outputs))
@@ -354,8 +359,8 @@ def _time(payload: Payload) -> Result:
         mini, plan = payload
         exe = Executable(mini, plan, "cuda", cuda_graph=False)  # Python work: outside the GPU lock
         exe.precompile(_inputs(mini, "cuda", None))  # the builder's binary, from Triton's cache
-        size = sum(mini.types[t].nbytes for t in mini.inputs) + sum(mini.types[t].nbytes for t in mini.outputs) \
-            + sum(mini.types[t].nbytes for t in mini.constants if mini.types[t].nbytes >= COLD_CONSTANT_BYTES)
+        size = sum(mini.types[t].nbytes for t in (*mini.inputs, *mini.outputs)) \
+            + sum(v.numel() * v.element_size() for v in _cold_constants(exe.constants).values())
         copies = max(1, min(LAUNCHES, math.ceil(L2_BYTES / max(size, 1))))
         st("generate")
         with _gpu_section(), exe.precision_flags():

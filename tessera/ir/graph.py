@@ -334,3 +334,21 @@ def unique_name(base: str, taken: Iterable[str] | set[str]) -> str:
     while f"{base}_{i}" in taken:
         i += 1
     return f"{base}_{i}"
+
+
+def scalar_constant(graph: Graph, producer: Mapping[str, Node], t: str) -> float | None:
+    """The one value a constant tensor holds (through reshapes and broadcasts, or a fill), as its
+    dtype stores it; None if it varies or comes from anything else."""
+    while t not in graph.constants:
+        n = producer.get(t)
+        if n is None:
+            return None
+        if n.op == Prim.FILL.value:
+            return float(np.asarray(n.attrs["value"]).astype(graph.types[t].dtype.to_numpy()))
+        if n.op not in (Prim.RESHAPE.value, Prim.BROADCAST.value):
+            return None
+        t = n.inputs[0]
+    v = np.asarray(graph.constants[t])
+    if v.size == 0 or v.dtype.kind != "f" or not np.all(v == v.flat[0]):
+        return None
+    return float(v.flat[0])

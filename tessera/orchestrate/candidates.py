@@ -193,7 +193,7 @@ def _output_variants(og: OGraph, mask: int, rules: CandidateRules) -> list[int]:
     return [sinks | sum(1 << i for i in s) for s in subsets]
 
 
-_LAYOUT = {Prim.TRANSPOSE.value, Prim.SLICE.value, Prim.RESHAPE.value, Prim.BROADCAST.value}
+_LAYOUT = _POINTWISE | {Prim.TRANSPOSE.value, Prim.SLICE.value}  # pure re-indexing: no padding or joining
 
 
 def layout_prologue(og: OGraph, mask: int, members: int, limit: int) -> int:

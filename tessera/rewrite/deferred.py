@@ -34,10 +34,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-import numpy as np
-
 from tessera.ir.dtype import DType
-from tessera.ir.graph import Graph, Node, TensorType, unique_name
+from tessera.ir.graph import Graph, Node, TensorType, scalar_constant, unique_name
 from tessera.ir.prims import Prim
 
 DEFERRED = "deferred_normalization"  # the rule's name in an artifact's record of rewrites
@@ -179,13 +177,7 @@ def _nan_guard(g: Graph, producers: dict[str, Node], consumers: dict[str, list[N
     if bz is None or bz.op != Prim.BROADCAST.value or g.types[bz.inputs[0]].rank != g.types[x].rank \
             or g.types[bz.inputs[0]].numel != 1:  # one value: broadcast again to the rows and the result
         return None
-    t = bz.inputs[0]
-    while t not in g.constants:  # through reshapes of the constant
-        n = producers.get(t)
-        if n is None or n.op != Prim.RESHAPE.value:
-            return None
-        t = n.inputs[0]
-    return w if not np.any(g.constants[t]) else None
+    return w if scalar_constant(g, producers, bz.inputs[0]) == 0.0 else None
 
 
 def _softmax_parts(g: Graph, producers: dict[str, Node], e: str, r: str) -> bool:

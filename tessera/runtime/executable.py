@@ -12,8 +12,7 @@ CPU the same kernels run through Triton's interpreter.
 """
 from __future__ import annotations
 
-import contextlib
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -366,11 +365,11 @@ class Executable:
         """Compile the plan's generated kernels for inputs shaped as `feeds` without launching
         anything (`TritonKernel.compile_only`; contents unread: empty tensors will do). A kernel
         that reads what an opaque step computes is left to compile at its first launch."""
-        env: dict[str, torch.Tensor] = {**self.constants, **feeds}
+        env = self._feed_env(feeds)
         for step in self.steps:
             impl = step.impl
             if impl.backend == "view":  # reshapes only: nothing runs on the GPU
-                with contextlib.suppress(KeyError):  # a view of what an opaque step computes
+                with suppress(KeyError):  # a view of what an opaque step computes
                     self.run_step(step, env)
             if step.kernel is None:
                 continue
