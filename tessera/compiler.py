@@ -367,7 +367,21 @@ def write_artifacts(result: CompileResult, out: Path) -> None:
                   result.layouts.choices if result.layouts is not None else [])
 
 
-def compile(source: Any, options: CompileOptions | None = None, device: str | torch.device = "cpu") -> Executable:
-    """Compile a model into a callable that takes and returns torch tensors."""
+def compile(source: Any, options: Any = None, device: str | torch.device | None = None,
+            example_inputs: Sequence[Any] | None = None) -> Any:
+    """Compile a model into a callable that takes and returns torch tensors.
+
+    `source` is an ONNX model (path, bytes, ModelProto), or an `nn.Module` (any traceable
+    function) with `example_inputs`: `compile(module, (x,))` or `compile(module, options,
+    example_inputs=(x,))`. A module's plan runs on its example inputs' device; an ONNX model's on
+    `device` (default the CPU)."""
+    if isinstance(options, (tuple, list)):
+        options, example_inputs = None, options
+    if isinstance(source, torch.nn.Module) or (callable(source) and not isinstance(source, (str, bytes, Path))):
+        from tessera.torch_backend import compile_module
+
+        if example_inputs is None:
+            raise TesseraError("compiling a torch module needs example inputs: tessera.compile(module, (x, ...))")
+        return compile_module(source, example_inputs, options)
     result = compile_model(source, options)
-    return Executable(result.graph, plan_document(result), device)
+    return Executable(result.graph, plan_document(result), device or "cpu")

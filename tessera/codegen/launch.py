@@ -48,7 +48,29 @@ def use_interpreter(device: torch.device) -> None:
         raise TesseraError("TRITON_INTERPRET=1 is set, so Triton would run tessera's kernels on the CPU "
                            "interpreter; unset it to run on the GPU")
     if device.type == "cpu":  # after the switch: it imports Triton's interpreter
+        _interpreted_language()
         match_gpu_semantics()  # the interpreter as the GPU computes: bf16 rounding, boolean masks
+
+
+def _interpreted_language() -> None:
+    """Triton's language functions written in Triton (tl.sum, tl.max, tl.cdiv, ...) are decorated
+    once, when triton.language is imported: as interpreted functions only if TRITON_INTERPRET was
+    set by then. `import torch._dynamo` imports Triton, so in a process that used torch.compile
+    (tessera's dynamo backend among them) they are GPU functions, and the interpreter refuses to
+    call them ("Cannot call @triton.jit'd outside of the scope of a kernel"). Re-import those
+    modules with the variable set."""
+    import importlib
+    import sys
+
+    std = sys.modules.get("triton.language.standard")
+    if std is None:
+        return  # not imported yet: it will be decorated for the interpreter
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if isinstance(getattr(std, "sum", None), InterpretedFunction):
+        return
+    for name in ("triton.language.standard", "triton.language.math", "triton.language.random", "triton.language"):
+        importlib.reload(sys.modules[name])
 
 
 def cache_dir() -> Path:

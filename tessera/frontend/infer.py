@@ -21,6 +21,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from tessera.errors import ShapeError, UnsupportedError, node_ref
+from tessera.ir import aten_call
 from tessera.ir.builder import PrimBuilder
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, GraphKind, Node, TensorType
@@ -102,8 +103,11 @@ def rule_types(node: Node, graph: Graph) -> list[TensorType] | None:
     return [scratch.types[o] for o in outs]
 
 
-def onnx_types(node: Node, graph: Graph) -> list[TensorType] | None:
-    """Output types by ONNX shape inference, or by one run in onnxruntime."""
+def onnx_types(node: Node, graph: Graph, declared: Mapping[str, list] | None = None) -> list[TensorType] | None:
+    """Output types by ONNX shape inference, or by one run in onnxruntime. An ATen call (from the
+    PyTorch frontend) has its output types declared; otherwise a run on torch's meta tensors."""
+    if node.domain == aten_call.ATEN_DOMAIN:
+        return _aten_types(node, graph, declared or {})
     in_types = [graph.types[i] if i else None for i in node.inputs]
     consts = {k: graph.constants[i] for k, i in enumerate(node.inputs) if i in graph.constants}
     model = _one_node_model(node, in_types, [None] * len(node.outputs), graph.opsets, consts)
@@ -126,6 +130,18 @@ def onnx_types(node: Node, graph: Graph) -> list[TensorType] | None:
         return [TensorType(tuple(o.shape), DType.from_numpy(o.dtype)) for o in sess.run(None, feeds)]
     except Exception:  # noqa: BLE001
         return None
+
+
+def _aten_types(node: Node, graph: Graph, declared: Mapping[str, list]) -> list[TensorType] | None:
+    """dtypes from a run on torch's meta tensors; shapes as declared where the frontend declared
+    them (a meta kernel can disagree with the real one: batch norm's unused statistics)."""
+    try:
+        found = aten_call.output_types(node.op, node.attrs["call"], [graph.types[i] for i in node.inputs if i])
+    except Exception:  # noqa: BLE001 - an op without a meta kernel: the caller reports it
+        return None
+    outs = [o for o in node.outputs if o]
+    return [TensorType(tuple(declared[o]) if isinstance(declared.get(o), list) and all(isinstance(d, int)
+                       for d in declared[o]) else shape, dt) for o, (shape, dt) in zip(outs, found)]
 
 
 def _probe(t: TensorType, rng: np.random.Generator) -> np.ndarray:
@@ -166,7 +182,7 @@ def fold_and_infer(graph: Graph, declared: Mapping[str, list], label: str, check
                 continue
         types = rule_types(node, graph)
         if types is None:
-            types = onnx_types(node, graph)
+            types = onnx_types(node, graph, declared)
         if types is None:
             raise UnsupportedError(
                 f"{label}: {node_ref(node.name, node.op)}{' in domain ' + node.domain if node.domain else ''}: "

@@ -19,6 +19,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from tessera.errors import UnsupportedError, node_ref
+from tessera.ir import aten_call
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node, TensorType
 from tessera.ir.onnx_export import ir_version_for, make_onnx_node, opaque_onnx_attrs
@@ -37,6 +38,8 @@ def run_opaque(graph: Graph, node: Node, args: Sequence[np.ndarray], in_types: S
     """
     present = [t for t in node.inputs if t]
     out_types = [graph.types[o] for o in node.outputs if o]
+    if node.attrs.get("domain") == aten_call.ATEN_DOMAIN:
+        return _run_aten(node, args, in_types, out_types, exact)
     sess = _session(graph, node, in_types, out_types)
     feeds = {}
     for name, value, t in zip(present, args, in_types):
@@ -51,6 +54,24 @@ def run_opaque(graph: Graph, node: Node, args: Sequence[np.ndarray], in_types: S
         if exact and t.dtype.is_float:
             o = o.astype(np.float64)
         result.append(o)
+    return result
+
+
+def _run_aten(node: Node, args: Sequence[np.ndarray], in_types: Sequence[TensorType],
+              out_types: Sequence[TensorType], exact: bool) -> list[np.ndarray]:
+    """An ATen call kept whole (ir/aten_call.py), run by torch on the CPU in the declared types."""
+    import torch
+
+    ins = [torch.from_numpy(np.array(a, dtype=np.float32 if t.dtype is DType.BFLOAT16 else t.dtype.to_numpy(),
+                                     order="C", copy=True)).to(aten_call.torch_dtype(t.dtype))
+           for a, t in zip(args, in_types)]
+    outs = aten_call.run(str(node.attrs["op_type"]), node.attrs["onnx_attrs"]["call"], ins)
+    result = []
+    for o, t in zip(outs, out_types):
+        o = o.detach().cpu()
+        o = o.float() if o.dtype == torch.bfloat16 else o
+        arr = o.numpy()
+        result.append(arr.astype(np.float64) if exact and t.dtype.is_float else arr)
     return result
 
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from tessera.errors import MalformedModelError, ShapeError, UnsupportedError, node_ref
+from tessera.ir import aten_call
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, GraphKind, Node, TensorType
 from tessera.ir.interp_opaque import run_opaque
@@ -402,6 +403,9 @@ def _conv_transpose(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev
 # ---- opaque ------------------------------------------------------------------------
 def _opaque(node: Node, args: Sequence[torch.Tensor], out_types: Sequence[TensorType], dev: torch.device,
             opsets: Mapping[str, int] | None) -> list[torch.Tensor]:
+    if node.attrs.get("domain") == aten_call.ATEN_DOMAIN:  # torch itself, on the device
+        results = aten_call.run(str(node.attrs["op_type"]), node.attrs["onnx_attrs"]["call"], list(args), dev)
+        return [r.to(device=dev, dtype=TORCH_DTYPES[t.dtype]) for r, t in zip(results, out_types)]
     # onnxruntime on the CPU, exactly as the interpreter runs it (bfloat16 crosses as float32).
     outs = [o for o in node.outputs if o]
     graph = Graph(name="opaque", kind=GraphKind.PRIMITIVE, types=dict(zip(outs, out_types)),

@@ -1,0 +1,297 @@
+"""Stage `frontend` for PyTorch: an nn.Module or an FX graph -> the ONNX model the rest of tessera reads.
+
+    module or dynamo graph --make_fx + core-ATen decompositions--> functional ATen graph
+        --one converter per ATen op (frontend/aten.py)--> ONNX nodes (opset 20) + initializers
+
+This is tessera's own translation, not `torch.onnx.export`: every ATen op becomes the ONNX
+operator that the op registry (`ops/`) already splits into primitives, so an op has one
+fission rule whichever frontend it came from. The ONNX model is only the container: the
+artifact stores it as model.onnx, and `tessera verify` / `run --check` compare against
+onnxruntime on it as for any ONNX model. An ATen op with no converter is kept whole as one node
+of the `ir/aten_call.py` domain and runs through torch (opaque, like any unsupported op).
+
+Parameters and buffers are frozen: they become initializers, so weight transforms fold at
+compile time. A module whose weights change after compiling must be compiled again.
+
+The graph is traced with the example inputs' real values (tracing_mode "real"); each node is also
+run once here, which gives its shape and dtype and folds whatever depends only on constants
+(position ids, masks built from constants, iotas).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import onnx
+import torch
+import torch.fx as fx
+from onnx import helper, numpy_helper
+
+from tessera.errors import TesseraError, UnsupportedError
+from tessera.ir.aten_call import ATEN_DOMAIN, ATEN_OPSET, dumps
+from tessera.ir.dtype import DType
+
+OPSET = 20  # Gelu is an ONNX operator from 20 on
+# A node computed only from constants is folded unless its value is this large and larger than
+# its inputs (an expand of a weight would store the expanded copy).
+FOLD_LIMIT_BYTES = 1 << 20
+# ATen ops whose value is not a function of their inputs: never folded.
+_RANDOM = {"rand", "randn", "randint", "rand_like", "randn_like", "bernoulli", "native_dropout", "normal",
+           "uniform", "exponential", "multinomial", "randperm"}
+
+
+class Ref:
+    """A tensor value of the ATen graph: its ONNX name (None while it is a folded constant) and its
+    value from the tracing run (shape, dtype and, for a constant, the value itself)."""
+
+    __slots__ = ("name", "value", "const")
+
+    def __init__(self, name: str | None, value: torch.Tensor, const: bool) -> None:
+        self.name, self.value, self.const = name, value, const
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.value.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.value.shape)
+
+    @property
+    def rank(self) -> int:
+        return self.value.dim()
+
+
+def onnx_dtype(dt: torch.dtype) -> int:
+    """The ONNX element type of a torch dtype tessera handles."""
+    try:
+        return DType(str(dt).removeprefix("torch.")).to_onnx()
+    except ValueError:
+        raise UnsupportedError(f"tensors of {dt} are not supported") from None
+
+
+@dataclass
+class Emitter:
+    """Builds the ONNX graph; converters call it (frontend/aten.py)."""
+
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    initializers: list[onnx.TensorProto] = field(default_factory=list)
+    value_info: list[onnx.ValueInfoProto] = field(default_factory=list)
+    _count: int = 0
+    current: str = ""  # the FX node being converted: names its ONNX nodes
+
+    def fresh(self, hint: str) -> str:
+        self._count += 1
+        return f"{hint}_{self._count}"
+
+    def const(self, value: Any, dtype: torch.dtype | None = None, hint: str = "c") -> str:
+        """An initializer holding `value` (a tensor, an array or a Python number/list)."""
+        t = value if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=dtype)
+        if dtype is not None:
+            t = t.to(dtype)
+        t = t.detach().cpu().contiguous()
+        name = self.fresh(hint)
+        if t.dtype == torch.bfloat16:  # NumPy has no bfloat16: store the bits
+            proto = helper.make_tensor(name, onnx.TensorProto.BFLOAT16, list(t.shape),
+                                       t.view(torch.int16).numpy().astype(np.uint16).tobytes(), raw=True)
+        else:
+            proto = numpy_helper.from_array(t.numpy(), name)
+        self.initializers.append(proto)
+        return name
+
+    def ints(self, values: Sequence[int]) -> str:
+        return self.const([int(v) for v in values], torch.int64, "ints")
+
+    def tensor(self, x: Any, dtype: torch.dtype) -> str:
+        """`x` as an ONNX tensor of `dtype`: a Ref (cast when its dtype differs) or a Python scalar."""
+        if isinstance(x, Ref):
+            name = self.ref(x)
+            return name if x.dtype == dtype else self.op("Cast", [name], to=onnx_dtype(dtype))
+        return self.const(x, dtype)
+
+    def ref(self, x: Ref) -> str:
+        """The ONNX name of `x`, writing a folded constant as an initializer on first use."""
+        if x.name is None:
+            x.name = self.const(x.value, hint="folded")
+        return x.name
+
+    def op(self, op_type: str, inputs: Sequence[str], outputs: int = 1, domain: str = "", **attrs: Any) -> Any:
+        """One ONNX node; its output name, or a list of `outputs` names."""
+        base = self.fresh(f"{self.current or op_type}")
+        outs = [f"{base}:{i}" if outputs > 1 else base for i in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=base, domain=domain,
+                                           **{k: v for k, v in attrs.items() if v is not None}))
+        return outs if outputs > 1 else outs[0]
+
+
+Converter = Callable[[Emitter, fx.Node, tuple, dict, Any], Any]
+
+
+@dataclass
+class OnnxFromTorch:
+    """The ONNX model of a traced graph and how to call it from the graph's inputs."""
+
+    model: onnx.ModelProto
+    inputs: list[int]  # the traced graph's placeholder positions that the model takes, in order
+    # Per output of the traced graph: ("model", k) the model's k-th output, ("input", i) a placeholder
+    # passed through, ("value", v) a constant or non-tensor value
+    outputs: list[tuple[str, Any]]
+    opaque: list[str] = field(default_factory=list)  # ATen ops kept whole
+
+
+def aten_graph(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> fx.GraphModule:
+    """`fn` traced to functional core ATen with the example inputs' real values."""
+    from torch._decomp import core_aten_decompositions
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.func import functionalize
+
+    with torch.no_grad():
+        return make_fx(functionalize(fn, remove="mutations_and_views"),
+                       decomposition_table=core_aten_decompositions(), tracing_mode="real")(*example_inputs)
+
+
+def to_onnx(gm: fx.GraphModule, example_inputs: Sequence[Any], frozen: set[int], name: str,
+            input_names: Sequence[str] | None = None) -> OnnxFromTorch:
+    """The ONNX model of ATen graph `gm` (from `aten_graph`). Placeholders at `frozen` positions
+    are constants (parameters, buffers); the others are the model's inputs, named by
+    `input_names` (default input_0, ...)."""
+    from tessera.frontend.aten import CONVERTERS
+
+    em = Emitter()
+    env: dict[fx.Node, Any] = {}
+    graph_inputs: list[onnx.ValueInfoProto] = []
+    taken: list[int] = []
+    opaque: list[str] = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        raise TesseraError(f"the graph takes {len(placeholders)} inputs, {len(example_inputs)} example inputs given")
+    for i, (ph, x) in enumerate(zip(placeholders, example_inputs)):
+        if not isinstance(x, torch.Tensor):
+            env[ph] = x  # a Python value dynamo specialized on
+        elif i in frozen:
+            env[ph] = Ref(None, x.detach(), True)
+        else:
+            nm = (list(input_names)[len(taken)] if input_names else f"input_{len(taken)}")
+            env[ph] = Ref(nm, x.detach(), False)
+            taken.append(i)
+            graph_inputs.append(helper.make_tensor_value_info(nm, onnx_dtype(x.dtype), list(x.shape)))
+    result: Any = None
+    with torch.no_grad():
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "get_attr":
+                env[node] = Ref(None, _attr(gm, node.target), True)
+            elif node.op == "call_function":
+                env[node] = _call(em, node, env, opaque, CONVERTERS)
+            elif node.op == "output":
+                result = fx.node.map_arg(node.args[0], lambda a: env[a])
+            else:
+                raise UnsupportedError(f"{name}: FX node {node.name} ({node.op}) is not supported")
+    flat = list(result) if isinstance(result, (list, tuple)) else [result]
+    outputs: list[tuple[str, Any]] = []
+    graph_outputs: list[onnx.ValueInfoProto] = []
+    written: dict[str, int] = {}
+    for v in flat:
+        if isinstance(v, Ref) and not v.const and v.name not in {g.name for g in graph_inputs}:
+            if v.name not in written:
+                written[v.name] = len(graph_outputs)
+                graph_outputs.append(helper.make_tensor_value_info(v.name, onnx_dtype(v.dtype), list(v.shape)))
+            outputs.append(("model", written[v.name]))
+        elif isinstance(v, Ref) and not v.const:
+            outputs.append(("input", taken[[g.name for g in graph_inputs].index(v.name)]))
+        else:
+            outputs.append(("value", v.value if isinstance(v, Ref) else v))
+    if not graph_outputs:
+        raise UnsupportedError(f"{name}: the graph computes nothing from its inputs (every output is a constant "
+                               "or an input)")
+    g = helper.make_graph(em.nodes, name, graph_inputs, graph_outputs, initializer=em.initializers,
+                          value_info=em.value_info)
+    imports = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(ATEN_DOMAIN, ATEN_OPSET)] if opaque else [])
+    model = helper.make_model(g, opset_imports=imports, producer_name="tessera.frontend.fx")
+    model.ir_version = 10  # what onnxruntime reads
+    return OnnxFromTorch(model, taken, outputs, sorted(set(opaque)))
+
+
+def _attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
+    v: Any = gm
+    for part in target.split("."):
+        v = getattr(v, part)
+    return v.detach() if isinstance(v, torch.Tensor) else v
+
+
+def _value(x: Any) -> Any:
+    return x.value if isinstance(x, Ref) else x
+
+
+def _call(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], opaque: list[str],
+          converters: dict[str, Converter]) -> Any:
+    """Run `node` once for its value; fold it or convert it."""
+    args = fx.node.map_arg(node.args, lambda a: env[a])
+    kwargs = fx.node.map_arg(node.kwargs, lambda a: env[a])
+    target = node.target
+    if target is __import__("operator").getitem:  # one output of a multi-output op
+        seq, i = args
+        return seq[i]
+    out = target(*_tree(args, _value), **_tree(kwargs, _value))
+    key = str(target)
+    refs = [a for a in _flatten((args, kwargs)) if isinstance(a, Ref)]
+    packet = key.split(".")[1] if key.startswith("aten.") else key
+    if all(r.const for r in refs) and packet not in _RANDOM and _foldable(out, refs):
+        return _tree(out, lambda v: Ref(None, v, True) if isinstance(v, torch.Tensor) else v)
+    em.current = node.name
+    conv = converters.get(key)
+    names = None
+    if conv is not None:
+        names = conv(em, node, args, kwargs, out)
+    if names is None:  # no converter, or the converter declines this case: the ATen call, whole
+        names = _aten_node(em, key, args, kwargs, out)
+        opaque.append(key)
+    if isinstance(out, (tuple, list)):
+        names = names if isinstance(names, (list, tuple)) else [names]
+        return [Ref(n, v, False) if isinstance(v, torch.Tensor) and n else None for n, v in zip(names, out)]
+    return Ref(names, out, False)
+
+
+def _foldable(out: Any, refs: list[Ref]) -> bool:
+    size = sum(v.numel() * v.element_size() for v in _flatten(out) if isinstance(v, torch.Tensor))
+    largest = max((r.value.numel() * r.value.element_size() for r in refs), default=0)
+    return size <= FOLD_LIMIT_BYTES or size <= largest
+
+
+def _aten_node(em: Emitter, key: str, args: tuple, kwargs: dict, out: Any) -> Any:
+    """The ATen call as one node of the ATen domain (ir/aten_call.py)."""
+    if not key.startswith("aten."):
+        raise UnsupportedError(f"{em.current}: {key} is not an ATen operator; tessera cannot run it")
+    tensors: list[Ref] = []
+
+    def index(x: Any) -> int | None:
+        if not isinstance(x, Ref):
+            return None
+        tensors.append(x)
+        return len(tensors) - 1
+
+    call = dumps(list(args), dict(kwargs), index)
+    values = list(out) if isinstance(out, (tuple, list)) else [out]
+    names = em.op(key, [em.ref(t) for t in tensors], outputs=len(values), domain=ATEN_DOMAIN, call=call)
+    for nm, v in zip(names if isinstance(names, list) else [names], values):
+        if isinstance(v, torch.Tensor):  # what it computes, for type inference (a meta kernel may differ)
+            em.value_info.append(helper.make_tensor_value_info(nm, onnx_dtype(v.dtype), list(v.shape)))
+    return names
+
+
+def _tree(x: Any, f: Callable[[Any], Any]) -> Any:
+    if isinstance(x, (list, tuple)):
+        return type(x)(_tree(v, f) for v in x)
+    if isinstance(x, dict):
+        return {k: _tree(v, f) for k, v in x.items()}
+    return f(x)
+
+
+def _flatten(x: Any) -> list[Any]:
+    if isinstance(x, (list, tuple)):
+        return [y for v in x for y in _flatten(v)]
+    if isinstance(x, dict):
+        return [y for v in x.values() for y in _flatten(v)]
+    return [x]

@@ -1,0 +1,101 @@
+"""PyTorch entry points: `tessera.compile(module, example_inputs)` and `torch.compile(model, backend="tessera")`.
+
+Both go through `frontend/fx.py` (the module or dynamo's FX graph -> core ATen -> the ONNX
+operators the op registry splits) and then the same compile as an ONNX model. The backend is
+registered under the `torch_dynamo_backends` entry point (pyproject.toml), so
+`torch.compile(model, backend="tessera", options={...})` needs no import; the options are
+`CompileOptions` fields (precision, cost, gpu, strategy, db, ...).
+
+Dynamo owns graph breaks and guards: each graph it captures compiles on its own, and a call with
+the same shapes reuses the compiled plan. Parameters and buffers are frozen into the plan.
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from tessera.compiler import CompileOptions, CompileResult, compile_model, plan_document
+from tessera.errors import TesseraError
+from tessera.frontend.fx import OnnxFromTorch, aten_graph, to_onnx
+from tessera.log import logger
+from tessera.runtime.executable import Executable
+
+
+class CompiledModule:
+    """A compiled PyTorch graph: call it like the module (tensors by position)."""
+
+    def __init__(self, exe: Executable, bridge: OnnxFromTorch, result: CompileResult, tuple_out: bool) -> None:
+        self.exe, self.bridge, self.result, self.tuple_out = exe, bridge, result, tuple_out
+
+    def __call__(self, *args: Any) -> Any:
+        ins = [args[i] for i in self.bridge.inputs]
+        outs = self.exe(*ins)
+        flat = []
+        for kind, v in self.bridge.outputs:
+            flat.append(outs[v] if kind == "model" else args[v] if kind == "input" else v)
+        return tuple(flat) if self.tuple_out else flat[0]
+
+
+def options_from(options: Mapping[str, Any] | CompileOptions | None) -> CompileOptions:
+    """CompileOptions from a dict of its fields (torch.compile's `options`), checked by name."""
+    if options is None or isinstance(options, CompileOptions):
+        return options or CompileOptions()
+    known = {f.name for f in fields(CompileOptions)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TesseraError(f"unknown tessera option(s) {unknown}; the options are {sorted(known)}")
+    return CompileOptions(**dict(options))
+
+
+def compile_module(module: Callable[..., Any], example_inputs: Sequence[Any],
+                   options: Mapping[str, Any] | CompileOptions | None = None, name: str | None = None,
+                   frozen: set[int] | None = None) -> CompiledModule:
+    """Compile an nn.Module (or any traceable function) for inputs like `example_inputs`.
+
+    The plan is built for the example inputs' shapes and dtypes, on their device. `frozen` names
+    positional inputs that are constants (a dynamo graph's parameters)."""
+    opt = options_from(options)
+    label = name or getattr(type(module), "__name__", "module")
+    if isinstance(module, torch.nn.Module) and not isinstance(module, torch.fx.GraphModule) and module.training:
+        raise TesseraError(f"{label} is in training mode; tessera compiles inference: call .eval() on it first")
+    try:
+        gm = aten_graph(module, list(example_inputs))
+    except TesseraError:
+        raise
+    except Exception as e:  # noqa: BLE001 - tracing raises whatever the model's code raises
+        raise TesseraError(f"{label}: tracing to ATen failed: {type(e).__name__}: {e}") from None
+    bridge = to_onnx(gm, list(example_inputs), frozen or set(), label)
+    if bridge.opaque:
+        logger.info("%s: ATen op(s) kept whole (run by torch): %s", label, ", ".join(bridge.opaque))
+    result = compile_model(bridge.model, opt)
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    device = tensors[0].device if tensors else torch.device("cpu")
+    exe = Executable(result.graph, plan_document(result), device)
+    with torch.no_grad():
+        probe = gm(*example_inputs)
+    return CompiledModule(exe, bridge, result, isinstance(probe, (tuple, list)))
+
+
+def _module_state(node: torch.fx.Node) -> bool:
+    """Is this dynamo placeholder a parameter or buffer of a module (by where dynamo read it)?"""
+    ga = node.meta.get("grapharg")
+    src = getattr(ga, "source", None)
+    while src is not None:
+        kind = type(src).__name__
+        if "ParamBuffer" in kind or kind in ("ParamBufferSource", "NNModuleSource"):
+            return True
+        src = getattr(src, "base", None)
+    return False
+
+
+def tessera_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                    options: Mapping[str, Any] | None = None, **_: Any) -> Callable[..., Any]:
+    """The dynamo backend: one captured graph -> a callable running tessera's plan."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    frozen = {i for i, (n, x) in enumerate(zip(placeholders, example_inputs))
+              if isinstance(x, torch.nn.Parameter) or _module_state(n)}
+    compiled = compile_module(gm, example_inputs, options, name=f"dynamo_graph_{gm.meta.get('dynamo_compile_id', '')}",
+                              frozen=frozen)
+    return compiled
