@@ -51,21 +51,28 @@ def options_from(options: Mapping[str, Any] | CompileOptions | None) -> CompileO
 
 def compile_module(module: Callable[..., Any], example_inputs: Sequence[Any],
                    options: Mapping[str, Any] | CompileOptions | None = None, name: str | None = None,
-                   frozen: set[int] | None = None) -> CompiledModule:
+                   frozen: set[int] | None = None) -> Any:
     """Compile an nn.Module (or any traceable function) for inputs like `example_inputs`.
 
-    The plan is built for the example inputs' shapes and dtypes, on their device. `frozen` names
-    positional inputs that are constants (a dynamo graph's parameters)."""
+    The plan is built for the example inputs' shapes and dtypes, on their device: a
+    `CompiledModule`. A module that does not trace as one graph (Python control flow on tensor
+    values) is compiled through `torch.compile(backend=tessera)` instead, one plan per graph that
+    dynamo captures. `frozen` names positional inputs that are constants (a dynamo graph's
+    parameters)."""
     opt = options_from(options)
     label = name or getattr(type(module), "__name__", "module")
     if isinstance(module, torch.nn.Module) and not isinstance(module, torch.fx.GraphModule) and module.training:
         raise TesseraError(f"{label} is in training mode; tessera compiles inference: call .eval() on it first")
     try:
         gm = aten_graph(module, list(example_inputs))
-    except TesseraError:
-        raise
     except Exception as e:  # noqa: BLE001 - tracing raises whatever the model's code raises
-        raise TesseraError(f"{label}: tracing to ATen failed: {type(e).__name__}: {e}") from None
+        if isinstance(module, torch.fx.GraphModule):
+            raise TesseraError(f"{label}: tracing to ATen failed: {type(e).__name__}: {e}") from None
+        # Python control flow on tensor values (transformers' mask checks): dynamo splits the model
+        # into graphs around it, each compiled by the backend.
+        logger.info("%s does not trace as one graph (%s); compiling it through torch.compile", label,
+                    str(e).splitlines()[0][:200])
+        return _through_dynamo(module, example_inputs, opt)
     bridge = to_onnx(gm, list(example_inputs), frozen or set(), label)
     if bridge.opaque:
         logger.info("%s: ATen op(s) kept whole (run by torch): %s", label, ", ".join(bridge.opaque))
@@ -76,6 +83,14 @@ def compile_module(module: Callable[..., Any], example_inputs: Sequence[Any],
     with torch.no_grad():
         probe = gm(*example_inputs)
     return CompiledModule(exe, bridge, result, isinstance(probe, (tuple, list)))
+
+
+def _through_dynamo(module: Callable[..., Any], example_inputs: Sequence[Any], opt: CompileOptions) -> Any:
+    """torch.compile(module, backend=tessera), compiled now by one call on the example inputs."""
+    compiled = torch.compile(module, backend=lambda gm, ex: tessera_backend(gm, ex, options=opt))
+    with torch.no_grad():
+        compiled(*example_inputs)
+    return compiled
 
 
 def _module_state(node: torch.fx.Node) -> bool:

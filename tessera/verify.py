@@ -35,7 +35,7 @@ import onnxruntime as ort
 from tessera.errors import TesseraError
 from tessera.fission import OpaqueOp, fission
 from tessera.frontend import LoadedModel, load
-from tessera.ir import interp, interp_linear
+from tessera.ir import aten_call, interp, interp_linear
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node
 from tessera.ir.indices import index_bounds
@@ -107,7 +107,11 @@ def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
 
 
 def run_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The reference: the model as-is in onnxruntime's CPU provider, graph optimizations off."""
+    """The reference: the model as-is in onnxruntime's CPU provider, graph optimizations off. A
+    model from the PyTorch frontend that keeps ATen calls whole (which onnxruntime cannot run)
+    runs in onnx's reference evaluator instead, the ATen calls in torch."""
+    if any(n.domain == aten_call.ATEN_DOMAIN for n in model.graph.node):
+        return _run_reference_evaluator(model, feeds)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
@@ -116,6 +120,26 @@ def run_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> 
         raise TesseraError(f"onnxruntime cannot load the model to produce a reference: {e}") from None
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(None, dict(feeds))))
+
+
+def _run_reference_evaluator(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import torch
+    from onnx.reference import ReferenceEvaluator
+    from onnx.reference.op_run import OpRun
+
+    def aten_op(op_type: str) -> type:
+        def _run(self: OpRun, *inputs: np.ndarray, call: str = "") -> tuple[np.ndarray, ...]:
+            outs = aten_call.run(op_type, call, [torch.from_numpy(np.array(x)) for x in inputs])
+            return tuple(o.detach().cpu().numpy() for o in outs)
+        return type(op_type, (OpRun,), {"op_domain": aten_call.ATEN_DOMAIN, "_run": _run})
+
+    ops = sorted({n.op_type for n in model.graph.node if n.domain == aten_call.ATEN_DOMAIN})
+    try:
+        sess = ReferenceEvaluator(model, new_ops=[aten_op(o) for o in ops])
+        outs = sess.run(None, dict(feeds))
+    except Exception as e:  # noqa: BLE001 - the evaluator raises its own exception types
+        raise TesseraError(f"onnx's reference evaluator cannot run the model to produce a reference: {e}") from None
+    return {o.name: np.asarray(v) for o, v in zip(model.graph.output, outs)}
 
 
 def verify(source: Any, stage: str = "fission", input_shapes: Mapping[str, Sequence[int]] | None = None,

@@ -405,7 +405,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         for o in r.outputs:
             print(f"  {o.name:<24} {str(list(o.shape)):<20} rel L2 {o.rel_l2:.3e}  {'PASS' if o.passed else 'FAIL'}")
         if r.opaque:
-            print(f"  {len(r.opaque)} opaque node(s) ran through onnxruntime: "
+            print(f"  {len(r.opaque)} opaque node(s) ran through the fallback (onnxruntime; torch for ATen calls): "
                   + ", ".join(f"{o.node} ({o.op_type})" for o in r.opaque))
         print("PASS" if r.passed else "FAIL")
     return 0 if r.passed else 1

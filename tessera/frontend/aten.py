@@ -263,11 +263,26 @@ def _embedding(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) 
 
 @convert("aten.index.Tensor")
 def _index(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
+    """x[i0, i1, ...]: one index tensor is a Gather; several constant ones over the leading axes are
+    one Gather over those axes flattened (the flat index computed here). Masks and other advanced
+    indexing are kept whole."""
     x, idx = args[0], list(args[1])
     used = [i for i, t in enumerate(idx) if t is not None]
-    if len(used) != 1 or not isinstance(idx[used[0]], Ref) or idx[used[0]].dtype == torch.bool:
-        return None  # several index tensors (advanced indexing) or a mask: kept whole
-    return em.op("Gather", [em.ref(x), em.ref(idx[used[0]])], axis=used[0])
+    if not used or any(not isinstance(idx[i], Ref) or idx[i].dtype == torch.bool for i in used):
+        return None
+    if len(used) == 1:
+        return em.op("Gather", [em.ref(x), em.ref(idx[used[0]])], axis=used[0])
+    k = len(used)
+    if used != list(range(k)) or not all(idx[i].const for i in used):
+        return None
+    flat = torch.zeros((), dtype=torch.int64)
+    for i in used:  # row-major over the leading k axes, negative indices wrapped
+        flat = flat * x.shape[i] + idx[i].value.to(torch.int64) % x.shape[i]
+    lead = 1
+    for d in x.shape[:k]:
+        lead *= d
+    rows = em.op("Reshape", [em.ref(x), em.ints([lead, *x.shape[k:]])])
+    return em.op("Gather", [rows, em.const(flat)], axis=0)
 
 
 @convert("aten.gather.default")

@@ -40,6 +40,10 @@ FOLD_LIMIT_BYTES = 1 << 20
 _RANDOM = {"rand", "randn", "randint", "rand_like", "randn_like", "bernoulli", "native_dropout", "normal",
            "uniform", "exponential", "multinomial", "randperm"}
 
+# ATen ops whose value depends on their tensor inputs' shapes and dtypes only.
+_SHAPE_ONLY = {"full_like", "zeros_like", "ones_like", "empty_like", "new_full", "new_zeros", "new_ones",
+               "new_empty", "scalar_tensor"}
+
 
 class Ref:
     """A tensor value of the ATen graph: its ONNX name (None while it is a folded constant) and its
@@ -238,6 +242,8 @@ def _call(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], opaque: list[str]
     key = str(target)
     refs = [a for a in _flatten((args, kwargs)) if isinstance(a, Ref)]
     packet = key.split(".")[1] if key.startswith("aten.") else key
+    if packet in _SHAPE_ONLY:  # full_like(x, v) and the like read only x's shape
+        refs = []
     if all(r.const for r in refs) and packet not in _RANDOM and _foldable(out, refs):
         return _tree(out, lambda v: Ref(None, v, True) if isinstance(v, torch.Tensor) else v)
     em.current = node.name

@@ -1,0 +1,221 @@
+"""The PyTorch frontend and backend (issue 16): nn.Module and dynamo graphs against eager, on fresh
+random inputs, through Triton's interpreter. Each model's plan is the analytical one."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from torch import nn
+
+import tessera
+from tessera.compiler import write_artifacts
+from tessera.errors import TesseraError
+from tessera.ir import aten_call
+from tessera.tolerance import TOLERANCE, rel_l2
+from tessera.torch_backend import CompiledModule, tessera_backend
+
+CPU = {"cost": "analytical"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_dynamo():
+    """Dynamo's caches and counters are per process: leave none to the other test files."""
+    yield
+    torch._dynamo.reset()
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> None:
+    err = rel_l2(got.detach().double().numpy(), want.detach().double().numpy())
+    assert err < TOLERANCE["fp32"], err
+
+
+class Recorder:
+    """A backend that compiles with tessera and keeps what each captured graph became."""
+
+    def __init__(self) -> None:
+        self.compiled: list[CompiledModule] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list, **kw: object) -> CompiledModule:
+        c = tessera_backend(gm, example_inputs, options=CPU)
+        self.compiled.append(c)
+        return c
+
+
+def test_module_compiles_directly_against_eager() -> None:
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(16, 33), nn.GELU(), nn.Linear(33, 7), nn.Tanh()).eval()
+    x = torch.randn(5, 16)
+    c = tessera.compile(mlp, (x,))
+    assert isinstance(c, CompiledModule) and not c.bridge.opaque
+    assert {n.op_type for n in c.bridge.model.graph.node} >= {"Gemm", "Gelu", "Tanh"}
+    fresh = torch.randn(5, 16)
+    with torch.no_grad():
+        close(c(fresh), mlp(fresh))
+
+
+def test_backend_by_name_conv_batchnorm_relu() -> None:
+    torch.manual_seed(1)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Conv2d(8, 6, 3, stride=2, groups=2), nn.BatchNorm2d(6), nn.ReLU(),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 5)).eval()
+    with torch.no_grad():  # statistics that are not the identity
+        for bn in (net[1], net[5]):
+            bn.running_mean.normal_()
+            bn.running_var.uniform_(0.5, 2.0)
+    f = torch.compile(net, backend="tessera", options=CPU)  # the entry point, no import
+    with torch.no_grad():
+        for _ in range(2):  # the second call reuses the plan
+            x = torch.randn(2, 3, 17, 17)
+            close(f(x), net(x))
+
+
+def test_training_mode_is_refused() -> None:
+    with pytest.raises(TesseraError, match="training mode"):
+        tessera.compile(nn.Linear(3, 3), (torch.randn(1, 3),))
+
+
+def test_unknown_option_is_named() -> None:
+    with pytest.raises(TesseraError, match="precison"):
+        tessera.compile(nn.Linear(3, 3).eval(), {"precison": "fp16"}, example_inputs=(torch.randn(1, 3),))
+
+
+class Broken(nn.Module):
+    """A graph break between two graphs, and an op tessera has no converter for (cumsum)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        torch._dynamo.graph_break()
+        return self.b(torch.cumsum(h, dim=1)).softmax(-1)
+
+
+def test_graph_break_and_an_opaque_aten_op() -> None:
+    torch.manual_seed(2)
+    m = Broken().eval()
+    rec = Recorder()
+    f = torch.compile(m, backend=rec)
+    with torch.no_grad():
+        x = torch.randn(3, 8)
+        close(f(x), m(x))
+    assert len(rec.compiled) == 2
+    assert [c.bridge.opaque for c in rec.compiled] == [[], ["aten.cumsum.default"]]
+    cum = [n for n in rec.compiled[1].bridge.model.graph.node if n.domain == aten_call.ATEN_DOMAIN]
+    assert [n.op_type for n in cum] == ["aten.cumsum.default"]
+
+
+def test_artifact_of_a_module_with_an_aten_call(tmp_path: Path) -> None:
+    """Saved and loaded like any artifact; `run --check`'s reference runs the ATen call in torch."""
+    torch.manual_seed(3)
+    m = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(m(x), 1).exp()
+
+    x = torch.randn(3, 8)
+    c = tessera.compile(fn, (x,))
+    write_artifacts(c.result, tmp_path / "art")
+    loaded = tessera.load(tmp_path / "art")
+    fresh = torch.randn(3, 8)
+    with torch.no_grad():
+        close(loaded(fresh)[0], fn(fresh))
+    from tessera.verify import random_inputs, run_onnxruntime
+    feeds = random_inputs(loaded.graph, 7)
+    ref = run_onnxruntime(c.bridge.model, feeds)
+    with torch.no_grad():
+        want = fn(torch.from_numpy(feeds[loaded.graph.inputs[0]]))
+    close(torch.from_numpy(next(iter(ref.values()))), want)
+
+
+def test_aten_call_arguments_round_trip() -> None:
+    """dtypes, infinities, lists and devices survive the JSON; tensors come back by position."""
+    x = torch.randn(2, 3)
+    call = aten_call.dumps([None, [1, 2], -math.inf], {"dtype": torch.float16, "device": torch.device("cpu")},
+                           lambda v: None)
+    spec = json.loads(call)
+    assert spec["kwargs"]["dtype"] == {"dtype": "float16"} and spec["args"][2] == {"float": "-inf"}
+    out = aten_call.run("aten.clamp.default", aten_call.dumps([x, -math.inf, 0.5], {}, lambda v: 0 if v is x else None),
+                        [x])
+    assert torch.equal(out[0], x.clamp(max=0.5))
+    with pytest.raises(Exception, match="not an ATen"):
+        aten_call.overload("os.system.default")
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
+        self.c2, self.b2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+        self.down = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                     if stride != 1 or cin != cout else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.b2(self.c2(torch.relu(self.b1(self.c1(x)))))
+        return torch.relu(y + (x if self.down is None else self.down(x)))
+
+
+class ResNet18(nn.Module):
+    """timm's and torchvision's resnet18 layer for layer (timm needs torchvision, whose wheels for
+    this torch are CUDA builds that do not load beside the CPU torch: the GPU runs use timm's)."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                                  nn.MaxPool2d(3, 2, 1))
+        blocks, cin = [], 64
+        for i, c in enumerate([64, 128, 256, 512]):
+            blocks += [BasicBlock(cin, c, 1 if i == 0 else 2), BasicBlock(c, c, 1)]
+            cin = c
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x)))
+
+
+def test_resnet18_at_64() -> None:
+    torch.manual_seed(4)
+    m = ResNet18().eval()
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, nn.BatchNorm2d):
+                mod.running_mean.normal_(0, 0.1)
+                mod.running_var.uniform_(0.5, 1.5)
+    f = torch.compile(m, backend="tessera", options=CPU)
+    with torch.no_grad():
+        x = torch.randn(1, 3, 64, 64)
+        close(f(x), m(x))
+
+
+def test_transformers_bert_two_layers_with_padding() -> None:
+    torch.manual_seed(5)
+    cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                                  vocab_size=100)
+    m = transformers.BertModel(cfg).eval()
+    rec = Recorder()
+    f = torch.compile(m, backend=rec)
+    ids = torch.randint(0, 100, (2, 13))
+    mask = torch.ones(2, 13, dtype=torch.long)
+    mask[1, 9:] = 0  # the second sequence padded: the additive mask matters
+    with torch.no_grad():
+        close(f(input_ids=ids, attention_mask=mask).last_hidden_state,
+              m(input_ids=ids, attention_mask=mask).last_hidden_state)
+    assert rec.compiled and all(not c.bridge.opaque for c in rec.compiled)
+
+
+def test_transformers_gpt2_directly() -> None:
+    """tessera.compile on a module that does not trace as one graph goes through dynamo."""
+    torch.manual_seed(6)
+    m = transformers.GPT2Model(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100,
+                                                       bos_token_id=0, eos_token_id=0)).eval()
+    ids = torch.randint(0, 100, (1, 11))
+    c = tessera.compile(m, (ids,))
+    fresh = torch.randint(0, 100, (1, 11))
+    with torch.no_grad():
+        close(c(fresh).last_hidden_state, m(fresh).last_hidden_state)
