@@ -114,3 +114,12 @@ def tessera_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     compiled = compile_module(gm, example_inputs, options, name=f"dynamo_graph_{gm.meta.get('dynamo_compile_id', '')}",
                               frozen=frozen)
     return compiled
+
+
+def register() -> None:
+    """Register the backend with dynamo by hand, for a tessera used from a source tree (PYTHONPATH)
+    where the `torch_dynamo_backends` entry point of an installed package is missing."""
+    from torch._dynamo import list_backends, register_backend
+
+    if "tessera" not in list_backends(exclude_tags=()):
+        register_backend(tessera_backend, "tessera")
