@@ -38,6 +38,9 @@ from tessera.tolerance import TOLERANCE, rel_l2
 from tessera.verify import random_inputs, run_onnxruntime
 
 PEERS = ("eager", "inductor", "inductor-cudagraphs", "inductor-max-autotune", "sdpa")
+# tessera itself through torch.compile(backend="tessera") on the PyTorch model (issue 16): listed with
+# the peers (`--vs`), since it needs the module, but never counted as one.
+DYNAMO = "tessera-dynamo"
 TIMINGS = ("wall", "gpu")
 _MODES = {"inductor": "default", "inductor-cudagraphs": "reduce-overhead", "inductor-max-autotune": "max-autotune"}
 
@@ -200,9 +203,13 @@ def bench(model: str, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
             module = module.to(dt)
             args = [a.to(dt) if a.is_floating_point() else a for a in args]
         for peer in peers:
-            if peer not in PEERS:
-                raise TesseraError(f"unknown peer {peer!r}; choose from {', '.join(PEERS)}")
-            if peer == "sdpa":
+            if peer not in PEERS + (DYNAMO,):
+                raise TesseraError(f"unknown peer {peer!r}; choose from {', '.join(PEERS + (DYNAMO,))}")
+            extra: dict[str, Any] = {}
+            if peer == DYNAMO:
+                fn, compiled = _through_dynamo(module, CompileOptions(precision=precision, cost=cost, db=db,
+                                                                      solver=solver))
+            elif peer == "sdpa":
                 from tessera.zoo import sdpa_form
 
                 fn = sdpa_form(module)
@@ -216,10 +223,14 @@ def bench(model: str, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
                 for _ in range(2):
                     out = fn(*args)
                 warm = time.perf_counter() - t0
+                if peer == DYNAMO:
+                    extra = {"graphs": len(compiled), "kernels": sum(len(c.exe.steps) for c in compiled),
+                             "opaque": sorted({o for c in compiled for o in c.bridge.opaque}),
+                             "tuning": [c.result.tuning for c in compiled]}
                 err, ok = _check(out, ref, out_names, precision)
                 ms = profile_callable(lambda: fn(*args), GPU_REPS, dev, peer).total_us / 1e3 \
                     if timing == "gpu" else median_ms(lambda: fn(*args), dev)
-            entries.append(Entry(peer, ms, err, ok, extra={"warmup_s": round(warm, 2)}))
+            entries.append(Entry(peer, ms, err, ok, extra={"warmup_s": round(warm, 2), **extra}))
             if run_profile:
                 entries[-1].extra["run_profile"] = profile_callable(lambda: fn(*args), reps, dev, peer).to_json()
     peers_ms = [e.ms for e in entries if not e.name.startswith("tessera")]
@@ -233,6 +244,21 @@ def bench(model: str, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
         "entries": [{**asdict(e), "vs_best_peer": (e.ms / best) if best else None} for e in entries],
         **({} if dev.type == "cuda" else {"note": CPU_NOTE}),
     }
+
+
+def _through_dynamo(module: torch.nn.Module, options: CompileOptions) -> tuple[Callable[..., Any], list[Any]]:
+    """`torch.compile(module, backend="tessera")` with `options`, and the list each graph dynamo
+    captures is compiled into (filled on the first call)."""
+    from tessera.torch_backend import tessera_backend
+
+    compiled: list[Any] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        compiled.append(tessera_backend(gm, example_inputs, options=options))
+        return compiled[-1]
+
+    torch._dynamo.reset()
+    return torch.compile(module, backend=backend), compiled
 
 
 # On a CPU tessera's kernels run in Triton's interpreter: the times check that the comparison runs,

@@ -26,6 +26,18 @@ def test_bench_zoo_model_against_eager(tmp_path, capsys):
     assert all(r["cost_us"] >= r["roofline_us"] for r in prof["top"])  # analytical: roofline plus launch
 
 
+def test_bench_times_tessera_through_dynamo_beside_the_onnx_path():
+    """`--vs tessera-dynamo`: the zoo module through torch.compile(backend="tessera"), checked against
+    the same reference, listed but never the best peer."""
+    doc = bench("zoo:mlp_tiny", precision="fp32", peers=["eager", "tessera-dynamo"], strategies=["optimal"],
+                cost="analytical", device="cpu")
+    by = {e["name"]: e for e in doc["entries"]}
+    dyn = by["tessera-dynamo"]
+    assert dyn["passed"] and dyn["extra"]["graphs"] == 1 and dyn["extra"]["opaque"] == []
+    assert dyn["extra"]["kernels"] == by["tessera-optimal"]["extra"]["kernels"]  # the same plan, two frontends
+    assert by["eager"]["vs_best_peer"] == 1.0
+
+
 def test_bench_cli_writes_json_and_rejects_unknown_models(tmp_path, capsys):
     out = tmp_path / "b.json"
     assert main(["bench", "zoo:mlp_tiny", "--precision", "fp32", "--vs", "eager", "--strategy",

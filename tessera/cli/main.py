@@ -163,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="as every command's default")
     p.add_argument("--vs", default="eager,inductor,inductor-cudagraphs",
                    help="peers: eager, inductor, inductor-cudagraphs, inductor-max-autotune, sdpa "
-                        "(the flash kernel; zoo attention cases only)")
+                        "(the flash kernel; zoo attention cases only); tessera-dynamo adds tessera through "
+                        "torch.compile(backend='tessera') on the PyTorch model (not a peer)")
     p.add_argument("--strategy", default="optimal,greedy",
                    help="tessera strategies to time; NAME-notemplates times NAME with templates off, "
                         "NAME-noprologues with templates but no operand prologues, NAME-precisionio taking "
