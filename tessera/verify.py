@@ -128,7 +128,7 @@ def _run_reference_evaluator(model: onnx.ModelProto, feeds: Mapping[str, np.ndar
     from onnx.reference.op_run import OpRun
 
     def aten_op(op_type: str) -> type:
-        def _run(self: OpRun, *inputs: np.ndarray, call: str = "") -> tuple[np.ndarray, ...]:
+        def _run(self: OpRun, *inputs: np.ndarray, call: str = "", out_types: str = "") -> tuple[np.ndarray, ...]:
             outs = aten_call.run(op_type, call, [torch.from_numpy(np.array(x)) for x in inputs])
             return tuple(o.detach().cpu().numpy() for o in outs)
         return type(op_type, (OpRun,), {"op_domain": aten_call.ATEN_DOMAIN, "_run": _run})

@@ -219,3 +219,19 @@ def test_transformers_gpt2_directly() -> None:
     fresh = torch.randint(0, 100, (1, 11))
     with torch.no_grad():
         close(c(fresh).last_hidden_state, m(fresh).last_hidden_state)
+
+
+def test_sdpa_decomposes_into_primitives() -> None:
+    """F.scaled_dot_product_attention is traced in its math form (a GPU would pick cuDNN's or flash's
+    kernel, one opaque call): matmuls and a softmax that chains can fuse."""
+    torch.manual_seed(7)
+
+    def attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q, k, v = (torch.randn(1, 2, 7, 16) for _ in range(3))
+    c = tessera.compile(attn, (q, k, v))
+    assert not c.bridge.opaque
+    assert {"MatMul", "Softmax"} <= {n.op_type for n in c.bridge.model.graph.node}
+    with torch.no_grad():
+        close(c(q, k, v), attn(q, k, v))

@@ -19,6 +19,7 @@ run once here, which gives its shape and dtype and folds whatever depends only o
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -81,7 +82,6 @@ class Emitter:
 
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     initializers: list[onnx.TensorProto] = field(default_factory=list)
-    value_info: list[onnx.ValueInfoProto] = field(default_factory=list)
     _count: int = 0
     current: str = ""  # the FX node being converted: names its ONNX nodes
 
@@ -150,7 +150,11 @@ def aten_graph(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> fx.Grap
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.func import functionalize
 
-    with torch.no_grad():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    # SDPA picks a fused kernel by device (cuDNN or flash on a GPU), which would stay one opaque
+    # call; its math form decomposes into the matmuls and softmax that tessera fuses itself.
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
         return make_fx(functionalize(fn, remove="mutations_and_views"),
                        decomposition_table=core_aten_decompositions(), tracing_mode="real")(*example_inputs)
 
@@ -210,8 +214,7 @@ def to_onnx(gm: fx.GraphModule, example_inputs: Sequence[Any], frozen: set[int],
     if not graph_outputs:
         raise UnsupportedError(f"{name}: the graph computes nothing from its inputs (every output is a constant "
                                "or an input)")
-    g = helper.make_graph(em.nodes, name, graph_inputs, graph_outputs, initializer=em.initializers,
-                          value_info=em.value_info)
+    g = helper.make_graph(em.nodes, name, graph_inputs, graph_outputs, initializer=em.initializers)
     imports = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(ATEN_DOMAIN, ATEN_OPSET)] if opaque else [])
     model = helper.make_model(g, opset_imports=imports, producer_name="tessera.frontend.fx")
     model.ir_version = 10  # what onnxruntime reads
@@ -280,11 +283,12 @@ def _aten_node(em: Emitter, key: str, args: tuple, kwargs: dict, out: Any) -> An
 
     call = dumps(list(args), dict(kwargs), index)
     values = list(out) if isinstance(out, (tuple, list)) else [out]
-    names = em.op(key, [em.ref(t) for t in tensors], outputs=len(values), domain=ATEN_DOMAIN, call=call)
-    for nm, v in zip(names if isinstance(names, list) else [names], values):
-        if isinstance(v, torch.Tensor):  # what it computes, for type inference (a meta kernel may differ)
-            em.value_info.append(helper.make_tensor_value_info(nm, onnx_dtype(v.dtype), list(v.shape)))
-    return names
+    if not all(isinstance(v, torch.Tensor) for v in values):
+        raise UnsupportedError(f"{em.current}: {key} returns non-tensor values; tessera cannot keep it as one call")
+    # What it computed, for type inference: a meta kernel may differ, or be missing (cuDNN attention).
+    types = json.dumps([[list(v.shape), str(v.dtype).removeprefix("torch.")] for v in values])
+    return em.op(key, [em.ref(t) for t in tensors], outputs=len(values), domain=ATEN_DOMAIN, call=call,
+                 out_types=types)
 
 
 def _tree(x: Any, f: Callable[[Any], Any]) -> Any:

@@ -10,6 +10,7 @@ onnxruntime on random inputs.
 """
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -103,11 +104,11 @@ def rule_types(node: Node, graph: Graph) -> list[TensorType] | None:
     return [scratch.types[o] for o in outs]
 
 
-def onnx_types(node: Node, graph: Graph, declared: Mapping[str, list] | None = None) -> list[TensorType] | None:
+def onnx_types(node: Node, graph: Graph) -> list[TensorType] | None:
     """Output types by ONNX shape inference, or by one run in onnxruntime. An ATen call (from the
-    PyTorch frontend) has its output types declared; otherwise a run on torch's meta tensors."""
+    PyTorch frontend) carries its output types; otherwise a run on torch's meta tensors."""
     if node.domain == aten_call.ATEN_DOMAIN:
-        return _aten_types(node, graph, declared or {})
+        return _aten_types(node, graph)
     in_types = [graph.types[i] if i else None for i in node.inputs]
     consts = {k: graph.constants[i] for k, i in enumerate(node.inputs) if i in graph.constants}
     model = _one_node_model(node, in_types, [None] * len(node.outputs), graph.opsets, consts)
@@ -132,16 +133,15 @@ def onnx_types(node: Node, graph: Graph, declared: Mapping[str, list] | None = N
         return None
 
 
-def _aten_types(node: Node, graph: Graph, declared: Mapping[str, list]) -> list[TensorType] | None:
-    """dtypes from a run on torch's meta tensors; shapes as declared where the frontend declared
-    them (a meta kernel can disagree with the real one: batch norm's unused statistics)."""
+def _aten_types(node: Node, graph: Graph) -> list[TensorType] | None:
+    """The output types the PyTorch frontend recorded (`out_types`), else a run on meta tensors."""
+    if "out_types" in node.attrs:
+        return [TensorType(tuple(shape), DType(dt)) for shape, dt in json.loads(node.attrs["out_types"])]
     try:
         found = aten_call.output_types(node.op, node.attrs["call"], [graph.types[i] for i in node.inputs if i])
     except Exception:  # noqa: BLE001 - an op without a meta kernel: the caller reports it
         return None
-    outs = [o for o in node.outputs if o]
-    return [TensorType(tuple(declared[o]) if isinstance(declared.get(o), list) and all(isinstance(d, int)
-                       for d in declared[o]) else shape, dt) for o, (shape, dt) in zip(outs, found)]
+    return [TensorType(shape, dt) for shape, dt in found]
 
 
 def _probe(t: TensorType, rng: np.random.Generator) -> np.ndarray:
@@ -182,7 +182,7 @@ def fold_and_infer(graph: Graph, declared: Mapping[str, list], label: str, check
                 continue
         types = rule_types(node, graph)
         if types is None:
-            types = onnx_types(node, graph, declared)
+            types = onnx_types(node, graph)
         if types is None:
             raise UnsupportedError(
                 f"{label}: {node_ref(node.name, node.op)}{' in domain ' + node.domain if node.domain else ''}: "
