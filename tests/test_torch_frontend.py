@@ -235,3 +235,28 @@ def test_sdpa_decomposes_into_primitives() -> None:
     assert {"MatMul", "Softmax"} <= {n.op_type for n in c.bridge.model.graph.node}
     with torch.no_grad():
         close(c(q, k, v), attn(q, k, v))
+
+
+@pytest.mark.parametrize("kind", ["causal", "bool", "additive", "gqa"])
+def test_sdpa_forms_in_half_keep_their_dtype(kind: str) -> None:
+    """Every SDPA form traces to products in the inputs' dtype (no float32 casts to stop a chain),
+    and a boolean mask that hides a whole row gives zeros there, as torch does."""
+    torch.manual_seed(8)
+    q = torch.randn(1, 4, 6, 8)
+    k, v = (torch.randn(1, 2 if kind == "gqa" else 4, 9, 8) for _ in range(2))
+    mask = {"bool": torch.rand(6, 9) > 0.5, "additive": torch.randn(1, 1, 6, 9)}.get(kind)
+    if kind == "bool":
+        mask[2] = False  # one query sees no key
+
+    def attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        m = mask.to(q.dtype) if kind == "additive" else mask  # torch takes a float mask in q's dtype
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=kind == "causal",
+                                                                enable_gqa=kind == "gqa")
+
+    c = tessera.compile(attn, (q, k, v))
+    assert not c.bridge.opaque
+    with torch.no_grad():
+        close(c(q, k, v), attn(q, k, v))
+    half = tessera.compile(attn, {"cost": "analytical", "precision": "fp16"},
+                           example_inputs=(q.half(), k.half(), v.half()))
+    assert not any(n.op_type == "Cast" for n in half.bridge.model.graph.node)

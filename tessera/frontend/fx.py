@@ -20,6 +20,7 @@ run once here, which gives its shape and dtype and folds whatever depends only o
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -150,13 +151,49 @@ def aten_graph(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> fx.Grap
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.func import functionalize
 
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    # SDPA picks a fused kernel by device (cuDNN or flash on a GPU), which would stay one opaque
-    # call; its math form decomposes into the matmuls and softmax that tessera fuses itself.
-    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+    with torch.no_grad(), _OwnAttention():
         return make_fx(functionalize(fn, remove="mutations_and_views"),
                        decomposition_table=core_aten_decompositions(), tracing_mode="real")(*example_inputs)
+
+
+class _OwnAttention(torch.overrides.TorchFunctionMode):
+    """Calls of F.scaled_dot_product_attention traced as `_attention` (SDPA is decomposed inside
+    the dispatcher, before a decomposition table is consulted)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            return _attention(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+               dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+               enable_gqa: bool = False) -> torch.Tensor:
+    """SDPA as products and a softmax in the inputs' dtype, as an ONNX export writes it. torch's own
+    forms do not fit: on a GPU it dispatches to cuDNN's or flash's kernel (one opaque call), and its
+    math form computes half inputs in float32 (casts around every product, so no chain forms).
+    tessera's kernels accumulate in float32 anyway. Rows a boolean mask hides entirely give 0, as
+    torch's safe softmax does."""
+    if dropout_p:
+        raise TesseraError("scaled_dot_product_attention with dropout is training; tessera compiles inference")
+    n, s = q.shape[-2], k.shape[-2]
+    if enable_gqa and k.shape[-3] != q.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
+        v = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3)
+    w = torch.matmul(q, k.transpose(-2, -1)) * (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    hidden = None
+    if is_causal:
+        hidden = ~torch.ones(n, s, dtype=torch.bool, device=q.device).tril()
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        hidden = ~attn_mask if hidden is None else hidden | ~attn_mask
+    elif attn_mask is not None:
+        w = w + attn_mask
+    if hidden is not None:
+        w = w.masked_fill(hidden, float("-inf"))
+    p = torch.softmax(w, -1)
+    if attn_mask is not None:
+        p = torch.where(torch.isnan(p), torch.zeros((), dtype=p.dtype, device=p.device), p)
+    return torch.matmul(p, v)
 
 
 def to_onnx(gm: fx.GraphModule, example_inputs: Sequence[Any], frozen: set[int], name: str,
