@@ -14,6 +14,7 @@ is built from one seed both ways; for a plain ONNX file only tessera runs.
 """
 from __future__ import annotations
 
+import copy
 import datetime
 import platform
 import tempfile
@@ -197,18 +198,20 @@ def bench(model: str, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
             entries[-1].extra["run_profile"] = profile_executable(exe, feeds, reps).to_json()
     if module is not None:
         module = module.to(dev)
-        args = [torch.from_numpy(feeds_np[n]).to(dev) for n in loaded.graph.inputs]
+        fp32_module = module
+        args = fp32_args = [torch.from_numpy(feeds_np[n]).to(dev) for n in loaded.graph.inputs]
         if precision in ("fp16", "bf16"):
             dt = torch.float16 if precision == "fp16" else torch.bfloat16
-            module = module.to(dt)
+            module = copy.deepcopy(module).to(dt)
             args = [a.to(dt) if a.is_floating_point() else a for a in args]
         for peer in peers:
             if peer not in PEERS + (DYNAMO,):
                 raise TesseraError(f"unknown peer {peer!r}; choose from {', '.join(PEERS + (DYNAMO,))}")
             extra: dict[str, Any] = {}
-            if peer == DYNAMO:
-                fn, compiled = _through_dynamo(module, CompileOptions(precision=precision, cost=cost, db=db,
-                                                                      solver=solver))
+            if peer == DYNAMO:  # the fp32 module, as the ONNX path compiles the fp32 model, at the same precision
+                fn, compiled = _through_dynamo(fp32_module, CompileOptions(
+                    precision=precision, cost=cost, db=db, solver=solver,
+                    io="precision" if "optimal-precisionio" in strategies else "model"))
             elif peer == "sdpa":
                 from tessera.zoo import sdpa_form
 
@@ -217,22 +220,23 @@ def bench(model: str, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
                     continue  # only an attention case has a flash form
             else:
                 fn = module if peer == "eager" else torch.compile(module, mode=_MODES[peer])
+            call = fp32_args if peer == DYNAMO else args
             with torch.no_grad():
                 t0 = time.perf_counter()
-                out = fn(*args)
+                out = fn(*call)
                 for _ in range(2):
-                    out = fn(*args)
+                    out = fn(*call)
                 warm = time.perf_counter() - t0
                 if peer == DYNAMO:
                     extra = {"graphs": len(compiled), "kernels": sum(len(c.exe.steps) for c in compiled),
                              "opaque": sorted({o for c in compiled for o in c.bridge.opaque}),
                              "tuning": [c.result.tuning for c in compiled]}
                 err, ok = _check(out, ref, out_names, precision)
-                ms = profile_callable(lambda: fn(*args), GPU_REPS, dev, peer).total_us / 1e3 \
-                    if timing == "gpu" else median_ms(lambda: fn(*args), dev)
+                ms = profile_callable(lambda: fn(*call), GPU_REPS, dev, peer).total_us / 1e3 \
+                    if timing == "gpu" else median_ms(lambda: fn(*call), dev)
             entries.append(Entry(peer, ms, err, ok, extra={"warmup_s": round(warm, 2), **extra}))
             if run_profile:
-                entries[-1].extra["run_profile"] = profile_callable(lambda: fn(*args), reps, dev, peer).to_json()
+                entries[-1].extra["run_profile"] = profile_callable(lambda: fn(*call), reps, dev, peer).to_json()
     peers_ms = [e.ms for e in entries if not e.name.startswith("tessera")]
     best = min(peers_ms) if peers_ms else None
     return {

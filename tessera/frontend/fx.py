@@ -188,8 +188,8 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
         hidden = ~attn_mask if hidden is None else hidden | ~attn_mask
     elif attn_mask is not None:
         w = w + attn_mask
-    if hidden is not None:
-        w = w.masked_fill(hidden, float("-inf"))
+    if hidden is not None:  # as an additive bias: computed from the mask alone, so a constant mask folds
+        w = w + torch.zeros((), dtype=w.dtype, device=w.device).masked_fill(hidden, float("-inf"))
     p = torch.softmax(w, -1)
     if attn_mask is not None:
         p = torch.where(torch.isnan(p), torch.zeros((), dtype=p.dtype, device=p.device), p)
