@@ -180,7 +180,8 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
     if enable_gqa and k.shape[-3] != q.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
         v = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3)
-    w = torch.matmul(q, k.transpose(-2, -1)) * (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    # The scale on q, before the product: a chain kernel scales its q tile once, not every score tile.
+    w = torch.matmul(q * (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])), k.transpose(-2, -1))
     hidden = None
     if is_causal:
         hidden = ~torch.ones(n, s, dtype=torch.bool, device=q.device).tril()
