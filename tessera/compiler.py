@@ -72,6 +72,9 @@ class CompileOptions:
     max_states: int = 2000
     max_kernel_nodes: int = MAX_KERNEL_NODES
     input_shapes: Mapping[str, Sequence[int]] | None = None
+    # PyTorch entry points: reuse a plan compiled before for the same graph, options, GPU and
+    # software ($TESSERA_CACHE/plans, runtime/plan_cache.py), so a re-captured graph compiles in seconds
+    plan_cache: bool = True
 
 
 @dataclass
@@ -359,12 +362,17 @@ def write_artifacts(result: CompileResult, out: Path) -> None:
     for impl in result.kernels:  # for people to read; the runtime regenerates them from the plan
         if impl.triton:
             (kdir / f"{impl.triton.name}.py").write_text(impl.triton.source)
-    save_artifact(out, result.graph, result.loaded.model,
-                  {"tessera": __version__, "model": result.loaded.label, "precision": result.plan.precision,
-                   "io": result.io, "rewrites": result.rewrites,
-                   "input_shapes": {k: list(v) for k, v in result.loaded.input_shapes.items()},
-                   "layout_unpadded": result.layouts.unpadded if result.layouts is not None else []},
+    save_artifact(out, result.graph, result.loaded.model, rebuild_meta(result),
                   result.layouts.choices if result.layouts is not None else [])
+
+
+def rebuild_meta(result: CompileResult) -> dict[str, Any]:
+    """What rebuilds a compile's primitive graph from its model (`runtime/artifact.rebuild_graph`),
+    less the layout choices, which `save_artifact` adds."""
+    return {"tessera": __version__, "model": result.loaded.label, "precision": result.plan.precision,
+            "io": result.io, "rewrites": result.rewrites,
+            "input_shapes": {k: list(v) for k, v in result.loaded.input_shapes.items()},
+            "layout_unpadded": result.layouts.unpadded if result.layouts is not None else []}
 
 
 def compile(source: Any, options: Any = None, device: str | torch.device | None = None,

@@ -16,17 +16,20 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from tessera.compiler import CompileOptions, CompileResult, compile_model, plan_document
+from tessera.compiler import CompileOptions, CompileResult, compile_model, plan_document, rebuild_meta
 from tessera.errors import TesseraError
 from tessera.frontend.fx import OnnxFromTorch, aten_graph, to_onnx
 from tessera.log import logger
+from tessera.runtime import plan_cache
+from tessera.runtime.artifact import graph_digest
 from tessera.runtime.executable import Executable
 
 
 class CompiledModule:
-    """A compiled PyTorch graph: call it like the module (tensors by position)."""
+    """A compiled PyTorch graph: call it like the module (tensors by position). `result` is the
+    compile's (plan, graphs, tuning), None when the plan came from the plan cache."""
 
-    def __init__(self, exe: Executable, bridge: OnnxFromTorch, result: CompileResult, tuple_out: bool) -> None:
+    def __init__(self, exe: Executable, bridge: OnnxFromTorch, result: CompileResult | None, tuple_out: bool) -> None:
         self.exe, self.bridge, self.result, self.tuple_out = exe, bridge, result, tuple_out
 
     def __call__(self, *args: Any) -> Any:
@@ -76,13 +79,25 @@ def compile_module(module: Callable[..., Any], example_inputs: Sequence[Any],
     bridge = to_onnx(gm, list(example_inputs), frozen or set(), label)
     if bridge.opaque:
         logger.info("%s: ATen op(s) kept whole (run by torch): %s", label, ", ".join(bridge.opaque))
-    result = compile_model(bridge.model, opt)
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
     device = tensors[0].device if tensors else torch.device("cpu")
-    exe = Executable(result.graph, plan_document(result), device)
     with torch.no_grad():
-        probe = gm(*example_inputs)
-    return CompiledModule(exe, bridge, result, isinstance(probe, (tuple, list)))
+        tuple_out = isinstance(gm(*example_inputs), (tuple, list))
+    key = data = None
+    if opt.plan_cache:
+        data = plan_cache.model_bytes(bridge.model)
+        key = plan_cache.plan_key(data, opt, torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
+        exe = plan_cache.lookup(key, data, device)
+        if exe is not None:
+            logger.info("%s: plan reused from the plan cache (%s)", label, key[:12])
+            return CompiledModule(exe, bridge, None, tuple_out)
+    result = compile_model(bridge.model, opt)
+    exe = Executable(result.graph, plan_document(result), device)
+    if key is not None:
+        meta = {**rebuild_meta(result), "graph_digest": graph_digest(result.graph),
+                "layout_choices": result.layouts.choices if result.layouts is not None else []}
+        plan_cache.store(key, exe.plan, meta)
+    return CompiledModule(exe, bridge, result, tuple_out)
 
 
 def _through_dynamo(module: Callable[..., Any], example_inputs: Sequence[Any], opt: CompileOptions) -> Any:

@@ -22,9 +22,13 @@ CPU = {"cost": "analytical"}
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _fresh_dynamo():
-    """Dynamo's caches and counters are per process: leave none to the other test files."""
+def _fresh_dynamo(tmp_path_factory: pytest.TempPathFactory):
+    """Dynamo's caches and counters are per process: leave none to the other test files. Plans are
+    cached under a fresh TESSERA_CACHE, so no test finds one an earlier run left."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TESSERA_CACHE", str(tmp_path_factory.mktemp("cache")))
     yield
+    mp.undo()
     torch._dynamo.reset()
 
 
@@ -119,7 +123,7 @@ def test_artifact_of_a_module_with_an_aten_call(tmp_path: Path) -> None:
         return torch.cumsum(m(x), 1).exp()
 
     x = torch.randn(3, 8)
-    c = tessera.compile(fn, (x,))
+    c = tessera.compile(fn, {"cost": "analytical", "plan_cache": False}, example_inputs=(x,))
     write_artifacts(c.result, tmp_path / "art")
     loaded = tessera.load(tmp_path / "art")
     fresh = torch.randn(3, 8)
@@ -260,3 +264,31 @@ def test_sdpa_forms_in_half_keep_their_dtype(kind: str) -> None:
     half = tessera.compile(attn, {"cost": "analytical", "precision": "fp16"},
                            example_inputs=(q.half(), k.half(), v.half()))
     assert not any(n.op_type == "Cast" for n in half.bridge.model.graph.node)
+
+
+def test_plan_cache_reuses_a_plan_and_drops_a_damaged_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TESSERA_CACHE", str(tmp_path))
+    torch.manual_seed(9)
+    m = nn.Sequential(nn.Linear(12, 20), nn.SiLU(), nn.Linear(20, 3)).eval()
+    x = torch.randn(4, 12)
+    first = tessera.compile(m, (x,))
+    assert first.result is not None
+    again = tessera.compile(m, (x,))
+    assert again.result is None  # from $TESSERA_CACHE/plans: nothing planned
+    assert again.exe.plan["kernels"] == first.exe.plan["kernels"]
+    fresh = torch.randn(4, 12)
+    with torch.no_grad():
+        close(again(fresh), m(fresh))
+    from tessera.runtime.plan_cache import plan_dir
+    (entry,) = plan_dir().glob("*.json")
+    entry.write_text('{"plan": {"kernels": []}, "meta": {}}')  # damaged: recompiled, not trusted
+    third = tessera.compile(m, (x,))
+    assert third.result is not None
+    with torch.no_grad():
+        close(third(fresh), m(fresh))
+    with torch.no_grad():
+        m[0].weight.mul_(2)  # other weights: another key
+    other = tessera.compile(m, (x,))
+    assert other.result is not None
+    with torch.no_grad():
+        close(other(fresh), m(fresh))

@@ -33,6 +33,7 @@ from tessera.runtime.artifact import load_artifact as load
 from tessera.runtime.artifact import read_meta
 from tessera.runtime.profile import format_profile, profile_executable
 from tessera.tolerance import TOLERANCE, passes, rel_l2
+from tessera.runtime import plan_cache
 from tessera.verify import STAGES, random_inputs, run_onnxruntime, verify, verify_kernels
 from tessera.log import configure as configure_logging
 from tessera.version import __version__
@@ -456,6 +457,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
         d = cache.kernel_dir(create=False)
         files, freed = cache.clear()
         print(f"cleared {d}: removed {files} kernel files, freed {_size(freed)} (the tuning database is kept)")
+        plans, pbytes = plan_cache.clear()
+        print(f"cleared {plan_cache.plan_dir(create=False)}: removed {plans} cached plans, freed {_size(pbytes)}")
         if args.triton:
             files, freed = cache.clear_triton()
             print(f"cleared Triton's cache {cache.triton_cache_dir()}: removed {files} files, freed {_size(freed)}")
@@ -464,10 +467,12 @@ def cmd_cache(args: argparse.Namespace) -> int:
         raise TesseraError("--triton applies to tessera cache clear (info always reports Triton's cache)")
     u = cache.usage()
     tdir, tfiles, tbytes = cache.triton_usage()
+    plans, pbytes = plan_cache.usage()
     db = default_db_path()
     if args.json:
         print(json.dumps({"dir": str(u.directory), "files": u.files, "bytes": u.nbytes, "cap_bytes": u.cap,
                           "triton": {"dir": str(tdir), "files": tfiles, "bytes": tbytes},
+                          "plans": {"dir": str(plan_cache.plan_dir(create=False)), "files": plans, "bytes": pbytes},
                           "tuning_db": {"path": str(db), "bytes": db.stat().st_size if db.is_file() else 0}},
                          indent=2))
         return 0
@@ -477,6 +482,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
     print(f"  {u.files} files, {_size(u.nbytes)}; cap {cap}")
     print(f"triton cache   {tdir}")
     print(f"  {tfiles} files, {_size(tbytes)}; not capped by tessera (tessera cache clear --triton empties it)")
+    print(f"plan cache     {plan_cache.plan_dir(create=False)}")
+    print(f"  {plans} plans, {_size(pbytes)} (PyTorch graphs compiled before; cache clear empties it)")
     print(f"tuning db      {db}" + (f"  ({_size(db.stat().st_size)}; kept by cache clear)" if db.is_file() else
                                     "  (none yet)"))
     return 0
