@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -276,7 +277,7 @@ def _call(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], opaque: list[str]
     args = fx.node.map_arg(node.args, lambda a: env[a])
     kwargs = fx.node.map_arg(node.kwargs, lambda a: env[a])
     target = node.target
-    if target is __import__("operator").getitem:  # one output of a multi-output op
+    if target is operator.getitem:  # one output of a multi-output op
         seq, i = args
         return seq[i]
     out = target(*_tree(args, _value), **_tree(kwargs, _value))
