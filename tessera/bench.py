@@ -120,11 +120,13 @@ def _check(out: Any, ref: dict[str, np.ndarray], names: Sequence[str], precision
     return worst, bool(errs) and worst < TOLERANCE[precision]
 
 
-def bench(model: str, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
+def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
           strategies: Sequence[str] = ("optimal", "greedy"), cost: str = "auto", db: str | None = None,
           device: str = "cuda", seed: int = 0, solver: str = "cbc", run_profile: bool = False,
           timing: str = "wall") -> dict[str, Any]:
-    """Time tessera and its peers on `model` (an ONNX path, or zoo:NAME); returns the JSON document.
+    """Time tessera and its peers on `model`: an ONNX path, zoo:NAME, a user's PyTorch model as
+    (module, example_inputs), or FILE.py:FUNC naming a function that returns that pair. Returns
+    the JSON document.
 
     `run_profile`: also profile what each contender launches (`runtime/profile.py`) into its
     entry's `extra["run_profile"]`: GPU µs per call by kernel kind, plan kernel and kernel."""
@@ -137,7 +139,11 @@ def bench(model: str, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
     # Triton's interpreter must be chosen first or kernels it loads later cannot run.
     use_interpreter(dev)
     module = None
-    if model.startswith("zoo:"):
+    if not isinstance(model, str) or _is_factory(model):
+        module, example = user_model(model)
+        name = type(module).__name__
+        path = module_onnx(module, example, Path(tempfile.mkdtemp()), name)
+    elif model.startswith("zoo:"):
         from tessera.zoo import build, make
 
         name = model[4:]
@@ -248,6 +254,47 @@ def bench(model: str, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
         "entries": [{**asdict(e), "vs_best_peer": (e.ms / best) if best else None} for e in entries],
         **({} if dev.type == "cuda" else {"note": CPU_NOTE}),
     }
+
+
+def _is_factory(model: str) -> bool:
+    return ".py:" in model and not model.endswith(".onnx")
+
+
+def user_model(model: Any) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """(module in eval mode, example inputs) from the pair itself or from FILE.py:FUNC."""
+    if isinstance(model, str):
+        import importlib.util
+
+        file, _, func = model.rpartition(":")
+        if not Path(file).is_file():
+            raise TesseraError(f"{file}: no such file (bench FILE.py:FUNC, FUNC returning (module, example_inputs))")
+        spec = importlib.util.spec_from_file_location(Path(file).stem, file)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)  # the user's own code, which they asked to benchmark
+        if not callable(getattr(mod, func, None)):
+            raise TesseraError(f"{file} has no function {func!r}")
+        model = getattr(mod, func)()
+    if not (isinstance(model, tuple) and len(model) == 2 and isinstance(model[0], torch.nn.Module)):
+        raise TesseraError("a PyTorch model to bench is a pair (module, example_inputs)")
+    module, example = model
+    return module.eval(), tuple(example) if isinstance(example, (list, tuple)) else (example,)
+
+
+def module_onnx(module: torch.nn.Module, example: Sequence[Any], out: Path, name: str) -> Path:
+    """The module through the PyTorch frontend, saved as the ONNX model the ONNX path compiles."""
+    import onnx
+
+    from tessera.frontend.fx import aten_graph, to_onnx
+
+    try:
+        gm = aten_graph(module, list(example))
+    except Exception as e:  # noqa: BLE001 - tracing raises whatever the model's code raises
+        raise TesseraError(f"{name} does not trace as one graph ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
+                           "bench needs one graph for the ONNX path: time it with torch.compile(backend='tessera') "
+                           "instead") from None
+    path = out / f"{name}.onnx"
+    onnx.save(to_onnx(gm, list(example), set(), name).model, str(path))
+    return path
 
 
 def _through_dynamo(module: torch.nn.Module, options: CompileOptions) -> tuple[Callable[..., Any], list[Any]]:

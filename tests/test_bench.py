@@ -38,6 +38,29 @@ def test_bench_times_tessera_through_dynamo_beside_the_onnx_path():
     assert by["eager"]["vs_best_peer"] == 1.0
 
 
+def test_bench_a_users_pytorch_model(tmp_path, capsys):
+    """FILE.py:FUNC (FUNC returns (module, example_inputs)) benches a user's model against the peers,
+    through the PyTorch frontend; a model with value-dependent control flow is named and refused."""
+    f = tmp_path / "mine.py"
+    f.write_text("import torch\nfrom torch import nn\n"
+                 "def make():\n"
+                 "    torch.manual_seed(0)\n"
+                 "    m = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),\n"
+                 "                      nn.Linear(4 * 6 * 6, 5))\n"
+                 "    return m, (torch.randn(2, 3, 6, 6),)\n"
+                 "class Branchy(nn.Module):\n"
+                 "    def forward(self, x):\n"
+                 "        return x * 2 if x.sum() > 0 else x\n"
+                 "def branchy():\n"
+                 "    return Branchy(), (torch.randn(3),)\n")
+    assert main(["bench", f"{f}:make", "--device", "cpu", "--vs", "eager", "--strategy", "optimal",
+                 "--cost", "analytical"]) == 0
+    out = capsys.readouterr().out
+    assert "Sequential" in out and "tessera-optimal" in out and "eager" in out
+    with pytest.raises(Exception, match="does not trace as one graph"):
+        bench(f"{f}:branchy", peers=["eager"], strategies=["optimal"], cost="analytical", device="cpu")
+
+
 def test_bench_cli_writes_json_and_rejects_unknown_models(tmp_path, capsys):
     out = tmp_path / "b.json"
     assert main(["bench", "zoo:mlp_tiny", "--precision", "fp32", "--vs", "eager", "--strategy",

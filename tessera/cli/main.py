@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-states", type=_count(1), default=2000, help="execution states per subgraph")
     p.add_argument("--max-kernel-nodes", type=_count(1), default=MAX_KERNEL_NODES, help="primitives per candidate kernel")
     p = sub.add_parser("bench", help="time tessera against PyTorch eager and torch.compile, same process and inputs")
-    p.add_argument("model", help="an ONNX file (tessera alone) or zoo:NAME (the PyTorch peers too)")
+    p.add_argument("model", help="an ONNX file (tessera alone), zoo:NAME or FILE.py:FUNC (FUNC returns a PyTorch "
+                                 "(module, example_inputs): the PyTorch peers too)")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="as every command's default")
     p.add_argument("--vs", default="eager,inductor,inductor-cudagraphs",
                    help="peers: eager, inductor, inductor-cudagraphs, inductor-max-autotune, sdpa "
