@@ -120,15 +120,47 @@ def _module_state(node: torch.fx.Node) -> bool:
     return False
 
 
+class PerShape:
+    """A graph dynamo captured with dynamic dims: one plan per shape seen, compiled at its first
+    call (the plan cache makes a shape seen in an earlier process cheap). Until tessera has shape
+    buckets (issue 16), this keeps such a graph correct rather than fast to warm up."""
+
+    def __init__(self, gm: torch.fx.GraphModule, options: Any, frozen: set[int], name: str) -> None:
+        self.gm, self.options, self.frozen, self.name = gm, options, frozen, name
+        self.plans: dict[tuple, CompiledModule] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+        plan = self.plans.get(key)
+        if plan is None:
+            logger.info("%s: a new shape %s; compiling a plan for it", self.name,
+                        [k[0] if isinstance(k, tuple) else k for k in key])
+            plan = self.plans[key] = compile_module(self.gm, args, self.options, name=self.name, frozen=self.frozen)
+        return plan(*args)
+
+
+def _dynamic(gm: torch.fx.GraphModule) -> bool:
+    """Did dynamo capture this graph with symbolic sizes (automatic dynamic, mark_dynamic, dynamic=True)?"""
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("example_value")
+        if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and
+                                            any(isinstance(d, torch.SymInt) for d in v.shape)):
+            return True
+    return False
+
+
 def tessera_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                     options: Mapping[str, Any] | None = None, **_: Any) -> Callable[..., Any]:
     """The dynamo backend: one captured graph -> a callable running tessera's plan."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     frozen = {i for i, (n, x) in enumerate(zip(placeholders, example_inputs))
               if isinstance(x, torch.nn.Parameter) or _module_state(n)}
-    compiled = compile_module(gm, example_inputs, options, name=f"dynamo_graph_{gm.meta.get('dynamo_compile_id', '')}",
-                              frozen=frozen)
-    return compiled
+    name = f"dynamo_graph_{gm.meta.get('dynamo_compile_id', '')}"
+    if _dynamic(gm):
+        return PerShape(gm, options_from(options), frozen, name)
+    return compile_module(gm, example_inputs, options, name=name, frozen=frozen)
 
 
 def register() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -41,9 +42,9 @@ class Recorder:
     """A backend that compiles with tessera and keeps what each captured graph became."""
 
     def __init__(self) -> None:
-        self.compiled: list[CompiledModule] = []
+        self.compiled: list[Any] = []  # CompiledModule, or PerShape for a dynamic graph
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list, **kw: object) -> CompiledModule:
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list, **kw: object) -> Any:
         c = tessera_backend(gm, example_inputs, options=CPU)
         self.compiled.append(c)
         return c
@@ -292,3 +293,33 @@ def test_plan_cache_reuses_a_plan_and_drops_a_damaged_one(tmp_path: Path, monkey
     assert other.result is not None
     with torch.no_grad():
         close(other(fresh), m(fresh))
+
+
+def test_a_graph_dynamo_makes_dynamic_gets_a_plan_per_shape() -> None:
+    """dynamo re-captures a graph with a dynamic batch at its second shape (automatic dynamic);
+    each shape then gets its own plan, compiled at its first call, reused after."""
+    torch._dynamo.reset()  # Sequential.forward's code was captured above: start from no history
+    torch.manual_seed(10)
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    rec = Recorder()
+    f = torch.compile(m, backend=rec)
+    with torch.no_grad():
+        for b in (2, 3, 5, 3, 8):
+            x = torch.randn(b, 8)
+            close(f(x), m(x))
+    static, dynamic = rec.compiled
+    assert isinstance(static, CompiledModule)
+    assert len(dynamic.plans) == 3  # batches 3, 5 and 8; the second 3 reused its plan
+    shapes = {e[0] for k in dynamic.plans for e in k if isinstance(e, tuple)}
+    assert {(3, 8), (5, 8), (8, 8)} <= shapes
+
+
+def test_gpt2_at_three_sequence_lengths() -> None:
+    torch.manual_seed(11)
+    m = transformers.GPT2Model(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100,
+                                                       bos_token_id=0, eos_token_id=0, use_cache=False)).eval()
+    f = torch.compile(m, backend="tessera", options=CPU)
+    with torch.no_grad():
+        for n in (8, 13, 16, 13):
+            ids = torch.randint(0, 100, (1, n))
+            close(f(input_ids=ids).last_hidden_state, m(input_ids=ids).last_hidden_state)
