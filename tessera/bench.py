@@ -208,14 +208,17 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
         args = fp32_args = [torch.from_numpy(feeds_np[n]).to(dev) for n in loaded.graph.inputs]
         if precision in ("fp16", "bf16"):
             dt = torch.float16 if precision == "fp16" else torch.bfloat16
-            module = copy.deepcopy(module).to(dt)
+            module = (copy.deepcopy(module) if DYNAMO in peers else module).to(dt)  # to() converts in place
             args = [a.to(dt) if a.is_floating_point() else a for a in args]
         for peer in peers:
             if peer not in PEERS + (DYNAMO,):
                 raise TesseraError(f"unknown peer {peer!r}; choose from {', '.join(PEERS + (DYNAMO,))}")
             extra: dict[str, Any] = {}
             if peer == DYNAMO:  # the fp32 module, as the ONNX path compiles the fp32 model, at the same precision
-                fn, compiled = _through_dynamo(fp32_module, CompileOptions(
+                from tessera.torch_backend import dynamo_compile
+
+                torch._dynamo.reset()
+                fn, compiled = dynamo_compile(fp32_module, CompileOptions(
                     precision=precision, cost=cost, db=db, solver=solver,
                     io="precision" if "optimal-precisionio" in strategies else "model"))
             elif peer == "sdpa":
@@ -295,21 +298,6 @@ def module_onnx(module: torch.nn.Module, example: Sequence[Any], out: Path, name
     path = out / f"{name}.onnx"
     onnx.save(to_onnx(gm, list(example), set(), name).model, str(path))
     return path
-
-
-def _through_dynamo(module: torch.nn.Module, options: CompileOptions) -> tuple[Callable[..., Any], list[Any]]:
-    """`torch.compile(module, backend="tessera")` with `options`, and the list each graph dynamo
-    captures is compiled into (filled on the first call)."""
-    from tessera.torch_backend import tessera_backend
-
-    compiled: list[Any] = []
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        compiled.append(tessera_backend(gm, example_inputs, options=options))
-        return compiled[-1]
-
-    torch._dynamo.reset()
-    return torch.compile(module, backend=backend), compiled
 
 
 # On a CPU tessera's kernels run in Triton's interpreter: the times check that the comparison runs,

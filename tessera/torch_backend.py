@@ -81,11 +81,10 @@ def compile_module(module: Callable[..., Any], example_inputs: Sequence[Any],
         logger.info("%s: ATen op(s) kept whole (run by torch): %s", label, ", ".join(bridge.opaque))
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
     device = tensors[0].device if tensors else torch.device("cpu")
-    with torch.no_grad():
-        tuple_out = isinstance(gm(*example_inputs), (tuple, list))
-    key = data = None
+    tuple_out = bridge.tuple_out
+    key = None
     if opt.plan_cache:
-        data = plan_cache.model_bytes(bridge.model)
+        data = bridge.model.SerializeToString()
         key = plan_cache.plan_key(data, opt, torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
         exe = plan_cache.lookup(key, data, device)
         if exe is not None:
@@ -100,12 +99,24 @@ def compile_module(module: Callable[..., Any], example_inputs: Sequence[Any],
     return CompiledModule(exe, bridge, result, tuple_out)
 
 
+def dynamo_compile(module: Callable[..., Any], options: CompileOptions) -> tuple[Callable[..., Any], list[Any]]:
+    """`torch.compile(module, backend=tessera)` with `options`, and the list that each graph dynamo
+    captures is compiled into (a CompiledModule, or a PerShape), filled as calls capture them."""
+    compiled: list[Any] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        compiled.append(tessera_backend(gm, example_inputs, options=options))
+        return compiled[-1]
+
+    return torch.compile(module, backend=backend), compiled
+
+
 def _through_dynamo(module: Callable[..., Any], example_inputs: Sequence[Any], opt: CompileOptions) -> Any:
     """torch.compile(module, backend=tessera), compiled now by one call on the example inputs."""
-    compiled = torch.compile(module, backend=lambda gm, ex: tessera_backend(gm, ex, options=opt))
+    fn, _ = dynamo_compile(module, opt)
     with torch.no_grad():
-        compiled(*example_inputs)
-    return compiled
+        fn(*example_inputs)
+    return fn
 
 
 def _module_state(node: torch.fx.Node) -> bool:
@@ -114,7 +125,7 @@ def _module_state(node: torch.fx.Node) -> bool:
     src = getattr(ga, "source", None)
     while src is not None:
         kind = type(src).__name__
-        if "ParamBuffer" in kind or kind in ("ParamBufferSource", "NNModuleSource"):
+        if "ParamBuffer" in kind or kind == "NNModuleSource":
             return True
         src = getattr(src, "base", None)
     return False

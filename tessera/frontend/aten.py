@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from tessera.frontend.fx import Converter, Emitter, Ref, onnx_dtype
+from tessera.frontend.fx import Converter, Emitter, Ref, onnx_dtype, value_of
 
 CONVERTERS: dict[str, Converter] = {}
 INT64_MAX = 2**63 - 1
@@ -29,6 +29,23 @@ def convert(*keys: str) -> Callable[[Converter], Converter]:
 
 def _axis(d: int, rank: int) -> int:
     return d % rank if rank else 0
+
+
+def _axes(dims: Any, rank: int) -> list[int]:
+    """A reduction's dims (None or [] for all of them, one int, or a list), normalized."""
+    if dims is None or dims == []:
+        return list(range(rank))
+    return [_axis(d, rank) for d in (dims if isinstance(dims, (list, tuple)) else [dims])]
+
+
+def _window(args: tuple) -> tuple[list[int], list[int], list[int]]:
+    """A 2-D pooling's kernel, strides (default: the kernel) and pads (ONNX's begin..end order),
+    each given once for both axes or per axis."""
+    two = lambda v: list(v) * 2 if len(v) == 1 else list(v)  # noqa: E731
+    k = two(args[1])
+    stride = two(args[2]) if len(args) > 2 and args[2] else k
+    padding = two(args[3]) if len(args) > 3 else [0, 0]
+    return k, stride, padding * 2
 
 
 # ---- elementwise ---------------------------------------------------------------------------
@@ -73,7 +90,7 @@ def _rsub(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> An
 def _compare(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
     op = str(node.target).split(".")[1]
     a, b = args[0], args[1]
-    dt = torch.result_type(_v(a), _v(b))
+    dt = torch.result_type(value_of(a), value_of(b))
     x, y = em.tensor(a, dt), em.tensor(b, dt)
     if op == "ne":
         return em.op("Not", [em.op("Equal", [x, y])])
@@ -82,10 +99,6 @@ def _compare(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) ->
 
 for _op in [*_COMPARE, "ne"]:
     convert(f"aten.{_op}.Tensor", f"aten.{_op}.Scalar")(_compare)
-
-
-def _v(x: Any) -> Any:
-    return x.value if isinstance(x, Ref) else x
 
 
 @convert(*[f"aten.{op}.default" for op in _LOGICAL] + [f"aten.{op}.Tensor" for op in _LOGICAL])
@@ -302,8 +315,7 @@ def _reduce(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> 
     x = args[0]
     dims = args[1] if len(args) > 1 else kwargs.get("dim")
     keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
-    axes = list(range(x.rank)) if dims is None or dims == [] else [_axis(d, x.rank) for d in
-                                                                   (dims if isinstance(dims, (list, tuple)) else [dims])]
+    axes = _axes(dims, x.rank)
     if not out.dtype.is_floating_point or x.rank == 0:
         return None
     src = em.tensor(x, out.dtype)
@@ -321,8 +333,7 @@ def _any(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> Any
         return None
     dims = args[1] if len(args) > 1 else None
     keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
-    axes = list(range(x.rank)) if dims is None else [_axis(d, x.rank) for d in
-                                                     (dims if isinstance(dims, (list, tuple)) else [dims])]
+    axes = _axes(dims, x.rank)
     f = em.op("Cast", [em.ref(x)], to=onnx_dtype(torch.float32))
     m = em.op("ReduceMax", [f, em.ints(axes)], keepdims=int(bool(keep)))
     return em.op("Cast", [m], to=onnx_dtype(torch.bool))
@@ -410,30 +421,22 @@ def _softmax(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) ->
 def _max_pool(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
     if _stats_used(node):  # the indices are read
         return None
-    x = args[0]
-    k = list(args[1])
-    stride = list(args[2]) if len(args) > 2 and args[2] else k
-    padding = list(args[3]) if len(args) > 3 else [0, 0]
+    k, stride, pads = _window(args)
     dilation = list(args[4]) if len(args) > 4 else [1, 1]
     ceil = int(bool(args[5])) if len(args) > 5 else 0
-    k, stride, padding, dilation = (v * 2 if len(v) == 1 else v for v in (k, stride, padding, dilation))
-    y = em.op("MaxPool", [em.ref(x)], kernel_shape=k, strides=stride, pads=padding * 2, dilations=dilation,
-              ceil_mode=ceil)
+    y = em.op("MaxPool", [em.ref(args[0])], kernel_shape=k, strides=stride, pads=pads,
+              dilations=dilation * 2 if len(dilation) == 1 else dilation, ceil_mode=ceil)
     return [y, ""]
 
 
 @convert("aten.avg_pool2d.default")
 def _avg_pool(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
-    x = args[0]
-    k = list(args[1])
-    stride = list(args[2]) if len(args) > 2 and args[2] else k
-    padding = list(args[3]) if len(args) > 3 else [0, 0]
+    k, stride, pads = _window(args)
     ceil = int(bool(args[4])) if len(args) > 4 else 0
     include = int(bool(args[5])) if len(args) > 5 else 1
     if len(args) > 6 and args[6] is not None:  # divisor_override
         return None
-    k, stride, padding = (v * 2 if len(v) == 1 else v for v in (k, stride, padding))
-    return em.op("AveragePool", [em.ref(x)], kernel_shape=k, strides=stride, pads=padding * 2, ceil_mode=ceil,
+    return em.op("AveragePool", [em.ref(args[0])], kernel_shape=k, strides=stride, pads=pads, ceil_mode=ceil,
                  count_include_pad=include)
 
 

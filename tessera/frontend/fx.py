@@ -144,6 +144,7 @@ class OnnxFromTorch:
     # passed through, ("value", v) a constant or non-tensor value
     outputs: list[tuple[str, Any]]
     opaque: list[str] = field(default_factory=list)  # ATen ops kept whole
+    tuple_out: bool = False  # the traced graph returns a tuple or list (else one value)
 
 
 def aten_graph(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> fx.GraphModule:
@@ -257,7 +258,7 @@ def to_onnx(gm: fx.GraphModule, example_inputs: Sequence[Any], frozen: set[int],
     imports = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(ATEN_DOMAIN, ATEN_OPSET)] if opaque else [])
     model = helper.make_model(g, opset_imports=imports, producer_name="tessera.frontend.fx")
     model.ir_version = 10  # what onnxruntime reads
-    return OnnxFromTorch(model, taken, outputs, sorted(set(opaque)))
+    return OnnxFromTorch(model, taken, outputs, sorted(set(opaque)), isinstance(result, (list, tuple)))
 
 
 def _attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
@@ -267,7 +268,8 @@ def _attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
     return v.detach() if isinstance(v, torch.Tensor) else v
 
 
-def _value(x: Any) -> Any:
+def value_of(x: Any) -> Any:
+    """A converter argument's traced value (a Ref's tensor, or the Python value itself)."""
     return x.value if isinstance(x, Ref) else x
 
 
@@ -280,7 +282,7 @@ def _call(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], opaque: list[str]
     if target is operator.getitem:  # one output of a multi-output op
         seq, i = args
         return seq[i]
-    out = target(*_tree(args, _value), **_tree(kwargs, _value))
+    out = target(*_tree(args, value_of), **_tree(kwargs, value_of))
     key = str(target)
     refs = [a for a in _flatten((args, kwargs)) if isinstance(a, Ref)]
     packet = key.split(".")[1] if key.startswith("aten.") else key

@@ -106,9 +106,9 @@ def rule_types(node: Node, graph: Graph) -> list[TensorType] | None:
 
 def onnx_types(node: Node, graph: Graph) -> list[TensorType] | None:
     """Output types by ONNX shape inference, or by one run in onnxruntime. An ATen call (from the
-    PyTorch frontend) carries its output types; otherwise a run on torch's meta tensors."""
+    PyTorch frontend) carries its output types."""
     if node.domain == aten_call.ATEN_DOMAIN:
-        return _aten_types(node, graph)
+        return _aten_types(node)
     in_types = [graph.types[i] if i else None for i in node.inputs]
     consts = {k: graph.constants[i] for k, i in enumerate(node.inputs) if i in graph.constants}
     model = _one_node_model(node, in_types, [None] * len(node.outputs), graph.opsets, consts)
@@ -133,15 +133,12 @@ def onnx_types(node: Node, graph: Graph) -> list[TensorType] | None:
         return None
 
 
-def _aten_types(node: Node, graph: Graph) -> list[TensorType] | None:
-    """The output types the PyTorch frontend recorded (`out_types`), else a run on meta tensors."""
-    if "out_types" in node.attrs:
-        return [TensorType(tuple(shape), DType(dt)) for shape, dt in json.loads(node.attrs["out_types"])]
-    try:
-        found = aten_call.output_types(node.op, node.attrs["call"], [graph.types[i] for i in node.inputs if i])
-    except Exception:  # noqa: BLE001 - an op without a meta kernel: the caller reports it
+def _aten_types(node: Node) -> list[TensorType] | None:
+    """The output types the PyTorch frontend recorded with the call (`out_types`: the values it
+    computed while tracing; a meta kernel can differ, or be missing, as for cuDNN attention)."""
+    if "out_types" not in node.attrs:
         return None
-    return [TensorType(shape, dt) for shape, dt in found]
+    return [TensorType(tuple(shape), DType(dt)) for shape, dt in json.loads(node.attrs["out_types"])]
 
 
 def _probe(t: TensorType, rng: np.random.Generator) -> np.ndarray:

@@ -6,8 +6,9 @@ one attribute, `call`, is the call's arguments as JSON, tensors replaced by the 
 positions. Nothing here runs code from a model file: the op is looked up by name in
 `torch.ops.aten` and called with plain values.
 
-Every place that runs an opaque node (type inference, the reference interpreter, the runtime)
-comes here for this domain, so the three agree.
+Every place that runs an opaque node (the reference interpreter, the runtime, the reference for
+`--check`) comes here for this domain, so they agree. Output types travel with the call
+(`out_types`), as the frontend computed them.
 """
 from __future__ import annotations
 
@@ -93,9 +94,3 @@ def run(op_type: str, call: str, inputs: Sequence[torch.Tensor], device: torch.d
 def torch_dtype(dt: DType) -> torch.dtype:
     return getattr(torch, dt.value)
 
-
-def output_types(op_type: str, call: str, in_types: Sequence[Any]) -> list[tuple[tuple[int, ...], DType]]:
-    """(shape, dtype) of each output, from a run on meta tensors (no data, no arithmetic)."""
-    meta = torch.device("meta")
-    args = [torch.empty(t.shape, dtype=torch_dtype(t.dtype), device=meta) for t in in_types]
-    return [(tuple(o.shape), DType(str(o.dtype).removeprefix("torch."))) for o in run(op_type, call, args, meta)]
