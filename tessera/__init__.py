@@ -9,7 +9,7 @@ reads an ONNX model into an operator graph).
 from tessera.compiler import CompileOptions, CompileResult, compile, compile_model
 from tessera.errors import TesseraError
 from tessera.fission import fission
-from tessera.runtime.artifact import load_artifact as load
+from tessera.runtime.buckets import load
 from tessera.summary import summarize
 from tessera.verify import verify
 from tessera.version import __version__

@@ -29,8 +29,8 @@ from tessera.orchestrate.candidates import MAX_KERNEL_NODES
 from tessera.orchestrate.layout import LAYOUT_POLICIES
 from tessera.rewrite import IO_CHOICES
 from tessera.summary import format_summary, summarize
-from tessera.runtime.artifact import load_artifact as load
 from tessera.runtime.artifact import read_meta
+from tessera.runtime.buckets import MANIFEST, load, read_manifest
 from tessera.runtime.profile import format_profile, profile_executable
 from tessera.tolerance import TOLERANCE, passes, rel_l2
 from tessera.runtime import plan_cache
@@ -159,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=_positive, default=60.0, help="seconds per subgraph solve")
     p.add_argument("--max-states", type=_count(1), default=2000, help="execution states per subgraph")
     p.add_argument("--max-kernel-nodes", type=_count(1), default=MAX_KERNEL_NODES, help="primitives per candidate kernel")
+    p.add_argument("--dynamic", action="append", metavar="NAME=DIM:MIN..MAX",
+                   help="a dynamic input axis: one plan per bucket of sizes (powers of two from MIN, then MAX; "
+                        "or NAME=DIM:S1,S2,... for these buckets), all in one artifact (repeatable)")
     p = sub.add_parser("bench", help="time tessera against PyTorch eager and torch.compile, same process and inputs")
     p.add_argument("model", help="an ONNX file (tessera alone), zoo:NAME or FILE.py:FUNC (FUNC returns a PyTorch "
                                  "(module, example_inputs): the PyTorch peers too)")
@@ -194,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_count(0), help="seed for random inputs (default: fresh)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--save-outputs", type=Path, help="write the outputs to this .npz file")
+    p.add_argument("--input-shape", action="append", metavar="NAME=DIMS",
+                   help="an artifact with shape buckets: run at this shape (default: one size per bucket, "
+                        "padded where the artifact pads)")
     p = sub.add_parser("profile", help="what really runs: each CUDA kernel's time per call, by kind and plan kernel")
     p.add_argument("target", type=Path, help="an artifact directory (tessera compile -o) or an .onnx file")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
@@ -243,37 +249,53 @@ def _open_target(target: Path, device: str, precision: str | None,
 
 def cmd_run(args: argparse.Namespace) -> int:
     _check_device(args.device)
+    if (args.artifact / MANIFEST).is_file():
+        return _run_buckets(args)
+    if args.input_shape:
+        raise TesseraError(f"{args.artifact} was compiled for fixed input shapes; --input-shape applies to an "
+                           "artifact with shape buckets (tessera compile --dynamic)")
     meta = read_meta(args.artifact)
     exe = load(args.artifact, args.device)
     model = frontend_load(args.artifact / "model.onnx", meta["input_shapes"])
     seed = int.from_bytes(os.urandom(4), "little") if args.seed is None else args.seed
-    if args.inputs:
-        try:
-            with np.load(args.inputs) as data:
-                feeds = {k: data[k] for k in data.files}
-        except (ValueError, OSError, zipfile.BadZipFile) as e:
-            if isinstance(e, OSError) and e.errno is not None:
-                raise
-            raise TesseraError(f"{args.inputs}: not a .npz file of named arrays (numpy.savez writes one)") from None
-        check_feeds(model.graph, feeds)
-        # The declared dtypes (float64 arrays for float32 inputs, say), as onnxruntime wants them.
-        feeds = {k: v.astype(model.graph.types[k].dtype.to_numpy()) if k in model.graph.types else v
-                 for k, v in feeds.items()}
-    else:
-        feeds = random_inputs(model.graph, seed)
-    # NumPy has no bfloat16: a bf16 output (`--io precision`) is saved and checked as float32.
-    outs = {k: (v.float() if v.dtype is torch.bfloat16 else v).cpu().numpy() for k, v in exe.run(**feeds).items()}
+    feeds = _npz_feeds(args.inputs, model.graph) if args.inputs else random_inputs(model.graph, seed)
+    outs = _host_outputs(exe.run(**feeds))
     if args.save_outputs:
         np.savez(args.save_outputs, **outs)
     backends = ", ".join(f"{n} {b}" for b, n in sorted(exe.backends.items()))
     print(f"{args.artifact}: ran {len(exe.steps)} kernels ({backends}) on {args.device}"
           + ("" if args.inputs else f", random inputs (seed {seed})"))
     if not args.check:
-        for name, v in outs.items():
-            print(f"  {name:<24} {str(list(v.shape)):<20} {v.dtype}")
+        _print_outputs(outs)
         return 0
-    ref = run_onnxruntime(model.model, feeds)
-    precision = meta.get("precision", "fp32")
+    return 0 if _check_outputs(outs, run_onnxruntime(model.model, feeds), meta.get("precision", "fp32")) else 1
+
+
+def _npz_feeds(path: Path, graph: Any) -> dict[str, np.ndarray]:
+    """Inputs from a .npz file, checked against the model and cast to its declared dtypes."""
+    try:
+        with np.load(path) as data:
+            feeds = {k: data[k] for k in data.files}
+    except (ValueError, OSError, zipfile.BadZipFile) as e:
+        if isinstance(e, OSError) and e.errno is not None:
+            raise
+        raise TesseraError(f"{path}: not a .npz file of named arrays (numpy.savez writes one)") from None
+    check_feeds(graph, feeds)
+    # The declared dtypes (float64 arrays for float32 inputs, say), as onnxruntime wants them.
+    return {k: v.astype(graph.types[k].dtype.to_numpy()) if k in graph.types else v for k, v in feeds.items()}
+
+
+def _host_outputs(outs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    # NumPy has no bfloat16: a bf16 output (`--io precision`) is saved and checked as float32.
+    return {k: (v.float() if v.dtype is torch.bfloat16 else v).cpu().numpy() for k, v in outs.items()}
+
+
+def _print_outputs(outs: dict[str, np.ndarray]) -> None:
+    for name, v in outs.items():
+        print(f"  {name:<24} {str(list(v.shape)):<20} {v.dtype}")
+
+
+def _check_outputs(outs: dict[str, np.ndarray], ref: dict[str, np.ndarray], precision: str) -> bool:
     ok = True
     for name, v in outs.items():
         err = rel_l2(v, ref[name])
@@ -281,6 +303,60 @@ def cmd_run(args: argparse.Namespace) -> int:
         ok &= good
         print(f"  {name:<24} {str(list(v.shape)):<20} rel L2 {err:.3e}  {'PASS' if good else 'FAIL'}")
     print(f"{'PASS' if ok else 'FAIL'} (tolerance {TOLERANCE[precision]:g}, {precision}, vs onnxruntime)")
+    return ok
+
+
+def _run_buckets(args: argparse.Namespace) -> int:
+    """`run` on an artifact with shape buckets: at the shapes given (--input-shape, --inputs), or
+    once per bucket at a size that runs padded into it where the artifact pads."""
+    from tessera.runtime.buckets import DynamicDim, bucket_dir, padded_shape, sizes_of
+
+    doc = read_manifest(args.artifact)
+    exe = load(args.artifact, args.device)
+    dims = [DynamicDim.from_json(d) for d in doc["dims"]]
+    seed = int.from_bytes(os.urandom(4), "little") if args.seed is None else args.seed
+    if args.inputs or args.input_shape:
+        given = parse_input_shapes(args.input_shape)
+        if args.inputs:
+            with np.load(args.inputs) as data:
+                given = {k: tuple(data[k].shape) for k in data.files}
+        unknown = sorted(set(given) - set(doc["inputs"]))
+        if unknown:
+            raise TesseraError(f"{args.artifact}: no input(s) {unknown}; the model's inputs are {doc['inputs']}")
+        cases = [sizes_of([DynamicDim(d.symbol, tuple(u for u in d.uses if u[0] in given), d.buckets, d.low, d.pad)
+                           for d in dims], given)]
+    else:
+        cases = []
+        for b in doc["buckets"]:
+            sizes = []
+            for d in dims:
+                top = b["sizes"][d.symbol]
+                i = d.buckets.index(top)
+                below = d.buckets[i - 1] if i else d.low - 1
+                sizes.append((below + 1 + top) // 2 if d.pad and top - below >= 2 else top)
+            cases.append(tuple(sizes))
+    if args.save_outputs and len(cases) > 1:
+        raise TesseraError("--save-outputs writes one run's outputs: give the shapes with --input-shape or --inputs")
+    ok = True
+    outs: dict[str, np.ndarray] = {}
+    for sizes in cases:
+        key = tuple(d.bucket_for(s) for d, s in zip(dims, sizes))
+        sub = args.artifact / bucket_dir(dims, key)
+        meta = read_meta(sub)
+        shapes = {n: padded_shape(dims, n, shape, sizes) for n, shape in meta["input_shapes"].items()}
+        model = frontend_load(sub / "model.onnx", shapes)
+        feeds = _npz_feeds(args.inputs, model.graph) if args.inputs else random_inputs(model.graph, seed)
+        outs = _host_outputs(exe.run(**feeds))
+        at = ", ".join(f"{d.symbol}={s}" for d, s in zip(dims, sizes))
+        bucket = ", ".join(f"{d.symbol}={k}" for d, k in zip(dims, key))
+        print(f"{args.artifact}: {at} ran in the bucket {bucket} on {args.device}"
+              + ("" if args.inputs else f", random inputs (seed {seed})"))
+        if args.check:
+            ok &= _check_outputs(outs, run_onnxruntime(model.model, feeds), meta.get("precision", "fp32"))
+        else:
+            _print_outputs(outs)
+    if args.save_outputs:
+        np.savez(args.save_outputs, **outs)
     return 0 if ok else 1
 
 
@@ -341,11 +417,45 @@ def cmd_compile(args: argparse.Namespace) -> int:
                           templates=args.templates, prologues=args.prologues == "on",
                           chains=args.chains == "on")
     quiet = not sys.stderr.isatty()
+    if args.dynamic:
+        return _compile_buckets(args, opts, quiet)
     # Each bar opens once its total is known and keeps it: orchestration counts primitives (known
     # once partitioned; a split subgraph changes no total), tuning one bar per batch of measurements.
     with _Bar("orchestrate", "prim", quiet) as progress, _Bar("tune", "kernel", quiet) as tune_progress:
         result = compile_model(args.model, opts, progress, tune_progress)
     write_artifacts(result, args.out)
+    _print_compile(result)
+    print(f"  wrote the artifact {args.out} (plan.json, report.html; run it with tessera run {args.out} --check)")
+    return 0
+
+
+def _compile_buckets(args: argparse.Namespace, opts: CompileOptions, quiet: bool) -> int:
+    """`compile --dynamic`: one plan per shape bucket, in one artifact (tessera/dynamic.py)."""
+    from tessera.dynamic import compile_buckets, parse_dynamic, write_buckets
+
+    def on_bucket(sizes: dict[str, int], result: Any) -> None:
+        print("bucket " + ", ".join(f"{k}={v}" for k, v in sizes.items()) + ":")
+        _print_compile(result)
+
+    requests = parse_dynamic(args.dynamic)
+    with _Bar("orchestrate", "prim", quiet) as progress, _Bar("tune", "kernel", quiet) as tune_progress:
+        compiled = compile_buckets(args.model, opts, requests, on_bucket, progress=progress,
+                                   tune_progress=tune_progress)
+    write_buckets(compiled, args.out)
+    for d in compiled.dims:
+        how = "pads to the next bucket" if d.pad else "runs only at its buckets (zero padding changes the outputs)"
+        print(f"  {d.symbol} ({', '.join(f'{n} axis {a}' for n, a in d.uses)}): sizes {d.low}..{d.high}, "
+              f"buckets {list(d.buckets)}; {how}")
+    for c in compiled.checks:
+        if c.reason:
+            print(f"    {c.reason}")
+    print(f"  wrote the artifact {args.out} ({len(compiled.results)} buckets, {MANIFEST}; run it with "
+          f"tessera run {args.out} --check)")
+    return 0
+
+
+def _print_compile(result: Any) -> None:
+    """What a compile chose: kernels, tuning, layouts, chains and templates, the solver."""
     plan = result.plan
     solved = [s.solver for s in plan.subgraphs]
     optimal = sum(1 for s in solved if s.get("optimal"))
@@ -379,8 +489,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
           f"({plan.greedy_total_s / max(plan.estimated_total_s, 1e-30):.2f}x)")
     print(f"  {len(plan.subgraphs)} subgraph(s), {optimal} solved to proven optimality, "
           f"{sum(s.get('seconds', 0.0) for s in solved):.2f} s in the solver; {len(plan.cuts)} cut(s)")
-    print(f"  wrote the artifact {args.out} (plan.json, report.html; run it with tessera run {args.out} --check)")
-    return 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

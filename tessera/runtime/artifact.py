@@ -96,6 +96,9 @@ def _seal(doc: dict[str, Any]) -> str:
 
 def read_meta(path: Path) -> dict[str, Any]:
     meta_path = Path(path) / "artifact.json"
+    if not meta_path.is_file() and (Path(path) / "buckets.json").is_file():
+        raise ModelLoadError(f"{path} holds one artifact per shape bucket (buckets.json); `tessera run` and "
+                             f"tessera.load take it whole, other commands one of its bucket_* folders")
     if not meta_path.is_file():
         raise ModelLoadError(f"{path}: not a tessera artifact (no artifact.json); make one with tessera compile -o")
     try:
