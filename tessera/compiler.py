@@ -376,13 +376,15 @@ def rebuild_meta(result: CompileResult) -> dict[str, Any]:
 
 
 def compile(source: Any, options: Any = None, device: str | torch.device | None = None,
-            example_inputs: Sequence[Any] | None = None) -> Any:
+            example_inputs: Sequence[Any] | None = None, dynamic: Mapping[int, Mapping[int, Any]] | None = None) -> Any:
     """Compile a model into a callable that takes and returns torch tensors.
 
     `source` is an ONNX model (path, bytes, ModelProto), or an `nn.Module` (any traceable
     function) with `example_inputs`: `compile(module, (x,))` or `compile(module, options,
     example_inputs=(x,))`. A module's plan runs on its example inputs' device; an ONNX model's on
-    `device` (default the CPU)."""
+    `device` (default the CPU). `dynamic={arg: {axis: (low, high)}}` compiles a module for every
+    size in the range, one plan per bucket (`torch_dynamic.py`); an ONNX model takes its dynamic
+    sizes from `tessera compile --dynamic` (`tessera/dynamic.py`)."""
     if isinstance(options, (tuple, list)):
         options, example_inputs = None, options
     if isinstance(source, torch.nn.Module) or (callable(source) and not isinstance(source, (str, bytes, Path))):
@@ -390,6 +392,9 @@ def compile(source: Any, options: Any = None, device: str | torch.device | None 
 
         if example_inputs is None:
             raise TesseraError("compiling a torch module needs example inputs: tessera.compile(module, (x, ...))")
-        return compile_module(source, example_inputs, options)
+        return compile_module(source, example_inputs, options, dynamic=dynamic)
+    if dynamic:
+        raise TesseraError("dynamic= applies to a torch module; compile an ONNX model for dynamic sizes with "
+                           "tessera compile --dynamic NAME=DIM:MIN..MAX")
     result = compile_model(source, options)
     return Executable(result.graph, plan_document(result), device or "cpu")

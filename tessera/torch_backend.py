@@ -18,11 +18,12 @@ import torch
 
 from tessera.compiler import CompileOptions, CompileResult, compile_model, plan_document, rebuild_meta
 from tessera.errors import TesseraError
-from tessera.frontend.fx import OnnxFromTorch, aten_graph, to_onnx
+from tessera.frontend.fx import OnnxFromTorch, aten_graph, fold_static, to_onnx
 from tessera.log import logger
 from tessera.runtime import plan_cache
 from tessera.runtime.artifact import graph_digest
 from tessera.runtime.executable import Executable
+from tessera.torch_dynamic import BucketedModule, dims_from_spec, dynamo_dims
 
 
 class CompiledModule:
@@ -54,20 +55,31 @@ def options_from(options: Mapping[str, Any] | CompileOptions | None) -> CompileO
 
 def compile_module(module: Callable[..., Any], example_inputs: Sequence[Any],
                    options: Mapping[str, Any] | CompileOptions | None = None, name: str | None = None,
-                   frozen: set[int] | None = None) -> Any:
+                   frozen: set[int] | None = None, dynamic: Mapping[int, Mapping[int, Any]] | None = None) -> Any:
     """Compile an nn.Module (or any traceable function) for inputs like `example_inputs`.
 
     The plan is built for the example inputs' shapes and dtypes, on their device: a
     `CompiledModule`. A module that does not trace as one graph (Python control flow on tensor
     values) is compiled through `torch.compile(backend=tessera)` instead, one plan per graph that
     dynamo captures. `frozen` names positional inputs that are constants (a dynamo graph's
-    parameters)."""
+    parameters). `dynamic` ({arg: {axis: (low, high)}}, `torch_dynamic.dims_from_spec`) compiles
+    one plan per shape bucket instead, all of them now: a `BucketedModule`."""
     opt = options_from(options)
     label = name or getattr(type(module), "__name__", "module")
     if isinstance(module, torch.nn.Module) and not isinstance(module, torch.fx.GraphModule) and module.training:
         raise TesseraError(f"{label} is in training mode; tessera compiles inference: call .eval() on it first")
+    if dynamic:
+        bucketed = BucketedModule(module, dims_from_spec(example_inputs, dynamic), label,
+                                  lambda args: compile_module(module, args, opt, name=label, frozen=frozen))
+        bucketed.compile_all(example_inputs)
+        return bucketed
+    traced = module
+    if isinstance(module, torch.fx.GraphModule):  # a dynamo graph: sizes and module scalars are fixed here
+        traced = fold_static(module, example_inputs, {
+            i for i, x in enumerate(example_inputs)
+            if not isinstance(x, torch.Tensor) or (x.dim() == 0 and not isinstance(x, torch.nn.Parameter))})
     try:
-        gm = aten_graph(module, list(example_inputs))
+        gm = aten_graph(traced, list(example_inputs))
     except Exception as e:  # noqa: BLE001 - tracing raises whatever the model's code raises
         if isinstance(module, torch.fx.GraphModule):
             raise TesseraError(f"{label}: tracing to ATen failed: {type(e).__name__}: {e}") from None
@@ -132,9 +144,9 @@ def _module_state(node: torch.fx.Node) -> bool:
 
 
 class PerShape:
-    """A graph dynamo captured with dynamic dims: one plan per shape seen, compiled at its first
-    call (the plan cache makes a shape seen in an earlier process cheap). Until tessera has shape
-    buckets (issue 16), this keeps such a graph correct rather than fast to warm up."""
+    """A graph dynamo captured with sizes that padding cannot follow (an input of size s0 * 2): one
+    plan per shape seen, compiled at its first call (the plan cache makes a shape seen in an
+    earlier process cheap). Other dynamic graphs run in buckets (`torch_dynamic.BucketedModule`)."""
 
     def __init__(self, gm: torch.fx.GraphModule, options: Any, frozen: set[int], name: str) -> None:
         self.gm, self.options, self.frozen, self.name = gm, options, frozen, name
@@ -150,18 +162,6 @@ class PerShape:
         return plan(*args)
 
 
-def _dynamic(gm: torch.fx.GraphModule) -> bool:
-    """Did dynamo capture this graph with symbolic sizes (automatic dynamic, mark_dynamic, dynamic=True)?"""
-    for n in gm.graph.nodes:
-        if n.op != "placeholder":
-            continue
-        v = n.meta.get("example_value")
-        if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and
-                                            any(isinstance(d, torch.SymInt) for d in v.shape)):
-            return True
-    return False
-
-
 def tessera_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                     options: Mapping[str, Any] | None = None, **_: Any) -> Callable[..., Any]:
     """The dynamo backend: one captured graph -> a callable running tessera's plan."""
@@ -169,8 +169,17 @@ def tessera_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     frozen = {i for i, (n, x) in enumerate(zip(placeholders, example_inputs))
               if isinstance(x, torch.nn.Parameter) or _module_state(n)}
     name = f"dynamo_graph_{gm.meta.get('dynamo_compile_id', '')}"
-    if _dynamic(gm):
+    dims = dynamo_dims(gm)  # sizes dynamo made symbolic (automatic dynamic, mark_dynamic, dynamic=True)
+    if dims is None:
         return PerShape(gm, options_from(options), frozen, name)
+    # 0-d tensors that are not parameters: module floats that dynamic=True passes as inputs (eps,
+    # dropout p), baked into each plan (fold_static) and so part of its key
+    scalars = [i for i, x in enumerate(example_inputs)
+               if isinstance(x, torch.Tensor) and x.dim() == 0 and not isinstance(x, torch.nn.Parameter)]
+    if dims or scalars:
+        opt = options_from(options)
+        return BucketedModule(gm, dims, name, lambda args: compile_module(gm, args, opt, name=name, frozen=frozen),
+                              scalars)
     return compile_module(gm, example_inputs, options, name=name, frozen=frozen)
 
 

@@ -18,6 +18,7 @@ from tessera.errors import TesseraError
 from tessera.ir import aten_call
 from tessera.tolerance import TOLERANCE, rel_l2
 from tessera.torch_backend import CompiledModule, tessera_backend
+from tessera.torch_dynamic import BucketedModule
 
 CPU = {"cost": "analytical"}
 
@@ -295,23 +296,27 @@ def test_plan_cache_reuses_a_plan_and_drops_a_damaged_one(tmp_path: Path, monkey
         close(other(fresh), m(fresh))
 
 
-def test_a_graph_dynamo_makes_dynamic_gets_a_plan_per_shape() -> None:
-    """dynamo re-captures a graph with a dynamic batch at its second shape (automatic dynamic);
-    each shape then gets its own plan, compiled at its first call, reused after."""
+def test_a_graph_dynamo_makes_dynamic_runs_in_buckets() -> None:
+    """dynamo re-captures a graph with a dynamic batch at its second shape (automatic dynamic); the
+    graph then runs one plan per power-of-two bucket, each compiled at its first call, after a
+    check that zero padding leaves the real rows unchanged; a size inside a bucket reuses its plan."""
     torch._dynamo.reset()  # Sequential.forward's code was captured above: start from no history
     torch.manual_seed(10)
     m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
     rec = Recorder()
     f = torch.compile(m, backend=rec)
     with torch.no_grad():
-        for b in (2, 3, 5, 3, 8):
+        for b in (2, 3, 5, 3, 8, 7, 4):
             x = torch.randn(b, 8)
-            close(f(x), m(x))
+            out = f(x)
+            assert out.shape == (b, 4)
+            close(out, m(x))
     static, dynamic = rec.compiled
     assert isinstance(static, CompiledModule)
-    assert len(dynamic.plans) == 3  # batches 3, 5 and 8; the second 3 reused its plan
-    shapes = {e[0] for k in dynamic.plans for e in k if isinstance(e, tuple)}
-    assert {(3, 8), (5, 8), (8, 8)} <= shapes
+    assert isinstance(dynamic, BucketedModule)
+    assert sorted(dynamic.plans) == [(4,), (8,)]  # 3 and 4 in one, 5, 7 and 8 in the other
+    (dim,) = dynamic.dims
+    assert dim.pad and dynamic.output_axes == {0: [(0, dim.symbol)]}
 
 
 def test_gpt2_at_three_sequence_lengths() -> None:

@@ -19,6 +19,8 @@ run once here, which gives its shape and dtype and folds whatever depends only o
 """
 from __future__ import annotations
 
+import copy
+
 import json
 import math
 import operator
@@ -156,6 +158,56 @@ def aten_graph(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> fx.Grap
     with torch.no_grad(), _OwnAttention():
         return make_fx(functionalize(fn, remove="mutations_and_views"),
                        decomposition_table=core_aten_decompositions(), tracing_mode="real")(*example_inputs)
+
+
+def fold_static(gm: fx.GraphModule, args: Sequence[Any], static: set[int]) -> fx.GraphModule:
+    """A copy of dynamo graph `gm` with every node that reads only static placeholders (positions
+    `static`: symbolic sizes, module scalars such as eps or dropout p that dynamic=True lifts into
+    0-d tensors) computed from `args` and put in as a constant. make_fx traces with real tensors,
+    and a `.item()` of a traced tensor stops it; at one bucket these values are fixed."""
+    gm = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    env: dict[fx.Node, Any] = {}
+    known: set[fx.Node] = set()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, n in enumerate(placeholders):
+        env[n] = args[i]
+        if i in static:
+            known.add(n)
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "output") or not all(a in known for a in n.all_input_nodes):
+            continue
+        a, kw = fx.node.map_arg((n.args, n.kwargs), lambda x: env[x])
+        with torch.no_grad():
+            if n.op == "call_function":
+                env[n] = n.target(*a, **kw)
+            elif n.op == "call_method":
+                env[n] = getattr(a[0], n.target)(*a[1:], **kw)
+            elif n.op == "call_module":
+                env[n] = gm.get_submodule(n.target)(*a, **kw)
+            else:  # get_attr
+                env[n] = _attr(gm, n.target)
+        known.add(n)
+    count = 0
+    for n in list(gm.graph.nodes):
+        if n not in known or n.op in ("placeholder", "get_attr"):
+            continue
+        users = [u for u in n.users if u not in known]
+        if not users:
+            continue
+        v = env[n]
+        if isinstance(v, torch.Tensor):
+            attr = f"_tessera_static_{count}"
+            count += 1
+            gm.register_buffer(attr, v)
+            with gm.graph.inserting_before(users[0]):
+                const = gm.graph.get_attr(attr)
+            n.replace_all_uses_with(const, delete_user_cb=lambda u: u not in known)
+        elif isinstance(v, (int, float, bool, torch.dtype, torch.device)) or v is None:
+            for u in users:
+                u.args, u.kwargs = fx.node.map_arg((u.args, u.kwargs), lambda x: v if x is n else x)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
 
 
 class _OwnAttention(torch.overrides.TorchFunctionMode):
