@@ -43,7 +43,7 @@ class Recorder:
     """A backend that compiles with tessera and keeps what each captured graph became."""
 
     def __init__(self) -> None:
-        self.compiled: list[Any] = []  # CompiledModule, or PerShape for a dynamic graph
+        self.compiled: list[Any] = []  # CompiledModule, or BucketedModule for a dynamic graph
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list, **kw: object) -> Any:
         c = tessera_backend(gm, example_inputs, options=CPU)
@@ -319,12 +319,75 @@ def test_a_graph_dynamo_makes_dynamic_runs_in_buckets() -> None:
     assert dim.pad and dynamic.output_axes == {0: [(0, dim.symbol)]}
 
 
-def test_gpt2_at_three_sequence_lengths() -> None:
+def _tiny(kind: str) -> nn.Module:
     torch.manual_seed(11)
-    m = transformers.GPT2Model(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100,
-                                                       bos_token_id=0, eos_token_id=0, use_cache=False)).eval()
-    f = torch.compile(m, backend="tessera", options=CPU)
+    if kind == "gpt2":
+        return transformers.GPT2Model(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100,
+                                                              bos_token_id=0, eos_token_id=0, use_cache=False)).eval()
+    cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                                  vocab_size=100)
+    return transformers.BertModel(cfg, add_pooling_layer=False).eval()
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_gpt2_sequence_lengths_share_a_bucket(dynamic: bool | None) -> None:
+    """GPT-2 at lengths 8, 13, 16, 13: with automatic dynamic the first length gets a static plan,
+    with dynamic=True a bucket; 13 and 16 share the bucket of 16, padded after a check that the
+    causal mask keeps the padding out of the real positions. dynamic=True also lifts module
+    floats (eps, dropout p) into tensors, which each plan folds in."""
+    torch._dynamo.reset()
+    m = _tiny("gpt2")
+    rec = Recorder()
+    f = torch.compile(m, backend=rec, dynamic=dynamic)
     with torch.no_grad():
         for n in (8, 13, 16, 13):
             ids = torch.randint(0, 100, (1, n))
             close(f(input_ids=ids).last_hidden_state, m(input_ids=ids).last_hidden_state)
+    bucketed = rec.compiled[-1]
+    assert isinstance(bucketed, BucketedModule) and bucketed.dims[0].pad
+    assert sorted(k[0] for k in bucketed.plans) == ([8, 16] if dynamic else [16])
+
+
+@pytest.mark.parametrize("mask", [False, True])
+def test_bert_pads_only_with_an_attention_mask(mask: bool) -> None:
+    """Without a mask BERT attends to every position, so padding would change the real ones: the
+    check refuses it and each length gets its own plan. With the mask as an input, padded with
+    zeros, the padding is masked out and 13 runs in the bucket of 16."""
+    torch._dynamo.reset()
+    m = _tiny("bert")
+    rec = Recorder()
+    f = torch.compile(m, backend=rec)
+    with torch.no_grad():
+        for n in (8, 13, 16):
+            ids = torch.randint(0, 100, (1, n))
+            kw = {"attention_mask": torch.ones(1, n, dtype=torch.long)} if mask else {}
+            close(f(input_ids=ids, **kw).last_hidden_state, m(input_ids=ids, **kw).last_hidden_state)
+    bucketed = rec.compiled[-1]
+    assert isinstance(bucketed, BucketedModule)
+    assert bucketed.dims[0].pad is mask
+    assert sorted(k[0] for k in bucketed.plans) == ([16] if mask else [13, 16])
+
+
+def test_compile_a_module_for_a_range_of_batches() -> None:
+    """tessera.compile(module, dynamic=...) compiles every bucket up front: batches 1, 3 and 8 then
+    run with no further compile, 3 padded into the bucket of 4."""
+    torch.manual_seed(12)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                      nn.Linear(8 * 6 * 6, 5)).eval()
+    with torch.no_grad():
+        m[1].running_mean.normal_()
+        m[1].running_var.uniform_(0.5, 2.0)
+    c = tessera.compile(m, CPU, example_inputs=(torch.randn(2, 3, 6, 6),), dynamic={0: {0: (1, 8)}})
+    assert isinstance(c, BucketedModule)
+    assert sorted(c.plans) == [(1,), (2,), (4,), (8,)]
+    with torch.no_grad():
+        for b in (1, 3, 8):
+            x = torch.randn(b, 3, 6, 6)
+            y = c(x)
+            assert y.shape == (b, 5)
+            close(y, m(x))
+    assert len(c.plans) == 4
+    with pytest.raises(TesseraError, match="argument 0 axis 0 .* is 9"):
+        c(torch.randn(9, 3, 6, 6))
+    with pytest.raises(TesseraError, match="dynamic names argument 1"):
+        tessera.compile(m, CPU, example_inputs=(torch.randn(2, 3, 6, 6),), dynamic={1: {0: (1, 8)}})

@@ -169,6 +169,11 @@ class BucketedExecutable:
         tensors = {k: torch.as_tensor(v) for k, v in named.items()}
         sizes, key = self.pick({k: tuple(v.shape) for k, v in tensors.items()})
         exe = self.executable(key)
+        for k, v in tensors.items():  # the static axes, named before padding hides the call's shape
+            want = self._declared(exe, k)
+            if v.dim() != len(want) or any(isinstance(w, int) and w != s for w, s in zip(want, v.shape)):
+                raise ShapeError(f"input '{k}' has shape {list(v.shape)}, the model takes "
+                                 f"[{', '.join(str(w) for w in want)}]")
         padded = {k: pad_to(v, padded_shape(self.dims, k, v.shape, key)) for k, v in tensors.items()}
         outs = exe.run_static(exe.prepare_inputs(**padded))
         real = dict(zip((d.symbol for d in self.dims), sizes))
@@ -179,6 +184,15 @@ class BucketedExecutable:
                 y = y.narrow(axis, 0, real[sym])
             result[name] = y.clone()  # the plan's buffers are overwritten by the next call
         return result
+
+    def _declared(self, exe: Executable, name: str) -> list[int | str]:
+        """Input `name`'s shape with each dynamic axis as its symbol."""
+        shape: list[int | str] = list(exe.graph.types[name].shape)
+        for d in self.dims:
+            for n, axis in d.uses:
+                if n == name:
+                    shape[axis] = d.symbol
+        return shape
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
         outs = self.run(*args, **kwargs)
