@@ -169,3 +169,18 @@ def test_torch_outputs_from_a_bucket_are_fresh(tmp_path: Path) -> None:
     first = a.clone()
     exe(torch.randn(3, 12))
     assert torch.equal(a, first) and a.is_contiguous()
+
+
+def test_buckets_share_their_weights() -> None:
+    """Large constants are one device copy per content, so B buckets do not hold B copies of the
+    weights; small ones and other dtypes are their own."""
+    from tessera.runtime.buffers import device_constant
+
+    w = np.random.default_rng(0).standard_normal((128, 160)).astype(np.float32)
+    a = device_constant(w, torch.device("cpu"), torch.float32)
+    assert device_constant(w.copy(), torch.device("cpu"), torch.float32) is a
+    assert device_constant(w, torch.device("cpu"), torch.float16) is not a
+    assert device_constant(w[:2], torch.device("cpu"), torch.float32) is not device_constant(
+        w[:2], torch.device("cpu"), torch.float32)
+    w[0, 0] += 1
+    assert device_constant(w, torch.device("cpu"), torch.float32) is not a

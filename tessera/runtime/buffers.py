@@ -8,9 +8,12 @@ serve every call, which CUDA-graph replay requires.
 """
 from __future__ import annotations
 
+import hashlib
+import weakref
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from tessera.errors import ResourceError
@@ -18,6 +21,24 @@ from tessera.ir.graph import TensorType, layout_strides
 from tessera.runtime.torch_prims import TORCH_DTYPES
 
 ALIGN = 256  # bytes; what cudaMalloc guarantees and vectorized loads like
+
+# Device copies of large constants, by content: the executables of one model's shape buckets hold
+# the same weights, and share one copy of each while any of them lives.
+_SHARED: "weakref.WeakValueDictionary[tuple[Any, ...], torch.Tensor]" = weakref.WeakValueDictionary()
+SHARE_BYTES = 1 << 16
+
+
+def device_constant(value: Any, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """`value` (an array) on `device` as `dtype`; one copy per content, device and dtype when large."""
+    a = np.array(value, order="C")
+    if a.nbytes < SHARE_BYTES:
+        return torch.from_numpy(a).to(device, dtype)
+    key = (hashlib.sha1(a.data).hexdigest(), a.dtype.str, a.shape, str(device), dtype)
+    t = _SHARED.get(key)
+    if t is None:
+        t = torch.from_numpy(a).to(device, dtype)
+        _SHARED[key] = t
+    return t
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from tessera.errors import ShapeError, TesseraError
 from tessera.ir.graph import Graph, Node
 from tessera.ir.indices import check_feeds
 from tessera.ir.prims import Prim
-from tessera.runtime.buffers import BufferPool, Lifetime, as_layout, stored_constant
+from tessera.runtime.buffers import BufferPool, Lifetime, as_layout, device_constant, stored_constant
 from tessera.runtime.graphs import quiet_capture
 from tessera.runtime.torch_prims import TORCH_DTYPES, pointwise_conv_as_gemm, run_linear_fused, run_node
 
@@ -79,8 +79,8 @@ class Executable:
         self.device = torch.device(device)
         use_interpreter(self.device)
         by_name = {n.name: n for n in graph.nodes}
-        self.constants = {name: torch.from_numpy(np.array(v, order="C")).to(
-            self.device, TORCH_DTYPES[graph.types[name].dtype]) for name, v in graph.constants.items()}
+        self.constants = {name: device_constant(v, self.device, TORCH_DTYPES[graph.types[name].dtype])
+                          for name, v in graph.constants.items()}
         self.steps: list[Step] = []
         for k in plan["kernels"]:
             prims = [by_name[n] for n in k["prims"]]
