@@ -65,8 +65,14 @@ def check_feeds(graph: Graph, feeds: Mapping[str, Any]) -> None:
         if v is None or not _numel(v):
             continue
         # Only the index inputs are read back (min and max: two numbers, also from a GPU tensor).
-        # A torch tensor's aminmax is one reduction and one read back (min and max: two of each).
-        lo, hi = (int(x) for x in (v.aminmax() if hasattr(v, "aminmax") else (v.min(), v.max())))
+        # A torch tensor's aminmax is one reduction; stacked, the two numbers come back in one copy
+        # (one wait for the device, not two).
+        if hasattr(v, "aminmax"):  # a torch tensor (only then is torch imported here)
+            import torch
+
+            lo, hi = (int(x) for x in torch.stack(v.aminmax()).tolist())
+        else:
+            lo, hi = int(v.min()), int(v.max())
         if lo < -n or hi >= n:
             bad = hi if hi >= n else lo
             raise ShapeError(f"input '{name}' holds index {bad}, outside [{-n}, {n}): the size of the dim it "
