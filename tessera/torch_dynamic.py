@@ -21,6 +21,7 @@ import torch
 
 from tessera.errors import ShapeError, TesseraError
 from tessera.log import logger
+from tessera.runtime.buckets import bucket_keys, pad_to, power_of_two_buckets
 from tessera.tolerance import TOLERANCE, rel_l2
 
 
@@ -50,14 +51,6 @@ class TorchDim:
         while b < size:
             b *= 2
         return min(b, self.high) if self.high is not None else b
-
-
-def _pad(x: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    if list(x.shape) == list(shape):
-        return x
-    out = x.new_zeros(shape)
-    out[tuple(slice(0, s) for s in x.shape)] = x
-    return out
 
 
 def _flat(x: Any) -> list[Any]:
@@ -124,7 +117,7 @@ class BucketedModule:
                     for j, a in d.uses:
                         if j == i:
                             shape[a] = b
-                out[i] = _pad(x, shape)
+                out[i] = pad_to(x, shape)
         return out
 
     def _check(self, d: TorchDim, args: Sequence[Any], key: tuple[int, ...]) -> None:
@@ -210,8 +203,6 @@ class BucketedModule:
     def compile_all(self, example_inputs: Sequence[Any]) -> None:
         """Compile every bucket now (dims with listed buckets), each after its padding check on the
         example data resized to a size between that bucket and the one below."""
-        from tessera.runtime.buckets import bucket_keys
-
         keys = bucket_keys(self.dims)  # type: ignore[arg-type] - TorchDim has .buckets too
         for key in keys:
             probe = list(example_inputs)
@@ -241,8 +232,6 @@ def dims_from_spec(example_inputs: Sequence[Any], dynamic: Mapping[int, Mapping[
     """`tessera.compile(..., dynamic={arg: {axis: spec}})` -> TorchDims. A spec is (low, high): power-of-two
     buckets up to `high`; (low, high, name): the same, shared by every axis given that name (a
     sequence that input ids and their attention mask both carry); or a list of bucket sizes."""
-    from tessera.runtime.buckets import power_of_two_buckets
-
     dims = []
     for i, axes in dynamic.items():
         if not isinstance(i, int) or not 0 <= i < len(example_inputs) or \

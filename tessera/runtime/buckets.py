@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import numpy as np
 import torch
 
 from tessera.errors import ModelLoadError, ShapeError
@@ -268,6 +267,3 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> Executable | B
         return load_buckets(path, device)
     return load_artifact(path, device)
 
-
-def numpy_feeds(feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    return {k: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v) for k, v in feeds.items()}
