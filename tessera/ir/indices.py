@@ -46,9 +46,10 @@ def index_bounds(graph: Graph) -> dict[str, int]:
     return bounds
 
 
-def check_feeds(graph: Graph, feeds: Mapping[str, Any]) -> None:
+def check_feeds(graph: Graph, feeds: Mapping[str, Any], bounds: Mapping[str, int] | None = None) -> None:
     """Raise ShapeError for an input of the wrong kind (floats for integer indices, integers for
-    floats, anything for booleans but booleans) or holding an index out of its gather's range."""
+    floats, anything for booleans but booleans) or holding an index out of its gather's range.
+    `bounds` is `index_bounds(graph)` where the caller keeps it (it walks the whole graph)."""
     unknown = sorted(set(feeds) - set(graph.inputs))
     missing = [t for t in graph.inputs if t not in feeds]
     if unknown or missing:
@@ -60,7 +61,7 @@ def check_feeds(graph: Graph, feeds: Mapping[str, Any]) -> None:
         kind = "float" if want.is_float else "bool" if want is DType.BOOL else "integer"
         if _kind(v) != kind:
             raise ShapeError(f"input '{name}' holds {_dtype_name(v)} values; the model takes {want.value}")
-    for name, n in index_bounds(graph).items():
+    for name, n in (index_bounds(graph) if bounds is None else bounds).items():
         v = feeds.get(name)
         if v is None or not _numel(v):
             continue
