@@ -73,11 +73,12 @@ def compile_module(module: Callable[..., Any], example_inputs: Sequence[Any],
                                   lambda args: compile_module(module, args, opt, name=label, frozen=frozen))
         bucketed.compile_all(example_inputs)
         return bucketed
-    traced = module
+    traced, frozen = module, set(frozen or ())
     if isinstance(module, torch.fx.GraphModule):  # a dynamo graph: sizes and module scalars are fixed here
-        traced = fold_static(module, example_inputs, {
-            i for i, x in enumerate(example_inputs)
-            if not isinstance(x, torch.Tensor) or (x.dim() == 0 and not isinstance(x, torch.nn.Parameter))})
+        static = {i for i, x in enumerate(example_inputs)
+                  if not isinstance(x, torch.Tensor) or (x.dim() == 0 and not isinstance(x, torch.nn.Parameter))}
+        traced = fold_static(module, example_inputs, static)
+        frozen |= static  # constants of this plan, not inputs it copies in at each call
     try:
         gm = aten_graph(traced, list(example_inputs))
     except Exception as e:  # noqa: BLE001 - tracing raises whatever the model's code raises
@@ -88,7 +89,7 @@ def compile_module(module: Callable[..., Any], example_inputs: Sequence[Any],
         logger.info("%s does not trace as one graph (%s); compiling it through torch.compile", label,
                     str(e).splitlines()[0][:200])
         return _through_dynamo(module, example_inputs, opt)
-    bridge = to_onnx(gm, list(example_inputs), frozen or set(), label)
+    bridge = to_onnx(gm, list(example_inputs), frozen, label)
     if bridge.opaque:
         logger.info("%s: ATen op(s) kept whole (run by torch): %s", label, ", ".join(bridge.opaque))
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]

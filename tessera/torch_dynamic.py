@@ -106,18 +106,17 @@ class BucketedModule:
         return tuple(out)
 
     def padded(self, args: Sequence[Any], key: Sequence[int]) -> list[Any]:
+        """`args` for bucket `key`: tensors zero-padded on their dynamic axes, size ints replaced."""
         out = list(args)
         for d, b in zip(self.dims, key):
             for i in d.ints:
                 out[i] = b
-        for i, x in enumerate(args):
-            if isinstance(x, torch.Tensor):
-                shape = list(x.shape)
-                for d, b in zip(self.dims, key):
-                    for j, a in d.uses:
-                        if j == i:
-                            shape[a] = b
-                out[i] = pad_to(x, shape)
+            for i, a in d.uses:
+                x = out[i]
+                if x.shape[a] != b:
+                    shape = list(x.shape)
+                    shape[a] = b
+                    out[i] = pad_to(x, shape)
         return out
 
     def _check(self, d: TorchDim, args: Sequence[Any], key: tuple[int, ...]) -> None:
