@@ -15,6 +15,7 @@ its bucket sizes, and the compile says so.
 from __future__ import annotations
 
 import re
+import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -256,6 +257,11 @@ def write_buckets(compiled: BucketedCompile, out: Path) -> None:
     """Every bucket's artifact under OUT, then OUT/buckets.json. The buckets share one source
     model, stored once (hard links where the file system has them)."""
     out.mkdir(parents=True, exist_ok=True)
+    keep = {bucket_dir(compiled.dims, key) for key in compiled.results}
+    for old in out.glob("bucket_*"):  # an earlier compile's other buckets
+        if old.is_dir() and old.name not in keep:
+            shutil.rmtree(old)
+    (out / "artifact.json").unlink(missing_ok=True)  # an earlier single-plan compile into this folder
     first = None
     for key, result in compiled.results.items():
         sub = out / bucket_dir(compiled.dims, key)

@@ -184,3 +184,16 @@ def test_buckets_share_their_weights() -> None:
         w[:2], torch.device("cpu"), torch.float32)
     w[0, 0] += 1
     assert device_constant(w, torch.device("cpu"), torch.float32) is not a
+
+
+def test_compiling_again_into_the_folder_replaces_what_was_there(tmp_path: Path) -> None:
+    """A bucketed compile over a single-plan artifact, and back: the folder holds only the newest."""
+    model = _mlp(tmp_path / "mlp.onnx")
+    out = tmp_path / "out"
+    assert main(["compile", str(model), "-o", str(out), "--cost", "analytical", "--input-shape", "x=2x12"]) == 0
+    write_buckets(compile_buckets(model, CPU, parse_dynamic(["x=0:1..4"])), out)
+    assert isinstance(tessera.load(out), BucketedExecutable) and not (out / "artifact.json").exists()
+    write_buckets(compile_buckets(model, CPU, parse_dynamic(["x=0:1,2"])), out)
+    assert sorted(p.name for p in out.glob("bucket_*")) == ["bucket_batch1", "bucket_batch2"]
+    assert main(["compile", str(model), "-o", str(out), "--cost", "analytical", "--input-shape", "x=2x12"]) == 0
+    assert not isinstance(tessera.load(out), BucketedExecutable)

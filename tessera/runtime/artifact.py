@@ -82,6 +82,7 @@ def save_artifact(out: Path, graph: Graph, model: onnx.ModelProto, meta: dict[st
     stale = out / "graph.pkl"  # format 1's pickle, from an older compile into this folder
     if stale.exists():
         stale.unlink()
+    (out / "buckets.json").unlink(missing_ok=True)  # an earlier compile with shape buckets here
     onnx.save(model, str(out / "model.onnx"))
     doc = {"format": FORMAT, **meta, "layout_choices": layout_choices, "graph_digest": graph_digest(graph),
            "files": _file_hashes(out)}
