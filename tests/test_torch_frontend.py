@@ -319,6 +319,22 @@ def test_a_graph_dynamo_makes_dynamic_runs_in_buckets() -> None:
     assert dim.pad and dynamic.output_axes == {0: [(0, dim.symbol)]}
 
 
+def test_mark_dynamic_bounds_the_buckets() -> None:
+    """mark_dynamic(x, 0, min=2, max=6): powers of two, the last capped at the declared 6."""
+    torch._dynamo.reset()
+    torch.manual_seed(13)
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    rec = Recorder()
+    f = torch.compile(m, backend=rec)
+    with torch.no_grad():
+        for b in (3, 5, 6, 2):
+            x = torch.randn(b, 8)
+            torch._dynamo.mark_dynamic(x, 0, min=2, max=6)
+            close(f(x), m(x))
+    (bucketed,) = rec.compiled
+    assert bucketed.dims[0].high == 6 and sorted(bucketed.plans) == [(2,), (4,), (6,)]
+
+
 def _tiny(kind: str) -> nn.Module:
     torch.manual_seed(11)
     if kind == "gpt2":
