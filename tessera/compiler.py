@@ -110,7 +110,7 @@ def compile_model(source: Any, options: CompileOptions | None = None,
     measured compile starts its own and closes it at the end.
     """
     opt = options or CompileOptions()
-    cost_kind = opt.cost if opt.cost != "auto" else ("measured" if torch.cuda.is_available() else "analytical")
+    cost_kind = measured_or_analytical(opt)
     if cost_kind not in ("analytical", "measured"):
         raise TesseraError(f"--cost must be analytical, measured or auto, not {opt.cost!r}")
     if opt.templates not in ("auto", "off", "force"):
@@ -162,6 +162,11 @@ def compile_model(source: Any, options: CompileOptions | None = None,
             getattr(profiler, "close", lambda: None)()
         if db is not None:
             db.close()
+
+
+def measured_or_analytical(opt: CompileOptions) -> str:
+    """The cost model a compile uses: `opt.cost`, with "auto" measured where a GPU is visible."""
+    return opt.cost if opt.cost != "auto" else ("measured" if torch.cuda.is_available() else "analytical")
 
 
 def chains_enabled(opt: CompileOptions, cost_kind: str) -> bool:

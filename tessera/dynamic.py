@@ -14,6 +14,7 @@ its bucket sizes, and the compile says so.
 """
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from dataclasses import dataclass, field, replace
@@ -23,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from tessera.compiler import CompileOptions, CompileResult, compile_model, new_profiler, write_artifacts
+from tessera.compiler import CompileOptions, CompileResult, compile_model, measured_or_analytical, new_profiler, write_artifacts
 from tessera.errors import ShapeError, TesseraError
 from tessera.frontend import load as frontend_load
 from tessera.frontend.reader import read_model, value_type
@@ -169,11 +170,10 @@ def check_padding(model: onnx.ModelProto, dims: Sequence[DynamicDim], fixed: Map
     result = []
     for i, d in enumerate(dims):
         ok = True
-        lows = (d.low - 1, *d.buckets[:-1])
-        for below, b in zip(lows, d.buckets):
-            if b - below < 2:
+        for b in d.buckets:
+            real = d.inside(b)
+            if real == b:
                 continue  # no size runs padded into this bucket
-            real = (below + 1 + b) // 2 if b - below > 2 else below + 1
             key = smallest[:i] + (b,) + smallest[i + 1:]
             check = PadCheck(d.symbol, real, b)
             checks.append(check)
@@ -230,9 +230,8 @@ def compile_buckets(source: Any, options: CompileOptions, requests: Sequence[Dyn
     model = dynamic_model(model, dims)
     fixed = dict(options.input_shapes or {})
     dims, outputs, checks = check_padding(model, dims, fixed, label)
-    measured = options.cost == "measured" or (options.cost == "auto" and _gpu())
     given = kw.pop("profiler", None)
-    profiler = given or (new_profiler(options) if measured else None)
+    profiler = given or (new_profiler(options) if measured_or_analytical(options) == "measured" else None)
     results = {}
     try:
         for key in bucket_keys(dims):
@@ -247,12 +246,6 @@ def compile_buckets(source: Any, options: CompileOptions, requests: Sequence[Dyn
     return BucketedCompile(dims, outputs, checks, model, results)
 
 
-def _gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def write_buckets(compiled: BucketedCompile, out: Path) -> None:
     """Every bucket's artifact under OUT, then OUT/buckets.json. The buckets share one source
     model, stored once (hard links where the file system has them)."""
@@ -262,14 +255,15 @@ def write_buckets(compiled: BucketedCompile, out: Path) -> None:
         if old.is_dir() and old.name not in keep:
             shutil.rmtree(old)
     (out / "artifact.json").unlink(missing_ok=True)  # an earlier single-plan compile into this folder
-    first = None
+    first, first_hash = None, None
     for key, result in compiled.results.items():
         sub = out / bucket_dir(compiled.dims, key)
         write_artifacts(result, sub)
         onnx_file = sub / "model.onnx"
+        digest = json.loads((sub / "artifact.json").read_text())["files"]["model.onnx"]  # hashed as written
         if first is None:
-            first = onnx_file
-        elif onnx_file.read_bytes() == first.read_bytes():
+            first, first_hash = onnx_file, digest
+        elif digest == first_hash:
             onnx_file.unlink()
             try:
                 onnx_file.hardlink_to(first)

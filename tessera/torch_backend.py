@@ -114,7 +114,8 @@ def compile_module(module: Callable[..., Any], example_inputs: Sequence[Any],
 
 def dynamo_compile(module: Callable[..., Any], options: CompileOptions) -> tuple[Callable[..., Any], list[Any]]:
     """`torch.compile(module, backend=tessera)` with `options`, and the list that each graph dynamo
-    captures is compiled into (a CompiledModule, or a PerShape), filled as calls capture them."""
+    captures is compiled into (a CompiledModule, a BucketedModule or a PerShape), filled as calls
+    capture them."""
     compiled: list[Any] = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:

@@ -21,7 +21,7 @@ import torch
 
 from tessera.errors import ShapeError, TesseraError
 from tessera.log import logger
-from tessera.runtime.buckets import bucket_keys, pad_to, power_of_two_buckets
+from tessera.runtime.buckets import bucket_keys, pad_to, power_of_two_buckets, size_inside
 from tessera.tolerance import TOLERANCE, rel_l2
 
 
@@ -207,14 +207,12 @@ class BucketedModule:
             probe = list(example_inputs)
             for d, b in zip(self.dims, key):
                 assert d.buckets is not None
-                j = d.buckets.index(b)
-                below = d.buckets[j - 1] if j else d.low - 1
-                size = (below + 1 + b) // 2 if b - below >= 2 else b
+                size = size_inside(d.buckets, d.low, b)
                 for i, a in d.uses:
                     probe[i] = _resize(probe[i], a, size)
                 for i in d.ints:
                     probe[i] = size
-            sizes, got = self.key_for(probe)
+            _, got = self.key_for(probe)
             if got == key:
                 self.plan(key, self.padded(probe, key))
             else:

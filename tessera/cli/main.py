@@ -30,7 +30,7 @@ from tessera.orchestrate.layout import LAYOUT_POLICIES
 from tessera.rewrite import IO_CHOICES
 from tessera.summary import format_summary, summarize
 from tessera.runtime.artifact import read_meta
-from tessera.runtime.buckets import MANIFEST, load, read_manifest
+from tessera.runtime.buckets import MANIFEST, load
 from tessera.runtime.profile import format_profile, profile_executable
 from tessera.tolerance import TOLERANCE, passes, rel_l2
 from tessera.runtime import plan_cache
@@ -258,7 +258,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     exe = load(args.artifact, args.device)
     model = frontend_load(args.artifact / "model.onnx", meta["input_shapes"])
     seed = int.from_bytes(os.urandom(4), "little") if args.seed is None else args.seed
-    feeds = _npz_feeds(args.inputs, model.graph) if args.inputs else random_inputs(model.graph, seed)
+    feeds = _typed_feeds(_read_npz(args.inputs), model.graph) if args.inputs else random_inputs(model.graph, seed)
     outs = _host_outputs(exe.run(**feeds))
     if args.save_outputs:
         np.savez(args.save_outputs, **outs)
@@ -271,17 +271,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if _check_outputs(outs, run_onnxruntime(model.model, feeds), meta.get("precision", "fp32")) else 1
 
 
-def _npz_feeds(path: Path, graph: Any) -> dict[str, np.ndarray]:
-    """Inputs from a .npz file, checked against the model and cast to its declared dtypes."""
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    """Named arrays from a .npz file."""
     try:
         with np.load(path) as data:
-            feeds = {k: data[k] for k in data.files}
+            return {k: data[k] for k in data.files}
     except (ValueError, OSError, zipfile.BadZipFile) as e:
         if isinstance(e, OSError) and e.errno is not None:
             raise
         raise TesseraError(f"{path}: not a .npz file of named arrays (numpy.savez writes one)") from None
+
+
+def _typed_feeds(feeds: dict[str, np.ndarray], graph: Any) -> dict[str, np.ndarray]:
+    """Inputs checked against the model and cast to its declared dtypes (float64 arrays for
+    float32 inputs, say), as onnxruntime wants them."""
     check_feeds(graph, feeds)
-    # The declared dtypes (float64 arrays for float32 inputs, say), as onnxruntime wants them.
     return {k: v.astype(graph.types[k].dtype.to_numpy()) if k in graph.types else v for k, v in feeds.items()}
 
 
@@ -309,32 +313,20 @@ def _check_outputs(outs: dict[str, np.ndarray], ref: dict[str, np.ndarray], prec
 def _run_buckets(args: argparse.Namespace) -> int:
     """`run` on an artifact with shape buckets: at the shapes given (--input-shape, --inputs), or
     once per bucket at a size that runs padded into it where the artifact pads."""
-    from tessera.runtime.buckets import DynamicDim, bucket_dir, padded_shape, sizes_of
+    from tessera.runtime.buckets import bucket_dir, bucket_keys, padded_shape, sizes_of
 
-    doc = read_manifest(args.artifact)
-    exe = load(args.artifact, args.device)
-    dims = [DynamicDim.from_json(d) for d in doc["dims"]]
+    exe = load(args.artifact, args.device)  # reads and checks buckets.json
+    dims = exe.dims
     seed = int.from_bytes(os.urandom(4), "little") if args.seed is None else args.seed
-    if args.inputs or args.input_shape:
-        given = parse_input_shapes(args.input_shape)
-        if args.inputs:
-            with np.load(args.inputs) as data:
-                given = {k: tuple(data[k].shape) for k in data.files}
-        unknown = sorted(set(given) - set(doc["inputs"]))
+    arrays = _read_npz(args.inputs) if args.inputs else None
+    if arrays is not None or args.input_shape:
+        given = {k: v.shape for k, v in arrays.items()} if arrays is not None else parse_input_shapes(args.input_shape)
+        unknown = sorted(set(given) - set(exe.input_names))
         if unknown:
-            raise TesseraError(f"{args.artifact}: no input(s) {unknown}; the model's inputs are {doc['inputs']}")
-        cases = [sizes_of([DynamicDim(d.symbol, tuple(u for u in d.uses if u[0] in given), d.buckets, d.low, d.pad)
-                           for d in dims], given)]
+            raise TesseraError(f"{args.artifact}: no input(s) {unknown}; the model's inputs are {exe.input_names}")
+        cases = [sizes_of(dims, given)]
     else:
-        cases = []
-        for b in doc["buckets"]:
-            sizes = []
-            for d in dims:
-                top = b["sizes"][d.symbol]
-                i = d.buckets.index(top)
-                below = d.buckets[i - 1] if i else d.low - 1
-                sizes.append((below + 1 + top) // 2 if d.pad and top - below >= 2 else top)
-            cases.append(tuple(sizes))
+        cases = [tuple(d.inside(b) for d, b in zip(dims, key)) for key in bucket_keys(dims)]
     if args.save_outputs and len(cases) > 1:
         raise TesseraError("--save-outputs writes one run's outputs: give the shapes with --input-shape or --inputs")
     ok = True
@@ -345,7 +337,7 @@ def _run_buckets(args: argparse.Namespace) -> int:
         meta = read_meta(sub)
         shapes = {n: padded_shape(dims, n, shape, sizes) for n, shape in meta["input_shapes"].items()}
         model = frontend_load(sub / "model.onnx", shapes)
-        feeds = _npz_feeds(args.inputs, model.graph) if args.inputs else random_inputs(model.graph, seed)
+        feeds = _typed_feeds(arrays, model.graph) if arrays is not None else random_inputs(model.graph, seed)
         outs = _host_outputs(exe.run(**feeds))
         at = ", ".join(f"{d.symbol}={s}" for d, s in zip(dims, sizes))
         bucket = ", ".join(f"{d.symbol}={k}" for d, k in zip(dims, key))

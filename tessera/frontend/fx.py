@@ -20,7 +20,6 @@ run once here, which gives its shape and dtype and folds whatever depends only o
 from __future__ import annotations
 
 import copy
-
 import json
 import math
 import operator
@@ -166,7 +165,8 @@ def fold_static(gm: fx.GraphModule, args: Sequence[Any], static: set[int]) -> fx
     0-d tensors) computed from `args` and put in as a constant. make_fx traces with real tensors,
     and a `.item()` of a traced tensor stops it; at one bucket these values are fixed."""
     gm = fx.GraphModule(gm, copy.deepcopy(gm.graph))
-    env: dict[fx.Node, Any] = {}
+    run = fx.Interpreter(gm)  # runs one node at a time from its env
+    env = run.env
     known: set[fx.Node] = set()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for i, n in enumerate(placeholders):
@@ -176,16 +176,8 @@ def fold_static(gm: fx.GraphModule, args: Sequence[Any], static: set[int]) -> fx
     for n in gm.graph.nodes:
         if n.op in ("placeholder", "output") or not all(a in known for a in n.all_input_nodes):
             continue
-        a, kw = fx.node.map_arg((n.args, n.kwargs), lambda x: env[x])
         with torch.no_grad():
-            if n.op == "call_function":
-                env[n] = n.target(*a, **kw)
-            elif n.op == "call_method":
-                env[n] = getattr(a[0], n.target)(*a[1:], **kw)
-            elif n.op == "call_module":
-                env[n] = gm.get_submodule(n.target)(*a, **kw)
-            else:  # get_attr
-                env[n] = _attr(gm, n.target)
+            env[n] = run.run_node(n)
         known.add(n)
     count = 0
     for n in list(gm.graph.nodes):

@@ -53,6 +53,10 @@ class DynamicDim:
     def high(self) -> int:
         return self.buckets[-1]
 
+    def inside(self, bucket: int) -> int:
+        """A size that runs padded into `bucket` (`size_inside`; `bucket` itself where this dim does not pad)."""
+        return size_inside(self.buckets, self.low, bucket) if self.pad else bucket
+
     def bucket_for(self, size: int) -> int:
         """The smallest bucket that holds `size`; a ShapeError names the input, axis and range."""
         name, axis = self.uses[0]
@@ -84,6 +88,14 @@ def power_of_two_buckets(low: int, high: int) -> tuple[int, ...]:
     return (*out, high)
 
 
+def size_inside(buckets: Sequence[int], low: int, bucket: int) -> int:
+    """A size that runs padded into `bucket`: halfway from the bucket below (or from `low`), or
+    `bucket` itself where no size lies between them."""
+    i = list(buckets).index(bucket)
+    below = buckets[i - 1] if i else low - 1
+    return (below + 1 + bucket) // 2 if bucket - below >= 2 else bucket
+
+
 def bucket_keys(dims: Sequence[DynamicDim]) -> list[tuple[int, ...]]:
     """Every combination of the dims' buckets, in order."""
     keys: list[tuple[int, ...]] = [()]
@@ -104,6 +116,9 @@ def sizes_of(dims: Sequence[DynamicDim], shapes: Mapping[str, Sequence[int]]) ->
     for d in dims:
         seen = {(name, axis): int(shapes[name][axis]) for name, axis in d.uses if name in shapes}
         values = set(seen.values())
+        if not values:
+            raise ShapeError(f"no input given carries {d.symbol} (" + ", ".join(
+                f"'{n}' axis {a}" for n, a in d.uses) + ")")
         if len(values) > 1:
             raise ShapeError(f"the inputs disagree on {d.symbol}: " + ", ".join(
                 f"'{n}' axis {a} is {v}" for (n, a), v in seen.items()))
