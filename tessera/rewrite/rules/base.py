@@ -80,14 +80,17 @@ class NotApplicable(Exception):
     """`build` found the match cannot be rewritten after all (the graph changed)."""
 
 
-def apply(graph: Graph, rule: Rule, m: Match) -> Graph:
+def apply(graph: Graph, rule: Rule, m: Match, reserved: set[str] | None = None) -> Graph:
     """`graph` with `m` rewritten by `rule`: a new graph sharing the constant arrays (rules never
-    change an array in place). Raises NotApplicable where the result would lose a name."""
+    change an array in place). Raises NotApplicable where the result would lose a name.
+
+    `reserved`: names the new nodes and tensors must avoid besides the graph's own (a window of a
+    larger graph names what it creates as the whole graph would)."""
     g = Graph(graph.name, graph.kind, list(graph.inputs), list(graph.outputs), list(graph.nodes),
               dict(graph.types), dict(graph.constants), dict(graph.opsets))
     view = View(g)
     roots = [view.nodes[r] for r in m.roots]
-    b = PrimBuilder(g)
+    b = PrimBuilder(g, reserved)
     b.source = tuple(dict.fromkeys(s for n in m.nodes for s in view.nodes[n].source))
     b.context = f"rewrite {rule.name} at node '{m.roots[0]}'"
     start = len(g.nodes)

@@ -1,0 +1,114 @@
+"""The rewrite search (rewrite/search.py): kept only where the window's plan costs less, replayed
+exactly from an artifact, and every shared model still correct after it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tessera.cli.main import main
+from tessera.frontend import load
+from tessera.fission import fission
+from tessera.ir.interp import run
+from tessera.ir.prims import Prim
+from tessera.rewrite.rules.base import new_graph
+from tessera.rewrite.search import neighbourhood, replay, search, window_graph
+from tessera.runtime.artifact import graph_digest
+from tessera.verify import verify
+
+MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
+ALL = sorted(p.name for p in MODELS.glob("*.onnx"))
+
+
+def _softmax_then_matmul():
+    """softmax(x) @ v written as fission writes it: exp, its row sum, the division, the product."""
+    g, b = new_graph({"x": (2, 5, 7), "v": (2, 7, 3)})
+    e = b.unary(Prim.EXP, "x")
+    s = b.emit(Prim.REDUCE_SUM, [e], {"axes": (2,)})
+    p = b.div(e, s)
+    g.outputs = [b.matmul(p, "v")]
+    return g
+
+
+def _count(g, *ops):
+    return sum(n.op in {o.value for o in ops} for n in g.nodes)
+
+
+def test_a_sequence_that_pays_only_whole_is_found():
+    """Korch's softmax: the sum as a matmul gains nothing alone (one reduction for one matmul), the
+    division past the product nothing either; merging the two products then saves one. A cost of
+    one per reduction or matmul makes only the three steps together worth it."""
+    g = _softmax_then_matmul()
+    cost = lambda w: float(_count(w, Prim.MATMUL, Prim.REDUCE_SUM))  # noqa: E731
+    found = search(g, cost)
+    rules = [a.rule for a in found.applied]
+    assert "reduce_sum_as_matmul" in rules and "matmuls_sharing_left" in rules, rules
+    assert _count(found.graph, Prim.MATMUL) == 1 and _count(found.graph, Prim.REDUCE_SUM) == 0
+    assert found.applied[0].gain_s == pytest.approx(1.0)
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 5, 7)).astype(np.float32),
+             "v": np.random.default_rng(1).standard_normal((2, 7, 3)).astype(np.float32)}
+    want, got = run(g, feeds, exact=True), run(found.graph, feeds, exact=True)
+    np.testing.assert_allclose(got[g.outputs[0]], want[g.outputs[0]], rtol=1e-10)
+
+
+def test_nothing_is_kept_that_does_not_pay():
+    """A flat cost keeps only rewrites that leave fewer nodes (the tie rule), never one that adds."""
+    g = fission(load(MODELS / "bert_tiny.onnx").graph).graph
+    found = search(g, lambda w: 1.0)
+    assert found.sites > 0
+    assert len(found.graph.nodes) <= len(g.nodes)
+    assert {a.rule for a in found.applied} <= {"fold_constant_layout", "reshape_of_reshape", "transpose_of_transpose",
+                                               "broadcast_of_broadcast"}
+
+
+def test_replay_rebuilds_the_same_graph_and_names_a_step_that_no_longer_matches():
+    g = _softmax_then_matmul()
+    found = search(g, lambda w: float(_count(w, Prim.MATMUL, Prim.REDUCE_SUM)))
+    steps = [a.to_json() for a in found.applied]
+    assert graph_digest(replay(g, steps)) == graph_digest(found.graph)
+    with pytest.raises(ValueError, match="no longer matches at node 'nowhere'"):
+        replay(g, [{"rule": steps[0]["rule"], "roots": ["nowhere"]}])
+    with pytest.raises(KeyError, match="not one this tessera has"):
+        replay(g, [{"rule": "made_up", "roots": ["x"]}])
+
+
+def test_the_budget_stops_the_search():
+    found = search(_softmax_then_matmul(), lambda w: 1.0, budget_s=0.0)
+    assert found.stopped and not found.applied
+
+
+def test_a_window_keeps_the_graph_boundary():
+    g = _softmax_then_matmul()
+    div = next(n for n in g.nodes if n.op == Prim.DIV.value)
+    w = window_graph(g, neighbourhood(g, {div.name}, 1))
+    # one hop from the division: the exp and the broadcast of the sum before it, the product after it
+    assert [n.op for n in w.nodes] == ["exp", "broadcast", "div", "matmul"]
+    exp, total = (next(n for n in g.nodes if n.op == op).outputs[0] for op in ("exp", "reduce_sum"))
+    assert w.inputs == ["x", total, "v"]  # the sum comes from outside the window
+    assert w.outputs == [exp, *g.outputs]  # the sum outside reads the exp
+
+
+def test_compile_with_rewrites_records_them_and_the_artifact_replays(tmp_path, capsys):
+    out = tmp_path / "a"
+    assert main(["compile", str(MODELS / "bert_tiny.onnx"), "--rewrites", "on", "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "rewrites:" in said and "kept" in said
+    plan = json.loads((out / "plan.json").read_text())
+    applied = plan["rewrites"]["applied"]
+    assert applied and all(a["gain_s"] >= 0 for a in applied)
+    meta = json.loads((out / "artifact.json").read_text())
+    assert [r for r in meta["rewrites"] if isinstance(r, dict)] == [{"rule": a["rule"], "roots": a["roots"],
+                                                                    "gain_s": a["gain_s"],
+                                                                    "window_nodes": a["window_nodes"]}
+                                                                   for a in applied]
+    assert "Graph rewrites" in (out / "report.html").read_text()
+    assert main(["run", str(out), "--check"]) == 0  # loads by replaying the rewrites, then checks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ALL)
+def test_every_shared_model_stays_correct_with_rewrites(name):
+    report = verify(MODELS / name, stage="rewrites")
+    assert report.passed, report.as_dict()
