@@ -36,8 +36,9 @@ def table(files: list[Path]) -> str:
     """Markdown: model x precision, tessera optimal/greedy and the peers, ratio to the best peer."""
     docs = [json.loads(f.read_text()) for f in files]
     names = ["tessera-optimal", "tessera-optimal-noprologues", "tessera-optimal-notemplates", "tessera-optimal-precisionio",
-             "tessera-greedy", "eager", "inductor", "inductor-cudagraphs", "inductor-max-autotune"]
-    present = [n for n in names if any(e["name"] == n for d in docs for e in d["entries"])]
+             "tessera-greedy", "eager", "inductor", "inductor-cudagraphs", "inductor-max-autotune", "sdpa"]
+    seen = list(dict.fromkeys(e["name"] for d in docs for e in d["entries"]))
+    present = [n for n in names if n in seen] + [n for n in seen if n not in names]  # others (-rewrites) last
     out = ["| model | precision | " + " | ".join(f"{n} ms" for n in present) + " | tessera / best peer | tuning s | device |",
            "| --- | --- |" + " ---: |" * len(present) + " ---: | ---: | --- |"]
     for d in sorted(docs, key=lambda d: (d["model"], d["precision"])):

@@ -112,3 +112,23 @@ def test_compile_with_rewrites_records_them_and_the_artifact_replays(tmp_path, c
 def test_every_shared_model_stays_correct_with_rewrites(name):
     report = verify(MODELS / name, stage="rewrites")
     assert report.passed, report.as_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["segformer_attn", "efficientvit_attn", "candy_norm_pad"])
+def test_korch_blocks_export_and_stay_correct_with_rewrites(tmp_path, name):
+    from tessera.zoo import build
+
+    assert verify(build(name, tmp_path), stage="rewrites").passed
+
+
+def test_the_segformer_block_has_an_sdpa_twin():
+    import torch
+
+    from tessera.zoo import make, sdpa_form
+
+    model, (x,) = make("segformer_attn")
+    twin = sdpa_form(model)
+    assert twin is not None and sdpa_form(make("candy_norm_pad")[0]) is None
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), model(x), rtol=1e-4, atol=1e-5)

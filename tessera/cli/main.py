@@ -180,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tessera strategies to time; NAME-notemplates times NAME with templates off, "
                         "NAME-noprologues with templates but no operand prologues, NAME-precisionio taking "
                         "and returning the precision's type (no boundary casts), NAME-nochains with no "
-                        "GEMM-chain kernels")
+                        "GEMM-chain kernels, NAME-rewrites with the rewrite search on; suffixes combine "
+                        "(optimal-precisionio-rewrites)")
     p.add_argument("--cost", choices=["auto", "analytical", "measured"], default="auto")
     p.add_argument("--db", help="tuning database")
     p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
