@@ -74,6 +74,21 @@ def test_replay_rebuilds_the_same_graph_and_names_a_step_that_no_longer_matches(
         replay(g, [{"rule": "made_up", "roots": ["x"]}])
 
 
+def test_the_search_ends_whatever_the_costs_say():
+    """Window costs are local, so arbitrary ones (a hash of the window) could price each rewrite and
+    its undoing as savings; a node a kept sequence touched is never rewritten again, so the search
+    ends on its own, well inside the budget."""
+    import hashlib
+
+    from tessera.rewrite.search import signature
+
+    g = fission(load(MODELS / "bert_tiny.onnx").graph).graph
+    found = search(g, lambda w: int(hashlib.sha256(signature(w).encode()).hexdigest()[:8], 16) / 16 ** 8,
+                   budget_s=120.0)
+    assert not found.stopped
+    assert len(found.applied) <= len(g.nodes) and len(found.graph.nodes) < 2 * len(g.nodes)
+
+
 def test_the_budget_stops_the_search():
     found = search(_softmax_then_matmul(), lambda w: 1.0, budget_s=0.0)
     assert found.stopped and not found.applied
@@ -132,3 +147,38 @@ def test_the_segformer_block_has_an_sdpa_twin():
     assert twin is not None and sdpa_form(make("candy_norm_pad")[0]) is None
     with torch.no_grad():
         torch.testing.assert_close(twin(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_measured_compile_prices_windows_by_measurement(tmp_path, monkeypatch):
+    """With measured cost the windows are timed by the profiler like any candidate (a fake one here),
+    and the compiled artifact still matches onnxruntime."""
+    import sys
+
+    import torch
+    from onnx import helper
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_profiler import FakeProfiler
+    from opcheck import graph_model, rand
+
+    import tessera
+    from tessera import compiler
+    from tessera.compiler import CompileOptions, compile_model, write_artifacts
+    from tessera.tolerance import TOLERANCE, rel_l2
+    from tessera.verify import run_onnxruntime
+
+    prof = FakeProfiler()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
+    monkeypatch.setattr(compiler, "new_profiler", lambda opt: prof)
+    x, v = rand(2, 5, 7, seed=3), rand(2, 7, 3, seed=4)
+    model = graph_model([helper.make_node("Softmax", ["x"], ["p"], axis=-1),
+                         helper.make_node("MatMul", ["p", "v"], ["out"])], {"x": x, "v": v}, ["out"])
+    result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db"), rewrites="on",
+                                                 templates="off"))
+    assert result.rewrite_search["evaluated"] > 0 and prof.calls > 0
+    write_artifacts(result, tmp_path / "art")
+    exe = tessera.load(tmp_path / "art", "cpu")
+    got = exe(x=torch.from_numpy(x), v=torch.from_numpy(v))
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    assert rel_l2(got.numpy(), run_onnxruntime(model, {"x": x, "v": v})["out"]) < TOLERANCE["fp32"]

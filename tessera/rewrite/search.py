@@ -78,13 +78,18 @@ def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str,
         return costs[key]
 
     tried: set[tuple[str, str]] = set()
+    # Nodes a kept sequence matched or made. No later rewrite touches them: window costs are local,
+    # so without this two windows could each price the other's undoing as a saving and loop forever
+    # (matmul_transposed and transpose_of_transpose did, with measured costs). Every kept sequence
+    # settles at least one node of the original graph, so the search ends.
+    settled: set[str] = set()
     g = graph
     pending: list[Match] | None = None
     while True:
         if pending is None:  # the matches of the graph as it is now
             view = View(g)
             pending = [m for n in g.nodes for r in rules.values() if (m := r.match(view, n)) is not None]
-        site = next((m for m in pending if (m.rule, m.roots[0]) not in tried), None)
+        site = next((m for m in pending if (m.rule, m.roots[0]) not in tried and not settled & set(m.nodes)), None)
         if site is None:
             break
         if time.perf_counter() - start > budget_s:
@@ -92,13 +97,16 @@ def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str,
             break
         tried.add((site.rule, site.roots[0]))
         result.sites += 1
-        steps, gain, size = _best_sequence(g, site, rules, cost, depth, radius, beam, max_variants)
+        steps, gain, size = _best_sequence(g, site, rules, cost, depth, radius, beam, max_variants, settled)
         if not steps:
             continue
+        before = {n.name for n in g.nodes}
         try:
             g = replay(g, [{"rule": r, "roots": list(m.roots)} for r, m in steps], rules)
         except ValueError:  # a step named a node the window created under another name: skip the site
             continue
+        settled |= {n.name for n in g.nodes} - before
+        settled |= {name for _, m in steps for name in m.nodes}
         result.applied += [Applied(r, list(m.roots), gain, size) for r, m in steps]
         pending = None
         logger.debug("rewrite: %s at %s saves %.2f us", " + ".join(r for r, _ in steps), site.roots[0], gain * 1e6)
@@ -108,10 +116,11 @@ def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str,
 
 
 def _best_sequence(g: Graph, site: Match, rules: Mapping[str, Rule], cost: Callable[[Graph], float],
-                   depth: int, radius: int, beam: int, max_variants: int
+                   depth: int, radius: int, beam: int, max_variants: int, settled: set[str]
                    ) -> tuple[list[tuple[str, Match]], float, int]:
-    """The cheapest sequence of rewrites that starts with `site` and stays inside its window:
-    (its steps, the window's saving, the window's size); no steps if nothing beats the window."""
+    """The cheapest sequence of rewrites that starts with `site` and stays inside its window, away
+    from `settled` nodes: (its steps, the window's saving, the window's size); no steps if nothing
+    beats the window."""
     window = window_graph(g, neighbourhood(g, set(site.nodes), radius))
     reserved = set(g.types) | {n.name for n in g.nodes}  # new names as the whole graph would give them
     base = cost(window)
@@ -126,7 +135,8 @@ def _best_sequence(g: Graph, site: Match, rules: Mapping[str, Rule], cost: Calla
                 anchor = view.nodes[site.roots[0]]
                 options = [m for m in [rules[site.rule].match(view, anchor)] if m is not None]
             else:
-                options = [m for n in gv.nodes for r in rules.values() if (m := r.match(view, n)) is not None]
+                options = [m for n in gv.nodes for r in rules.values()
+                           if (m := r.match(view, n)) is not None and not settled & set(m.nodes)]
             for m in options:
                 if variants >= max_variants:
                     break
