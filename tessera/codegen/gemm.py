@@ -52,7 +52,7 @@ TILES = (
     (32, 32, 64, 4, 4), (16, 64, 64, 4, 4), (16, 128, 64, 4, 3), (16, 32, 128, 2, 4),
 )
 SPLIT_K = (2, 4, 8, 16)
-SPLIT_K_MIN_CHUNK = 256  # K elements per split-K program, at least: shorter slices make the workspace dominate
+SPLIT_K_MIN_CHUNK = 128  # K elements per split-K program, at least: shorter slices make the workspace dominate
 GEMM_CONSTS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
 
 
