@@ -165,7 +165,9 @@ def compile_model(source: Any, options: CompileOptions | None = None,
     try:
         found = None
         if opt.rewrites == "on":
-            found = search(graph, window_cost(opt, cost_kind, dev, db, profiler), budget_s=opt.rewrite_budget_s)
+            measured = db is not None and profiler is not None  # the analytical model ranks, measurement confirms
+            found = search(graph, window_cost(opt, cost_kind, dev, db, profiler), budget_s=opt.rewrite_budget_s,
+                           estimate=window_cost(opt, "analytical", dev, None, None) if measured else None)
             graph = found.graph
             rewrites += [a.to_json() for a in found.applied]
             logger.info("rewrites: %d applied at %d site(s) tried, %d window(s) orchestrated in %.1f s",

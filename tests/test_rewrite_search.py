@@ -53,6 +53,23 @@ def test_a_sequence_that_pays_only_whole_is_found():
     np.testing.assert_allclose(got[g.outputs[0]], want[g.outputs[0]], rtol=1e-10)
 
 
+def test_a_measured_search_confirms_the_models_best_guesses():
+    """With a model beside the measurement, the beam runs on the model and only the window and its
+    two best sequences are measured; the measurement decides."""
+    g = _softmax_then_matmul()
+    model = lambda w: float(_count(w, Prim.MATMUL, Prim.REDUCE_SUM))  # noqa: E731
+    measured: list[int] = []
+
+    def flat(w):  # the "GPU" finds every form equally fast
+        measured.append(len(w.nodes))
+        return 1.0
+
+    found = search(g, flat, estimate=model)
+    assert not [a for a in found.applied if a.rule == "matmuls_sharing_left"]  # more nodes, no faster: refused
+    assert found.evaluated == len(measured) <= 3 * found.sites
+    assert search(g, model, estimate=model).applied  # where the measurement agrees, it is kept
+
+
 def test_nothing_is_kept_that_does_not_pay():
     """A flat cost keeps only rewrites that leave fewer nodes (the tie rule), never one that adds."""
     g = fission(load(MODELS / "bert_tiny.onnx").graph).graph

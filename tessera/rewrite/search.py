@@ -61,21 +61,32 @@ class SearchResult:
 
 def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str, Rule] | None = None,
            depth: int = 3, radius: int = 2, beam: int = 3, max_variants: int = 16,
-           budget_s: float = 60.0) -> SearchResult:
-    """`graph` with the rewrites that lower `evaluate`'s cost of their windows, and what was tried."""
+           budget_s: float = 60.0, estimate: Callable[[Graph], float] | None = None,
+           confirm: int = 2, slack: float = 0.25) -> SearchResult:
+    """`graph` with the rewrites that lower `evaluate`'s cost of their windows, and what was tried.
+
+    With `estimate` (a cheap model beside a measured `evaluate`), the beam runs on estimates and
+    only the window and its `confirm` best sequences, those estimated within `slack` of the
+    window, are evaluated: ranked by the model, confirmed by measurement, as template schedules
+    are (a model that misjudges a shape still gets its best guesses measured)."""
     rules = RULES if rules is None else rules
     start = time.perf_counter()
     result = SearchResult(graph)
-    costs: dict[str, float] = {}
+    costs: dict[tuple[str, bool], float] = {}
 
-    def cost(window: Graph) -> float:
-        key = signature(window)
-        if key in costs:
-            result.cached += 1
-        else:
-            costs[key] = evaluate(window)
-            result.evaluated += 1
-        return costs[key]
+    def priced(fn: Callable[[Graph], float], precise: bool) -> Callable[[Graph], float]:
+        def price(window: Graph) -> float:
+            key = (signature(window), precise)
+            if key in costs:
+                result.cached += 1
+            else:
+                costs[key] = fn(window)
+                result.evaluated += precise
+            return costs[key]
+        return price
+
+    cost = priced(evaluate, True)
+    rough = priced(estimate, False) if estimate is not None else None
 
     tried: set[tuple[str, str]] = set()
     # Nodes a kept sequence matched or made. No later rewrite touches them: window costs are local,
@@ -97,7 +108,8 @@ def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str,
             break
         tried.add((site.rule, site.roots[0]))
         result.sites += 1
-        steps, gain, size = _best_sequence(g, site, rules, cost, depth, radius, beam, max_variants, settled)
+        steps, gain, size = _best_sequence(g, site, rules, cost, depth, radius, beam, max_variants, settled,
+                                           rough, confirm, slack)
         if not steps:
             continue
         before = {n.name for n in g.nodes}
@@ -115,15 +127,19 @@ def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str,
     return result
 
 
-def _best_sequence(g: Graph, site: Match, rules: Mapping[str, Rule], cost: Callable[[Graph], float],
-                   depth: int, radius: int, beam: int, max_variants: int, settled: set[str]
+def _best_sequence(g: Graph, site: Match, rules: Mapping[str, Rule], precise: Callable[[Graph], float],
+                   depth: int, radius: int, beam: int, max_variants: int, settled: set[str],
+                   rough: Callable[[Graph], float] | None = None, confirm: int = 2, slack: float = 0.25
                    ) -> tuple[list[tuple[str, Match]], float, int]:
     """The cheapest sequence of rewrites that starts with `site` and stays inside its window, away
     from `settled` nodes: (its steps, the window's saving, the window's size); no steps if nothing
-    beats the window."""
+    beats the window. With `rough`, the beam runs on it and `precise` prices only the window and
+    the `confirm` best sequences within `slack` of it."""
+    cost = rough or precise
     window = window_graph(g, neighbourhood(g, set(site.nodes), radius))
     reserved = set(g.types) | {n.name for n in g.nodes}  # new names as the whole graph would give them
     base = cost(window)
+    tried: list[tuple[float, int, Graph, list[tuple[str, Match]]]] = []
     best: tuple[float, int, list[tuple[str, Match]]] = (base, len(window.nodes), [])
     frontier: list[tuple[Graph, list[tuple[str, Match]]]] = [(window, [])]
     variants = 0
@@ -149,10 +165,22 @@ def _best_sequence(g: Graph, site: Match, rules: Mapping[str, Rule], cost: Calla
         if not grown:
             break
         grown.sort(key=lambda x: (x[0], x[1]))
+        tried += grown
         for c, nodes, _, seq in grown:
             if _better(c, nodes, best[0], best[1], base):
                 best = (c, nodes, seq)
         frontier = [(g2, seq) for _, _, g2, seq in grown[:beam]]
+    if rough is not None:  # confirm: the window and the best estimates within the slack, priced precisely
+        tried.sort(key=lambda x: (x[0], x[1]))
+        hopeful = [x for x in tried if x[0] <= base * (1 + slack)][:confirm]
+        if not hopeful:
+            return [], 0.0, len(window.nodes)
+        base = precise(window)
+        best = (base, len(window.nodes), [])
+        for _, nodes, g2, seq in hopeful:
+            c = precise(g2)
+            if _better(c, nodes, best[0], best[1], base):
+                best = (c, nodes, seq)
     c, _, seq = best
     return (seq, base - c, len(window.nodes)) if seq else ([], 0.0, len(window.nodes))
 
