@@ -43,10 +43,10 @@ class View:
     def nodes(self) -> dict[str, Node]:
         return {n.name: n for n in self.graph.nodes}
 
-    def op(self, t: str) -> str | None:
-        """The op that writes tensor `t` (None for inputs and constants)."""
+    def made_by(self, t: str, op: Prim) -> Node | None:
+        """The node that writes tensor `t`, if it is an `op`."""
         p = self.producers.get(t)
-        return p.op if p is not None else None
+        return p if p is not None and p.op == op.value else None
 
     def shape(self, t: str) -> tuple[int, ...]:
         return self.graph.types[t].shape

@@ -19,17 +19,12 @@ from tessera.ir.prims import BINARY, UNARY, Prim
 from tessera.rewrite.rules.base import Match, Rule, View, new_graph, odd_shape
 
 
-def _broadcast_source(view: View, t: str) -> Node | None:
-    p = view.producers.get(t)
-    return p if p is not None and p.op == Prim.BROADCAST.value else None
-
-
 # ---- f(broadcast(x)) -----------------------------------------------------------------------------
 
 def _unary_match(view: View, node: Node) -> Match | None:
     if not node.is_prim or node.prim not in UNARY:
         return None
-    bc = _broadcast_source(view, node.inputs[0])
+    bc = view.made_by(node.inputs[0], Prim.BROADCAST)
     if bc is None:
         return None
     return Match("unary_of_broadcast", (node.name,), (bc.name, node.name),
@@ -59,23 +54,18 @@ UNARY_OF_BROADCAST = Rule("unary_of_broadcast", "f(broadcast(x, s)) = broadcast(
 
 # ---- g(broadcast(x), broadcast(y)) ---------------------------------------------------------------
 
-def _fill_value(view: View, t: str) -> Node | None:
-    p = view.producers.get(t)
-    return p if p is not None and p.op == Prim.FILL.value else None
-
-
 def _binary_match(view: View, node: Node) -> Match | None:
     if not node.is_prim or node.prim not in BINARY:
         return None
     a, c = node.inputs
-    ba, bc = _broadcast_source(view, a), _broadcast_source(view, c)
+    ba, bc = view.made_by(a, Prim.BROADCAST), view.made_by(c, Prim.BROADCAST)
     if ba is not None and bc is not None:
         if view.shape(ba.inputs[0]) != view.shape(bc.inputs[0]):
             return None
         return Match("binary_of_broadcasts", (node.name,), (ba.name, bc.name, node.name),
                      {"x": ba.inputs[0], "y": bc.inputs[0], "op": node.op, "shape": ba.attrs["shape"]})
     for bcast, other, side in ((ba, c, 1), (bc, a, 0)):
-        fill = _fill_value(view, other)
+        fill = view.made_by(other, Prim.FILL)
         if bcast is not None and fill is not None:
             return Match("binary_of_broadcasts", (node.name,), (bcast.name, fill.name, node.name),
                          {"x": bcast.inputs[0], "fill": dict(fill.attrs), "side": side, "op": node.op,

@@ -22,8 +22,7 @@ def _inner(view: View, node: Node, op: Prim) -> Node | None:
     """The node of the same `op` that writes `node`'s first input, when `node` is an `op` too."""
     if node.op != op.value:
         return None
-    inner = view.producers.get(node.inputs[0])
-    return inner if inner is not None and inner.op == op.value else None
+    return view.made_by(node.inputs[0], op)
 
 
 # ---- transpose(transpose(x)) ---------------------------------------------------------------------
@@ -57,18 +56,19 @@ TRANSPOSE_OF_TRANSPOSE = Rule("transpose_of_transpose", "transpose(transpose(x, 
                               _tt_match, _tt_build, _tt_instance)
 
 
-# ---- reshape(reshape(x)) -------------------------------------------------------------------------
+# ---- reshape(reshape(x)), broadcast(broadcast(x)): the outer shape is all that counts ------------
 
-def _rr_match(view: View, node: Node) -> Match | None:
-    inner = _inner(view, node, Prim.RESHAPE)
-    if inner is None:
-        return None
-    return Match("reshape_of_reshape", (node.name,), (inner.name, node.name),
-                 {"x": inner.inputs[0], "shape": node.attrs["shape"]})
+def _outer_shape_match(op: Prim, rule: str):
+    def match(view: View, node: Node) -> Match | None:
+        inner = _inner(view, node, op)
+        if inner is None:
+            return None
+        return Match(rule, (node.name,), (inner.name, node.name), {"x": inner.inputs[0], "shape": node.attrs["shape"]})
+    return match
 
 
 def _rr_build(view: View, m: Match, b: PrimBuilder) -> list[str]:
-    return [b.reshape(m.data["x"], m.data["shape"])]
+    return [b.reshape(m.data["x"], m.data["shape"])]  # x itself where the shape is x's
 
 
 def _rr_instance(rng: np.random.Generator) -> Graph:
@@ -82,17 +82,7 @@ def _rr_instance(rng: np.random.Generator) -> Graph:
 
 
 RESHAPE_OF_RESHAPE = Rule("reshape_of_reshape", "reshape(reshape(x, s1), s2) = reshape(x, s2)",
-                          _rr_match, _rr_build, _rr_instance)
-
-
-# ---- broadcast(broadcast(x)) ---------------------------------------------------------------------
-
-def _bb_match(view: View, node: Node) -> Match | None:
-    inner = _inner(view, node, Prim.BROADCAST)
-    if inner is None:
-        return None
-    return Match("broadcast_of_broadcast", (node.name,), (inner.name, node.name),
-                 {"x": inner.inputs[0], "shape": node.attrs["shape"]})
+                          _outer_shape_match(Prim.RESHAPE, "reshape_of_reshape"), _rr_build, _rr_instance)
 
 
 def _bb_build(view: View, m: Match, b: PrimBuilder) -> list[str]:
@@ -110,6 +100,6 @@ def _bb_instance(rng: np.random.Generator) -> Graph:
 
 
 BROADCAST_OF_BROADCAST = Rule("broadcast_of_broadcast", "broadcast(broadcast(x, s1), s2) = broadcast(x, s2)",
-                              _bb_match, _bb_build, _bb_instance)
+                              _outer_shape_match(Prim.BROADCAST, "broadcast_of_broadcast"), _bb_build, _bb_instance)
 
 RULES = (TRANSPOSE_OF_TRANSPOSE, RESHAPE_OF_RESHAPE, BROADCAST_OF_BROADCAST)
