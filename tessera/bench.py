@@ -38,6 +38,7 @@ from tessera.runtime.profile import profile_callable, profile_executable
 from tessera.tolerance import TOLERANCE, rel_l2
 from tessera.verify import random_inputs, run_onnxruntime
 
+STRATEGY_SUFFIXES = ("notemplates", "noprologues", "precisionio", "nochains", "rewrites")
 PEERS = ("eager", "inductor", "inductor-cudagraphs", "inductor-max-autotune", "sdpa")
 # tessera itself through torch.compile(backend="tessera") on the PyTorch model (issue 16): listed with
 # the peers (`--vs`), since it needs the module, but never counted as one.
@@ -167,18 +168,21 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
         # to show what the templates add; "-noprologues", with templates but no operand prologues;
         # "-precisionio", taking and returning the precision's type as the half peers do (no boundary
         # casts; its inputs are converted once, outside the timed calls); "-nochains", with no GEMM
-        # chains (codegen/chain.py). Each reuses the database the plain strategy filled.
-        base, _, suffix = strategy.partition("-")
-        if suffix not in ("", "notemplates", "noprologues", "precisionio", "nochains"):
-            raise TesseraError(f"unknown strategy {strategy!r}; a strategy may end in -notemplates, "
-                               "-noprologues, -precisionio or -nochains")
+        # chains (codegen/chain.py); "-rewrites", with the rewrite search on (rewrite/search.py).
+        # Suffixes combine (optimal-precisionio-rewrites). Each reuses the database the plain strategy filled.
+        base, *suffixes = strategy.split("-")
+        unknown = set(suffixes) - set(STRATEGY_SUFFIXES)
+        if unknown:
+            raise TesseraError(f"unknown strategy {strategy!r}; a strategy may end in "
+                               + ", ".join(f"-{x}" for x in STRATEGY_SUFFIXES))
         t0 = time.perf_counter()
         result = compile_model(path, CompileOptions(strategy=base, precision=precision, cost=cost, db=db,
                                                     solver=solver,
-                                                    templates="off" if suffix == "notemplates" else "auto",
-                                                    prologues=suffix != "noprologues",
-                                                    chains=suffix != "nochains",
-                                                    io="precision" if suffix == "precisionio" else "model"))
+                                                    templates="off" if "notemplates" in suffixes else "auto",
+                                                    prologues="noprologues" not in suffixes,
+                                                    chains="nochains" not in suffixes,
+                                                    rewrites="on" if "rewrites" in suffixes else "off",
+                                                    io="precision" if "precisionio" in suffixes else "model"))
         exe = Executable(result.graph, plan_document(result), dev)
         compile_s = time.perf_counter() - t0
         # Bound inputs: the executable's own buffers hold them, so no call copies them in (the peers
@@ -197,6 +201,7 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
             # Each GEMM chain's schedule search (space, pruning, generations, rank error) and the
             # schedule that runs; every kernel's backend and schedule, to name what ran.
             "chains": result.chains,
+            "rewrites": result.rewrite_search,
             "plan": [{"name": k.name, "backend": k.backend, "prims": len(k.prims),
                       "schedule": k.triton.schedule.to_json() if k.triton is not None and
                       hasattr(k.triton.schedule, "to_json") else None} for k in result.kernels]}))
@@ -220,7 +225,7 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
                 torch._dynamo.reset()
                 fn, compiled = dynamo_compile(fp32_module, CompileOptions(
                     precision=precision, cost=cost, db=db, solver=solver,
-                    io="precision" if "optimal-precisionio" in strategies else "model"))
+                    io="precision" if any("precisionio" in s.split("-") for s in strategies) else "model"))
             elif peer == "sdpa":
                 from tessera.zoo import sdpa_form
 

@@ -1,6 +1,6 @@
 """The compile driver: a linear list of named passes.
 
-    load -> fission -> precision -> layout -> ograph -> cost -> orchestrate -> schedules -> codegen -> write
+    load -> fission -> rewrites -> precision -> layout -> ograph -> cost -> orchestrate -> schedules -> codegen -> write
 
 Each pass name is also its key in `CompileResult.timings` and in the report.
 """
@@ -35,8 +35,9 @@ from tessera.orchestrate import DEFAULT_SOLVER, CandidateRules, OGraph, Plan, bu
 from tessera.orchestrate.candidates import MAX_KERNEL_NODES
 from tessera.orchestrate.layout import NHWC, LayoutResult, assign_layouts, regions
 from tessera.orchestrate.report import write_report
-from tessera.rewrite import convert_precision
+from tessera.rewrite import IO_CHOICES, PRECISIONS, convert_precision
 from tessera.rewrite.deferred import DEFERRED, defer_normalization
+from tessera.rewrite.search import search
 from tessera.runtime.artifact import save_artifact
 from tessera.runtime.executable import Executable
 from tessera.version import __version__
@@ -61,6 +62,9 @@ class CompileOptions:
     # GEMM chains (codegen/chain.py): two matmuls joined through memory-bound primitives (attention,
     # MLPs) may form one kernel, where templates are measured ("auto") or forced. The solver decides.
     chains: bool = True
+    # Primitive-graph rewrites chosen by cost before orchestration (rewrite/search.py): "off" or "on"
+    rewrites: str = "off"
+    rewrite_budget_s: float = 60.0  # the search starts no new site after this long
     gpu: str = "h100"
     precision: str = "fp32"
     # Float inputs and outputs: "model" (the dtypes the model declares) or "precision" (fp16/bf16
@@ -93,10 +97,13 @@ class CompileResult:
     layouts: LayoutResult | None = None  # the layout pass's regions and choices
     io: str = "model"  # CompileOptions.io: the boundary dtypes the graph was built with
     chains: dict[str, dict[str, Any]] = field(default_factory=dict)  # chain kernel -> its schedule search
-    rewrites: list[str] = field(default_factory=list)  # graph rewrites applied after fission, in order
+    # Graph rewrites applied after fission, in order: DEFERRED, then each step the search kept
+    # (`search.Applied.to_json`); an artifact replays them (`runtime/artifact.rebuild_graph`)
+    rewrites: list[str | dict[str, Any]] = field(default_factory=list)
+    rewrite_search: dict[str, Any] = field(default_factory=dict)  # `SearchResult.summary()`, when on
 
 
-PASSES = ("load", "fission", "precision", "layout", "ograph", "cost", "orchestrate", "schedules", "codegen")
+PASSES = ("load", "fission", "rewrites", "precision", "layout", "ograph", "cost", "orchestrate", "schedules", "codegen")
 
 
 def compile_model(source: Any, options: CompileOptions | None = None,
@@ -136,17 +143,19 @@ def compile_model(source: Any, options: CompileOptions | None = None,
     fis = fission(loaded.graph)
     done("fission")
     graph = fis.graph
-    rewrites: list[str] = []
+    rewrites: list[str | dict[str, Any]] = []
     if chains_enabled(opt, cost_kind):  # softmax's division after the product: attention then chains in one pass
         graph, moved = defer_normalization(graph)
         if moved:
             rewrites.append(DEFERRED)
             logger.info("rewrite: %d row normalization(s) moved after their matmul", moved)
-    try:
-        graph = convert_precision(graph, opt.precision, opt.io)
-    except ValueError as e:
-        raise TesseraError(str(e)) from None
-    done("precision")
+    if opt.rewrites not in ("off", "on"):
+        raise TesseraError(f"rewrites must be off or on, not {opt.rewrites!r}")
+    if opt.precision not in PRECISIONS or opt.io not in IO_CHOICES:  # checked before the search uses them
+        try:
+            convert_precision(graph, opt.precision, opt.io)
+        except ValueError as e:
+            raise TesseraError(str(e)) from None
     db = TuningDB(opt.db or default_db_path()) if cost_kind == "measured" else None
     own = profiler is None
     if cost_kind != "measured":
@@ -154,14 +163,54 @@ def compile_model(source: Any, options: CompileOptions | None = None,
     elif profiler is None:
         profiler = new_profiler(opt)
     try:
+        found = None
+        if opt.rewrites == "on":
+            measured = db is not None and profiler is not None  # the analytical model ranks, measurement confirms
+            found = search(graph, window_cost(opt, cost_kind, dev, db, profiler), budget_s=opt.rewrite_budget_s,
+                           estimate=window_cost(opt, "analytical", dev, None, None) if measured else None)
+            graph = found.graph
+            rewrites += [a.to_json() for a in found.applied]
+            logger.info("rewrites: %d applied at %d site(s) tried, %d window(s) orchestrated in %.1f s",
+                        len(found.applied), found.sites, found.evaluated, found.seconds)
+        done("rewrites")
+        graph = convert_precision(graph, opt.precision, opt.io)
+        done("precision")
         result = _plan(loaded, fis, graph, opt, cost_kind, dev, db, profiler, timings, done, progress, tune_progress)
         result.rewrites = rewrites
+        if found is not None:
+            result.rewrite_search = result.plan.rewrites = found.summary()
         return result
     finally:  # worker processes and the database, also when solving fails
         if profiler is not None and own:
             getattr(profiler, "close", lambda: None)()
         if db is not None:
             db.close()
+
+
+def window_cost(opt: CompileOptions, cost_kind: str, dev: Device, db: TuningDB | None,
+                profiler: Profiler | None) -> Callable[[Graph], float]:
+    """The rewrite search's price of a window: its estimated time once orchestrated as the compile
+    would (same precision, cost model, candidate rules and legality; row-major layouts), its
+    boundary tensors already in the compute precision."""
+    chains = chains_enabled(opt, cost_kind)
+
+    def evaluate(window: Graph) -> float:
+        g = convert_precision(window, opt.precision, "precision")
+        og = build_ograph(g)
+        if og.n == 0:
+            return 0.0
+        if db is not None and profiler is not None:
+            cost: Any = measured_cost(og, opt, None, AnalyticalCost(og, dev, opt.precision), dev, db, profiler)
+        else:
+            cost = AnalyticalCost(og, dev, opt.precision)
+        plan = orchestrate(og, cost, strategy="optimal",
+                           rules=CandidateRules(max_nodes=opt.max_kernel_nodes, max_linear=2 if chains else 1),
+                           legality=TritonLegality(templates=isinstance(cost, MeasuredCost) and opt.templates == "auto"
+                                                   and opt.prologues, chains=chains),
+                           solver=opt.solver, time_limit=10.0, max_states=opt.max_states)
+        return plan.estimated_total_s
+
+    return evaluate
 
 
 def measured_or_analytical(opt: CompileOptions) -> str:

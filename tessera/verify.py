@@ -47,7 +47,7 @@ from tessera.tolerance import TOLERANCE, passes, rel_l2
 if TYPE_CHECKING:
     from tessera.runtime.executable import Executable
 
-STAGES = ("frontend", "fission")
+STAGES = ("frontend", "fission", "rewrites")
 
 # What the reference interpreter computes at each --precision (see the module doc).
 ARITHMETIC = {
@@ -104,6 +104,16 @@ def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
         else:
             feeds[name] = rng.integers(0, bounds.get(name, 2), t.shape).astype(t.dtype.to_numpy())
     return feeds
+
+
+def rewritten(graph: Graph, precision: str) -> Graph:
+    """`graph` after the rewrite search of a compile with `--rewrites on`, analytical cost."""
+    from tessera.compiler import CompileOptions, window_cost
+    from tessera.cost import device
+    from tessera.rewrite.search import search
+
+    opt = CompileOptions(cost="analytical", precision=precision, rewrites="on")
+    return search(graph, window_cost(opt, "analytical", device(opt.gpu), None, None)).graph
 
 
 def run_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -166,7 +176,10 @@ def verify(source: Any, stage: str = "fission", input_shapes: Mapping[str, Seque
         result = fission(loaded.graph)
         report.opaque = result.opaque
         report.arithmetic = ARITHMETIC[precision]
-        got = run_at_precision(result.graph, feeds, precision)
+        graph = result.graph
+        if stage == "rewrites":  # the graph as the rewrite search leaves it, priced analytically
+            graph = rewritten(graph, precision)
+        got = run_at_precision(graph, feeds, precision)
     for name in loaded.graph.outputs:
         err = rel_l2(got[name], ref[name])
         report.outputs.append(OutputCheck(name, tuple(np.shape(ref[name])), err, passes(err, precision)))

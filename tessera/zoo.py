@@ -9,8 +9,9 @@ machine has it). Usage:
 
 ResNet-50, Inception-V3, MobileNet-V2 (torchvision), BERT-base, GPT-2 and
 SegFormer-B0 (transformers), EfficientViT-B0 (timm) need the `models` extra;
-candy, mlp_tiny and MCFuser's attention (attn_s1-s9) and GEMM-chain (gemm_g1-g12)
-cases are plain torch. `make(name, seed)` gives the PyTorch module and inputs; `build(name, out, seed)`
+candy, mlp_tiny, MCFuser's attention (attn_s1-s9) and GEMM-chain (gemm_g1-g12)
+cases and Korch's three case-study blocks (segformer_attn, efficientvit_attn, candy_norm_pad;
+`zoo_blocks.py`) are plain torch. `make(name, seed)` gives the PyTorch module and inputs; `build(name, out, seed)`
 exports the same weights, so `tessera bench` can time the PyTorch peers on the
 model that produced the ONNX file.
 """
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from tessera.errors import TesseraError
+from tessera.zoo_blocks import BLOCKS, sdpa_block
 
 
 def resnet50() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
@@ -221,7 +223,9 @@ def gemm_chain_case(i: int) -> Callable[[], tuple[torch.nn.Module, tuple[torch.T
 
 def sdpa_form(model: torch.nn.Module) -> torch.nn.Module | None:
     """The model computed through `F.scaled_dot_product_attention`, where the zoo has that form."""
-    return Attention(sdpa=True) if isinstance(model, Attention) else None  # no weights: any device
+    if isinstance(model, Attention):
+        return Attention(sdpa=True)  # no weights: any device
+    return sdpa_block(model)
 
 
 ZOO: dict[str, Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]] = {
@@ -230,6 +234,7 @@ ZOO: dict[str, Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]] =
     "candy": candy, "segformer_b0": segformer_b0, "efficientvit_b0": efficientvit_b0,
     **{f"attn_s{i}": attention_case(i) for i in ATTENTION_CASES},
     **{f"gemm_g{i}": gemm_chain_case(i) for i in GEMM_CHAIN_CASES},
+    **BLOCKS,  # Korch's case-study blocks (zoo_blocks.py)
 }
 
 

@@ -235,7 +235,7 @@ def rounded(x: Mapping[str, np.ndarray], precision: str) -> dict[str, np.ndarray
 def options(spec: GraphSpec, tuning: str = "analytical", db: str | None = None) -> CompileOptions:
     # TESSERA_FUZZ_SOLVER: the GPU machine may carry one solver's wheel only (highs: 3 MB, pulp: 16 MB)
     return CompileOptions(cost=tuning, db=db, precision=spec.precision, layout=spec.layout, strategy=spec.strategy,
-                          time_limit=20.0, tune_workers=1 if tuning == "measured" else None,
+                          rewrites=spec.rewrites, time_limit=20.0, tune_workers=1 if tuning == "measured" else None,
                           solver=os.environ.get("TESSERA_FUZZ_SOLVER", CompileOptions.solver))
 
 

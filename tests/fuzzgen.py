@@ -95,7 +95,8 @@ def graph_specs(draw: Callable[[Any], Any], precisions: Sequence[str] = PRECISIO
     return GraphSpec(opset, precision, layout, strategy, b.inputs, b.consts, b.nodes, outputs,
                      seed=d.int(0, 2 ** 16), schedule_seed=d.int(0, 2 ** 16) if d.maybe(0.7) else 0,
                      index_bounds=b.index_bounds,
-                     types=b.types)
+                     types=b.types,
+                     rewrites="on" if d.maybe(0.3) else "off")  # drawn last: earlier draws stay as they were
 
 
 def _outputs(d: Draw, b: Builder) -> list[str]:

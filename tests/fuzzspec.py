@@ -107,6 +107,7 @@ class GraphSpec:
     schedule_seed: int = 0  # 0: every kernel's default schedule; else a random one of its space
     index_bounds: dict[str, tuple[int, int]] = field(default_factory=dict)  # integer inputs: value range
     types: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
+    rewrites: str = "off"  # the compile's --rewrites (a spec saved before it existed ran without)
 
     @property
     def families(self) -> list[str]:
@@ -124,7 +125,7 @@ class GraphSpec:
                            "family": n.family} for n in self.nodes],
                 "outputs": self.outputs,
                 "index_bounds": {k: list(v) for k, v in self.index_bounds.items()},
-                "types": {k: [list(s), d] for k, (s, d) in self.types.items()}}
+                "types": {k: [list(s), d] for k, (s, d) in self.types.items()}, "rewrites": self.rewrites}
 
     @staticmethod
     def from_json(doc: dict[str, Any]) -> "GraphSpec":
@@ -137,14 +138,14 @@ class GraphSpec:
             [NodeSpec(n["op"], n["inputs"], n["outputs"], n["attrs"], n["family"]) for n in doc["nodes"]],
             doc["outputs"], doc["seed"], doc["schedule_seed"],
             {k: tuple(v) for k, v in doc.get("index_bounds", {}).items()},
-            {k: (tuple(s), d) for k, (s, d) in doc.get("types", {}).items()})
+            {k: (tuple(s), d) for k, (s, d) in doc.get("types", {}).items()}, doc.get("rewrites", "off"))
 
     def __repr__(self) -> str:
         lines = [f"GraphSpec(opset={self.opset}, precision={self.precision!r}, layout={self.layout!r}, "
                  f"strategy={self.strategy!r}, seed={self.seed}, schedule_seed={self.schedule_seed},",
                  f"  inputs={self.inputs!r},", f"  consts={self.consts!r},", "  nodes=["]
         lines += [f"    {n!r}," for n in self.nodes]
-        lines.append(f"  ], outputs={self.outputs!r}, index_bounds={self.index_bounds!r})")
+        lines.append(f"  ], outputs={self.outputs!r}, index_bounds={self.index_bounds!r}, rewrites={self.rewrites!r})")
         return "\n".join(lines)
 
 

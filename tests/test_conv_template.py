@@ -300,7 +300,7 @@ def test_schedule_space_ranking_keys_and_json():
     s = ConvSchedule(64, 32, 32, 4, 3, 8)
     assert _schedule_key(s) == "conv-m64-n32-k32-w4-s3-g8"
     assert _schedule_key(ConvSchedule(64, 32, 0, 4, 1, 1)).startswith("conv-")
-    assert _schedule_key(GemmSchedule(64, 128, 32, 4, 3, 8, 2)) == "gemm-m64-n128-k32-w4-s3-g8-sk2"  # unchanged
+    assert _schedule_key(GemmSchedule(64, 128, 32, 4, 3, 8, 1)) == "gemm-m64-n128-k32-w4-s3-g8-sk1"  # unchanged
     assert _schedule_key(Schedule(1024, 1, 4)) == "x1024-r1-w4-p"
     assert schedule_from_json(json.loads(json.dumps(s.to_json()))) == s and s.to_json()["form"] == "conv"
 

@@ -347,14 +347,32 @@ def test_cast_and_multi_output_epilogue():
 
 @pytest.mark.parametrize("split", [2, 3, 4])
 def test_split_k(split):
-    # Long K over few tiles: slices of K into a workspace, then the sum and the whole epilogue.
+    # Long K over few tiles: slices of K into a workspace; each tile's last program sums them and
+    # runs the whole epilogue, in the same launch.
     model, feeds = dense(7, 13, 67 * 4 + 3, "gelu", seed=22)
     ks, _ = check_template(model, feeds, GemmSchedule(16, 16, 16, 2, 2, 1, split))
-    assert len(ks.launches) == 2 and ks.workspace == split * 7 * 13
+    assert len(ks.launches) == 1 and ks.workspace == split * 7 * 13 + 1  # the partials, one tile's counter
+    assert "tl.atomic_add(" in ks.source
     a, b = rand(3, 5, 131, seed=23), rand(3, 131, 9, seed=24)
     model = graph_model([helper.make_node("MatMul", ["a", "b"], ["y"]), helper.make_node("Relu", ["y"], ["out"])],
                         {"a": a, "b": b}, ["out", "y"])
     check_template(model, {"a": a, "b": b}, GemmSchedule(16, 16, 32, 2, 2, 1, split), precision="bf16")
+
+
+def test_split_k_counters_return_to_zero():
+    # The last program resets its tile's counter, so a second launch (a CUDA-graph replay) sums
+    # its own slices again: the same bits, and counters at 0 after each.
+    model, feeds = dense(19, 37, 301, "relu", seed=25)
+    g = fission(load(model).graph).graph
+    prims, pro, outputs = matmul_kernel(g)
+    ks = implement(g, prims, pro, outputs, "k0", (), GemmSchedule(16, 16, 16, 2, 2, 1, 3)).triton
+    kernel, args, outs = template_launch(g, ks, {**g.constants, **interp.run(g, feeds, keep_all=True)})
+    kernel(*args, *outs)
+    first = [o.clone() for o in outs]
+    kernel(*args, *outs)
+    assert all(torch.equal(a, b) for a, b in zip(first, outs))
+    tiles = 2 * 3  # ceil(19 / 16) x ceil(37 / 16)
+    assert kernel.workspace is not None and kernel.workspace[-tiles:].abs().sum().item() == 0
 
 
 def test_no_template_form():
@@ -381,7 +399,8 @@ def test_schedule_space_keys_and_json():
     assert any(s.split_k > 1 for s in template_schedules(1, 16, 17, 16384))  # small M*N, long K
     assert not any(s.split_k > 1 for s in template_schedules(1, 4096, 4096, 4096))
     s = GemmSchedule(64, 128, 32, 4, 3, 8, 2)
-    assert _schedule_key(s) == "gemm-m64-n128-k32-w4-s3-g8-sk2"
+    assert _schedule_key(s) == "gemm-m64-n128-k32-w4-s3-g8-sk2-1l"  # one launch: apart from the old two-launch times
+    assert _schedule_key(GemmSchedule(64, 128, 32, 4, 3, 8, 1)) == "gemm-m64-n128-k32-w4-s3-g8-sk1"
     assert _schedule_key(Schedule(1024, 1, 4)) == "x1024-r1-w4-p"  # generated kernels' keys are unchanged
     assert schedule_from_json(json.loads(json.dumps(s.to_json()))) == s
     assert schedule_from_json(Schedule(64, 32, 8, False).to_json()) == Schedule(64, 32, 8, False)

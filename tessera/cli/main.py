@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-shape", action="append", metavar="NAME=DIMS",
                    help="fix an input's shape, e.g. x=1x3x224x224 (repeatable)")
     p.add_argument("--stage", choices=STAGES, help="frontend: the folded operator graph in onnxruntime; fission: the "
-                   "primitive graph in the reference interpreter (default: fission)")
+                   "primitive graph in the reference interpreter (default: fission); rewrites: that graph after "
+                   "the rewrite search (compile --rewrites on), priced by the analytical cost model")
     p.add_argument("--seed", type=_count(0), help="random seed (default: fresh)")
     p.add_argument("--precision", choices=PRECISIONS,
                    help="run the primitive graph at this precision and apply its tolerance: fp32 computes in float64; "
@@ -155,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chains", choices=["on", "off"], default="on",
                    help="with measured or forced templates, let two matmuls joined through memory-bound "
                         "primitives (attention, MLPs) form one GEMM-chain kernel (codegen/chain.py)")
+    p.add_argument("--rewrites", choices=["off", "on"], default="off",
+                   help="primitive-graph rewrites before orchestration (rewrite/rules/), each kept only where "
+                        "the cost model prices its window's plan cheaper (rewrite/search.py)")
+    p.add_argument("--rewrite-budget", type=_positive, default=60.0, metavar="S",
+                   help="seconds the rewrite search may start new sites for")
     p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
     p.add_argument("--time-limit", type=_positive, default=60.0, help="seconds per subgraph solve")
     p.add_argument("--max-states", type=_count(1), default=2000, help="execution states per subgraph")
@@ -174,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tessera strategies to time; NAME-notemplates times NAME with templates off, "
                         "NAME-noprologues with templates but no operand prologues, NAME-precisionio taking "
                         "and returning the precision's type (no boundary casts), NAME-nochains with no "
-                        "GEMM-chain kernels")
+                        "GEMM-chain kernels, NAME-rewrites with the rewrite search on; suffixes combine "
+                        "(optimal-precisionio-rewrites)")
     p.add_argument("--cost", choices=["auto", "analytical", "measured"], default="auto")
     p.add_argument("--db", help="tuning database")
     p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
@@ -407,7 +414,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                           max_kernel_nodes=args.max_kernel_nodes, input_shapes=parse_input_shapes(args.input_shape),
                           db=args.db, tune_workers=args.tune_workers, tune=args.tune, layout=args.layout,
                           templates=args.templates, prologues=args.prologues == "on",
-                          chains=args.chains == "on")
+                          chains=args.chains == "on", rewrites=args.rewrites, rewrite_budget_s=args.rewrite_budget)
     quiet = not sys.stderr.isatty()
     if args.dynamic:
         return _compile_buckets(args, opts, quiet)
@@ -463,6 +470,15 @@ def _print_compile(result: Any) -> None:
         stages = t.get("profiler_stages_s") or {}
         if stages:
             print("  profiler seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()))
+    if result.rewrite_search:
+        r = result.rewrite_search
+        kept: dict[str, int] = {}
+        for a in r["applied"]:
+            kept[a["rule"]] = kept.get(a["rule"], 0) + 1
+        print(f"  rewrites: {len(r['applied'])} kept" + (f" ({', '.join(f'{k} x{v}' for k, v in kept.items())})"
+                                                        if kept else "")
+              + f" from {r['sites']} site(s) tried, {r['evaluated']} window(s) orchestrated, {r['seconds']:.1f} s"
+              + (f"; stopped: {r['stopped']}" if r["stopped"] else ""))
     if result.layouts is not None and result.layouts.regions:
         lay = result.layouts.summary()
         print(f"  layout: {lay['convs_channels_last']} of {lay['convs']} convolutions channels-last "

@@ -52,6 +52,7 @@ from tessera.codegen.index import Ix
 from tessera.codegen.kernels import _COMBINE, _IDENT, _REDUCE_FN, _REDUCE_OPS
 from tessera.codegen.kernels import ChainSchedule, KernelBody, KernelSource, Launch, sanitize
 from tessera.codegen.tile import (GRID_Y_MAX, MIN_BLOCK, TF32_ROUND, Tile, cdiv, check_outputs, dot_math, dot_operand,
+                                  sum_slices,
                                   jit_function, pow2, store_outputs)
 from tessera.codegen.triton_ops import Unsupported, Val
 from tessera.ir.graph import Graph, Node, scalar_constant
@@ -521,7 +522,7 @@ def generate_chain(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], 
     tiles = cdiv(cp.m, s.block_m) * cdiv(cp.n, s.block_n)
     workspace, extra = 0, []
     if s.split_l > 1:
-        workspace = _sum_slices(t, cp, s.split_l, tiles)
+        workspace = sum_slices(t, "pid_s", s.split_l, cp.batch * cp.m * cp.n, cp.batch * tiles)
         extra = ["pid_s = tl.program_id(2)"]
         summed = Val("tot", graph.types[cp.second.outputs[0]].dtype, frozenset({"b", "m", "n", "fix"}))
         store_outputs(t, graph, outputs, cp.second.outputs[0], t.coords, summed)  # inside the last's block
@@ -540,31 +541,6 @@ def generate_chain(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], 
     return KernelSource(fn, src, main.inputs, main.outputs, cp.batch * cp.m * cp.n, cp.l, s,
                         [n.name for n in nodes], launches=[Launch(fn, grid, meta)], workspace=workspace,
                         rounded_inputs=tuple(sorted(main.rounded)))
-
-
-def _sum_slices(t: Tile, cp: ChainProblem, split: int, tiles: int) -> int:
-    """After a split walk: store this program's partial product, count it in, and open the block
-    where the tile's last program sums the slices in order (the same bits whichever comes last)
-    as `tot`; the caller emits the epilogue in that block and closes it. Returns the workspace's
-    float32 elements: the partials, then one arrival counter per tile, zero between launches (the
-    runtime allocates it zeroed; the last program resets its counter)."""
-    em = t.em
-    m = em.mask_expr(t.mask)
-    parts = split * cp.batch * cp.m * cp.n
-    em.stmt(f"tl.store(ws + {t.workspace_offset('pid_s')}, acc" + (f", mask={m})" if m else ")"))
-    # Every thread's partial is written before the counter moves (the atomic orders it for the GPU).
-    em.stmt("tl.debug_barrier()")
-    counter = f"ws + {parts} + " + (f"pid_b * {tiles} + pid" if t.nbatch > 1 else "pid")
-    em.stmt(f"arrived = tl.atomic_add({counter}, 1.0)")
-    em.push(f"if arrived == {split - 1}:", "fix")
-    em.stmt(f"tl.store({counter}, 0.0)")
-    em.stmt("tot = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
-    em.push(f"for split in tl.static_range({split}):", "split")  # unrolled: the loads in flight together
-    # .cg: read at L2, where the other programs' partials are (never a stale line of this SM's L1)
-    em.stmt(f"tot += tl.load(ws + {t.workspace_offset('split')}" + (f", mask={m}, other=0.0" if m else "")
-            + ', cache_modifier=".cg")')
-    em.pop()
-    return parts + cp.batch * tiles
 
 
 def _doc(graph: Graph, name: str, ch: _Chain, k: KernelBody, sources: Sequence[str], workspace: int) -> list[str]:

@@ -21,11 +21,14 @@ share operand tiles in L2. M, N and K remainders are masked; a dimension the blo
 needs no mask and gets none. The tile, the operand loads and the epilogue are shared with the
 convolution template (`codegen/tile.py`, `codegen/conv.py`).
 
-Split-K (few output tiles, long K: the GPU would sit mostly idle). Two launches of one source,
-atomic-free and deterministic: `<name>_partial` gives each of SPLIT_K programs per tile a slice
-of K and writes its float32 partial tile to a workspace [SPLIT_K, batch, M, N]; `<name>` sums
-the slices in a fixed order, then runs the epilogue as above. The workspace is 4 x SPLIT_K x
-batch x M x N bytes, written once and read once (the schedule model charges it).
+Split-K (few output tiles, long K: the GPU would sit mostly idle). One launch, deterministic:
+each of SPLIT_K programs per tile walks a slice of K and writes its float32 partial tile to a
+workspace [SPLIT_K, batch, M, N], then counts itself in on the tile's arrival counter; the
+tile's last program sums the slices in a fixed order (the same bits whichever arrives last) and
+runs the epilogue as above (`tile.sum_slices`, shared with the split GEMM chains). The
+workspace is 4 x SPLIT_K x batch x M x N bytes plus a counter per tile, written once and read
+once (the schedule model charges it). Until session 20 a second kernel summed the slices, one
+more launch (about 2 µs on the H100) for the small-M, long-K GEMMs split-K exists for.
 """
 from __future__ import annotations
 
@@ -35,8 +38,8 @@ from typing import Sequence
 from tessera.codegen.index import Ix
 from tessera.codegen.kernels import GemmSchedule, KernelSource, Launch, KernelBody, sanitize
 from tessera.codegen.tile import (GRID_Y_MAX, MIN_BLOCK, Tile, cdiv, check_outputs, describe, dot_math, dot_operand,
-                                  jit_function, pow2, store_outputs)
-from tessera.codegen.triton_ops import Unsupported
+                                  jit_function, pow2, store_outputs, sum_slices)
+from tessera.codegen.triton_ops import Unsupported, Val
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import Prim
 
@@ -49,7 +52,7 @@ TILES = (
     (32, 32, 64, 4, 4), (16, 64, 64, 4, 4), (16, 128, 64, 4, 3), (16, 32, 128, 2, 4),
 )
 SPLIT_K = (2, 4, 8, 16)
-SPLIT_K_MIN_CHUNK = 256  # K elements per split-K program, at least: shorter slices make the workspace dominate
+SPLIT_K_MIN_CHUNK = 128  # K elements per split-K program, at least: shorter slices make the workspace dominate
 GEMM_CONSTS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
 
 
@@ -170,26 +173,16 @@ def generate_gemm(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], n
     workspace = 0
     if s.split_k > 1:
         chunk = cdiv(cdiv(tp.k, s.split_k), s.block_k) * s.block_k
-        workspace = s.split_k * tp.batch * tp.m * tp.n
         params = ", ".join(ins + ["ws"] + outs)
-        part = Tile(tp.kernel(), shape, s)
-        tp.mainloop(part, chunk, split=True)
-        main.rounded |= part.k.rounded  # the launches share one argument list
-        m = part.em.mask_expr(part.mask)
-        part.em.stmt(f"tl.store(ws + {part.workspace_offset('pid_k')}, acc" + (f", mask={m})" if m else ")"))
-        funcs.append(_function(f"{fn}_partial", params, part, ["pid_k = tl.program_id(2)"]))
-        launches.append(Launch(f"{fn}_partial", (tiles, tp.batch, s.split_k), meta))
-        # Second pass: the slices summed in order (no atomics: the same bits every run), then the epilogue.
-        em = t.em
-        m = em.mask_expr(t.mask)
-        em.stmt("acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
-        em.push(f"for split in range({s.split_k}):", "split")
-        em.stmt(f"acc += tl.load(ws + {t.workspace_offset('split')}" + (f", mask={m}, other=0.0)" if m else ")"))
-        em.pop()
-        tp.epilogue(t)
-        funcs.append(_function(fn, params, t))
-        launches.append(Launch(fn, (tiles, tp.batch), meta))
-        form = f"split-K GEMM template ({s.split_k} slices of {chunk}, then sum and epilogue)"
+        tp.mainloop(t, chunk, split=True)
+        workspace = sum_slices(t, "pid_k", s.split_k, tp.batch * tp.m * tp.n, tp.batch * tiles)
+        summed = Val("tot", tp.tc.dtype, frozenset({"b", "m", "n", "fix"}))
+        store_outputs(t, graph, tp.outputs, root.outputs[0], t.coords, summed)  # inside the last's block
+        t.em.pop()
+        funcs.append(_function(fn, params, t, ["pid_k = tl.program_id(2)"]))
+        launches.append(Launch(fn, (tiles, tp.batch, s.split_k), meta))
+        form = (f"split-K GEMM template ({s.split_k} slices of {chunk}; each tile's last program sums them "
+                f"in order and runs the epilogue)")
     else:
         params = ", ".join(ins + outs)
         tp.mainloop(t, tp.k, split=False)

@@ -46,6 +46,7 @@ CODEGEN_VERSION = 11  # 2: tiled pointwise schedules; trailing runs of one flat 
 # 10: a division by a divisor invariant in the dividend's inner loops is a product with its reciprocal
 # 11: a GEMM chain's first product over a K walked whole and past a power of two is a dot per
 # power-of-two piece (80: 64 + 16), not one padded to 128 (split walks came with new keys, "-p<n>")
+# (split-K GEMM templates in one launch came without a bump: their keys end in "-1l")
 
 # Elements one program holds in registers per value (fp32: 16 KiB).
 BLOCK_ELEMENTS = 4096

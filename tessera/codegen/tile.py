@@ -201,6 +201,34 @@ def store_outputs(t: Tile, graph: Graph, outputs: Sequence[str], product: str, c
         t.k.store(o, flat, v, t.mask, "[BLOCK_M, BLOCK_N]", frozenset({"m", "n"}))
 
 
+def sum_slices(t: Tile, pid: str, split: int, elements: int, tiles: int) -> int:
+    """After a split walk (program `pid` of `split` per tile computed its slice's partial `acc`):
+    store the partial, count it in, and open the block where the tile's last program sums the
+    slices in order as `tot` (the same bits whichever program comes last); the caller emits the
+    epilogue in that block and closes it (`t.em.pop()`). `elements`: the product's elements over
+    all batch entries; `tiles`: output tiles over all batch entries. Returns the workspace's
+    float32 elements: the partials, then one arrival counter per tile, zero between launches (the
+    runtime allocates it zeroed; the last program resets its counter). One launch, where a
+    separate summing kernel would cost another."""
+    em = t.em
+    m = em.mask_expr(t.mask)
+    parts = split * elements
+    em.stmt(f"tl.store(ws + {t.workspace_offset(pid)}, acc" + (f", mask={m})" if m else ")"))
+    # Every thread's partial is written before the counter moves (the atomic orders it for the GPU).
+    em.stmt("tl.debug_barrier()")
+    counter = f"ws + {parts} + " + (f"pid_b * {tiles // t.nbatch} + pid" if t.nbatch > 1 else "pid")
+    em.stmt(f"arrived = tl.atomic_add({counter}, 1.0)")
+    em.push(f"if arrived == {split - 1}:", "fix")
+    em.stmt(f"tl.store({counter}, 0.0)")
+    em.stmt("tot = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
+    em.push(f"for split in tl.static_range({split}):", "split")  # unrolled: the loads in flight together
+    # .cg: read at L2, where the other programs' partials are (never a stale line of this SM's L1)
+    em.stmt(f"tot += tl.load(ws + {t.workspace_offset('split')}" + (f", mask={m}, other=0.0" if m else "")
+            + ', cache_modifier=".cg")')
+    em.pop()
+    return parts + tiles
+
+
 def check_outputs(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], product: str, what: str,
                   form: str) -> None:
     """A template writes one value per product element: every output is the product or computed

@@ -484,12 +484,13 @@ def _tiled(ks: KernelSource, s: Schedule) -> bool:
 
 def _schedule_key(s: AnySchedule) -> str:
     """The tuning database's schedule column (the strings of generated kernels' schedules and GEMM
-    templates' never change; convolution templates' start with "conv-")."""
+    templates' never change; convolution templates' start with "conv-"; a split-K GEMM's ends in
+    "-1l" since its slices are summed in one launch: times of the two-launch form stay apart)."""
     if isinstance(s, ChainSchedule):
         return chain_key(s)
     if isinstance(s, ConvSchedule):
         return f"conv-m{s.block_m}-n{s.block_n}-k{s.block_k}-w{s.num_warps}-s{s.num_stages}-g{s.group_m}"
     if isinstance(s, GemmSchedule):
         return (f"gemm-m{s.block_m}-n{s.block_n}-k{s.block_k}-w{s.num_warps}-s{s.num_stages}-g{s.group_m}"
-                f"-sk{s.split_k}")
+                f"-sk{s.split_k}" + ("-1l" if s.split_k > 1 else ""))
     return f"x{s.xblock}-r{s.rblock}-w{s.num_warps}-{'p' if s.persistent else 'l'}"

@@ -134,7 +134,8 @@ def predict_template(s: GemmSchedule, batch: int, m: int, n: int, k: int, itemsi
     - latency: the K steps, one after another.
     Whole waves are charged (wave quantisation: a last wave of a few tiles costs a full one).
     The whole kernel is also bound by DRAM: the operands once, the epilogue's reads and writes,
-    the split-K workspace written and read. Split-K pays one extra launch.
+    the split-K workspace written and read; the tile's last program then reads every slice back
+    before its epilogue (one more step of latency per slice).
     """
     tiles = batch * math.ceil(m / s.block_m) * math.ceil(n / s.block_n)
     programs = tiles * s.split_k
@@ -145,11 +146,11 @@ def predict_template(s: GemmSchedule, batch: int, m: int, n: int, k: int, itemsi
     per_sm = math.ceil(min(programs, dev.sms * resident) / dev.sms)  # programs on the busiest SM per wave
     compute = 2.0 * s.block_m * s.block_n * chunk / (rate / dev.sms)
     stream = (s.block_m + s.block_n) * chunk * itemsize / (dev.bandwidth * p.l2_factor / dev.sms)
-    latency = (chunk / s.block_k) * p.step_s
+    latency = (chunk / s.block_k + (s.split_k if s.split_k > 1 else 0)) * p.step_s
     waved = waves * max(per_sm * compute, per_sm * stream, latency)
     workspace = 2.0 * 4 * s.split_k * batch * m * n if s.split_k > 1 else 0.0
     dram = (operand_bytes + epilogue_bytes + workspace) / dev.bandwidth
-    return max(waved, dram) + (dev.launch if s.split_k > 1 else 0.0)
+    return max(waved, dram)
 
 
 def template_rate(dtype: DType, precision: str, dev: Device) -> float:

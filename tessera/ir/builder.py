@@ -21,9 +21,10 @@ from tessera.ir.prims import Prim
 class PrimBuilder:
     """Appends primitives to `graph`, tagging each with `source` (ONNX node names)."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, reserved: set[str] | None = None) -> None:
+        """`reserved`: names to avoid besides the graph's own."""
         self.graph = graph
-        self._taken: set[str] = set(graph.types) | {n.name for n in graph.nodes}
+        self._taken: set[str] = set(graph.types) | {n.name for n in graph.nodes} | (reserved or set())
         self.source: tuple[str, ...] = ()
         self.context = ""  # "node 'x' (Op)" for error messages
 

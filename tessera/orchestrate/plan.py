@@ -63,6 +63,9 @@ class Plan:
     orchestrate_s: float
     primitives: int
     orchestrated_nodes: int
+    # The rewrite search before orchestration (`rewrite/search.py`, `SearchResult.summary`): each
+    # rewrite applied with its window's estimated saving, and what was tried; empty when off
+    rewrites: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -262,6 +262,20 @@ def _redundancy(plan: Plan) -> str:
     return _table(["recomputed primitive", "kernels"], rows)
 
 
+def _rewrites(plan: Plan) -> str:
+    r = plan.rewrites
+    if not r:
+        return '<p class="note">The rewrite search was off (tessera compile --rewrites on).</p>'
+    note = (f'<p class="note">{r.get("sites", 0)} site(s) tried, {r.get("evaluated", 0)} window(s) orchestrated '
+            f'({r.get("cached", 0)} from the cache) in {r.get("seconds", 0.0):.1f} s'
+            + (f'; stopped: {escape(r["stopped"])}' if r.get("stopped") else "") + ".</p>")
+    if not r.get("applied"):
+        return note + '<p class="note">No rewrite lowered the estimated cost of its window.</p>'
+    rows = [f"<tr><td class=mono>{escape(a['rule'])}</td><td class=mono>{_names(a['roots'])}</td>"
+            f"<td class=num>{_us(a['gain_s'])}</td><td class=num>{a['window_nodes']}</td></tr>" for a in r["applied"]]
+    return note + _table(["rule", "at node(s)", "window saving µs (whole sequence)", "window nodes"], rows)
+
+
 def render_report(plan: Plan, og: OGraph) -> str:
     """The report page as a string."""
     title = f"tessera plan: {plan.model}"
@@ -270,6 +284,7 @@ def render_report(plan: Plan, og: OGraph) -> str:
 <style>{CSS}</style></head><body>
 <h1>{escape(title)}</h1>
 <h2>Summary</h2>{_summary(plan)}
+<h2>Graph rewrites</h2>{_rewrites(plan)}
 <h2>Subgraphs</h2>{_subgraphs(plan)}
 <h2>Cuts</h2>{_cuts(plan)}
 <h2>Kernels (execution order)</h2>

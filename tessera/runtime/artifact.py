@@ -30,6 +30,7 @@ from tessera.ir.graph import Graph
 from tessera.orchestrate.layout import assign_layouts
 from tessera.rewrite import convert_precision
 from tessera.rewrite.deferred import DEFERRED, defer_normalization
+from tessera.rewrite.search import replay
 from tessera.runtime.executable import Executable
 from tessera.version import __version__
 
@@ -67,9 +68,15 @@ def rebuild_graph(model: Path | bytes, meta: dict[str, Any]) -> Graph:
     loaded = frontend_load(model, {k: tuple(v) for k, v in meta["input_shapes"].items()})
     graph = fission(loaded.graph).graph
     for rule in meta.get("rewrites", []):
-        if rule != DEFERRED:
+        if isinstance(rule, dict):  # a step the rewrite search kept
+            try:
+                graph = replay(graph, [rule])
+            except (KeyError, ValueError) as e:
+                raise ModelLoadError(f"the artifact's rewrites do not replay on its model: {e.args[0]}") from None
+        elif rule == DEFERRED:
+            graph = defer_normalization(graph)[0]
+        else:
             raise ModelLoadError(f"the artifact was compiled with the rewrite {rule!r}, which this tessera lacks")
-        graph = defer_normalization(graph)[0]
     graph = convert_precision(graph, meta["precision"], meta.get("io", "model"))
     return assign_layouts(graph, None, "nchw", replay=list(meta["layout_choices"]),
                           unpadded=list(meta.get("layout_unpadded", []))).graph

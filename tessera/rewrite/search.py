@@ -1,0 +1,295 @@
+"""Which rewrites to apply: each one kept only where the plan it leads to costs less.
+
+The graph is searched site by site, in node order. A site is one match of one rule. Around it a
+window is cut: the matched nodes, every node within `radius` hops of them, and the free nodes
+(fills, weight reshapes) they read. The window is orchestrated as it is and after the rewrite,
+with the compile's own cost model (`evaluate`: measured on a GPU, analytical elsewhere), and
+sequences of up to `depth` rewrites inside the window are tried (a beam, TASO-style: Korch's
+softmax needs three steps before the first one pays). The cheapest sequence is applied if it beats
+the window as it was; a tie goes to the graph with fewer nodes.
+
+Both windows have the same boundary, since a rewrite keeps the names of the tensors its roots
+wrote, so their costs compare like for like. Windows are evaluated before the layout pass (every
+tensor row-major). Costs are cached by the window's structure, so the twelve layers of a
+transformer cost one evaluation each. The search stops starting sites after `budget_s`.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import numpy as np
+
+from tessera.ir.graph import Graph, GraphKind
+from tessera.ir.prims import Category, Prim
+from tessera.log import logger
+from tessera.rewrite.rules import RULES, Match, NotApplicable, Rule, View, apply
+
+GAIN = 0.005  # a sequence must save this fraction of its window's cost (measurement noise is about this)
+TIE = 0.001  # within this, the graph with fewer nodes wins
+
+
+@dataclass
+class Applied:
+    """One rewrite the search kept (a step of a sequence; `gain_s` is the whole sequence's)."""
+
+    rule: str
+    roots: list[str]
+    gain_s: float
+    window_nodes: int
+
+    def to_json(self) -> dict:
+        return {"rule": self.rule, "roots": self.roots, "gain_s": self.gain_s, "window_nodes": self.window_nodes}
+
+
+@dataclass
+class SearchResult:
+    graph: Graph
+    applied: list[Applied] = field(default_factory=list)
+    sites: int = 0  # matches tried as the start of a sequence
+    evaluated: int = 0  # windows orchestrated (cache misses)
+    cached: int = 0  # windows whose cost came from the cache
+    seconds: float = 0.0
+    stopped: str = ""  # why the search stopped early, if it did
+
+    def summary(self) -> dict:
+        return {"applied": [a.to_json() for a in self.applied], "sites": self.sites, "evaluated": self.evaluated,
+                "cached": self.cached, "seconds": round(self.seconds, 2), "stopped": self.stopped}
+
+
+def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str, Rule] | None = None,
+           depth: int = 3, radius: int = 2, beam: int = 3, max_variants: int = 16,
+           budget_s: float = 60.0, estimate: Callable[[Graph], float] | None = None,
+           confirm: int = 2, slack: float = 0.25) -> SearchResult:
+    """`graph` with the rewrites that lower `evaluate`'s cost of their windows, and what was tried.
+
+    With `estimate` (a cheap model beside a measured `evaluate`), the beam runs on estimates and
+    only the window and its `confirm` best sequences, those estimated within `slack` of the
+    window, are evaluated: ranked by the model, confirmed by measurement, as template schedules
+    are (a model that misjudges a shape still gets its best guesses measured)."""
+    rules = RULES if rules is None else rules
+    start = time.perf_counter()
+    result = SearchResult(graph)
+    costs: dict[tuple[str, bool], float] = {}
+
+    def priced(fn: Callable[[Graph], float], precise: bool) -> Callable[[Graph], float]:
+        def price(window: Graph) -> float:
+            key = (signature(window), precise)
+            if key in costs:
+                result.cached += 1
+            else:
+                costs[key] = fn(window)
+                result.evaluated += precise
+            return costs[key]
+        return price
+
+    cost = priced(evaluate, True)
+    rough = priced(estimate, False) if estimate is not None else None
+
+    tried: set[tuple[str, str]] = set()
+    # Nodes a kept sequence matched or made. No later rewrite touches them: window costs are local,
+    # so without this two windows could each price the other's undoing as a saving and loop forever
+    # (matmul_transposed and transpose_of_transpose did, with measured costs). Every kept sequence
+    # settles at least one node of the original graph, so the search ends.
+    settled: set[str] = set()
+    g = graph
+    pending: list[Match] | None = None
+    while True:
+        if pending is None:  # the matches of the graph as it is now
+            view = View(g)
+            pending = [m for n in g.nodes for r in rules.values() if (m := r.match(view, n)) is not None]
+        site = next((m for m in pending if (m.rule, m.roots[0]) not in tried and not settled & set(m.nodes)), None)
+        if site is None:
+            break
+        if time.perf_counter() - start > budget_s:
+            result.stopped = f"the {budget_s:.0f} s budget was spent"
+            break
+        tried.add((site.rule, site.roots[0]))
+        result.sites += 1
+        steps, gain, size = _best_sequence(g, site, rules, cost, depth, radius, beam, max_variants, settled,
+                                           rough, confirm, slack)
+        if not steps:
+            continue
+        before = {n.name for n in g.nodes}
+        try:
+            g = replay(g, [{"rule": r, "roots": list(m.roots)} for r, m in steps], rules)
+        except ValueError:  # a step named a node the window created under another name: skip the site
+            continue
+        settled |= {n.name for n in g.nodes} - before
+        settled |= {name for _, m in steps for name in m.nodes}
+        result.applied += [Applied(r, list(m.roots), gain, size) for r, m in steps]
+        pending = None
+        logger.debug("rewrite: %s at %s saves %.2f us", " + ".join(r for r, _ in steps), site.roots[0], gain * 1e6)
+    result.graph = g
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _best_sequence(g: Graph, site: Match, rules: Mapping[str, Rule], precise: Callable[[Graph], float],
+                   depth: int, radius: int, beam: int, max_variants: int, settled: set[str],
+                   rough: Callable[[Graph], float] | None = None, confirm: int = 2, slack: float = 0.25
+                   ) -> tuple[list[tuple[str, Match]], float, int]:
+    """The cheapest sequence of rewrites that starts with `site` and stays inside its window, away
+    from `settled` nodes: (its steps, the window's saving, the window's size); no steps if nothing
+    beats the window. With `rough`, the beam runs on it and `precise` prices only the window and
+    the `confirm` best sequences within `slack` of it."""
+    cost = rough or precise
+    window = window_graph(g, neighbourhood(g, set(site.nodes), radius))
+    reserved = set(g.types) | {n.name for n in g.nodes}  # new names as the whole graph would give them
+    base = cost(window)
+    tried: list[tuple[float, int, Graph, list[tuple[str, Match]]]] = []
+    best: tuple[float, int, list[tuple[str, Match]]] = (base, len(window.nodes), [])
+    frontier: list[tuple[Graph, list[tuple[str, Match]]]] = [(window, [])]
+    variants = 0
+    for level in range(depth):
+        grown = []
+        for gv, seq in frontier:
+            view = View(gv)
+            if level == 0:  # the site itself, its precondition checked inside the window
+                anchor = view.nodes[site.roots[0]]
+                options = [m for m in [rules[site.rule].match(view, anchor)] if m is not None]
+            else:
+                options = [m for n in gv.nodes for r in rules.values()
+                           if (m := r.match(view, n)) is not None and not settled & set(m.nodes)]
+            for m in options:
+                if variants >= max_variants:
+                    break
+                try:
+                    g2 = apply(gv, rules[m.rule], m, reserved)
+                except NotApplicable:
+                    continue
+                variants += 1
+                grown.append((cost(g2), len(g2.nodes), g2, seq + [(m.rule, m)]))
+        if not grown:
+            break
+        grown.sort(key=lambda x: (x[0], x[1]))
+        tried += grown
+        for c, nodes, _, seq in grown:
+            if _better(c, nodes, best[0], best[1], base):
+                best = (c, nodes, seq)
+        frontier = [(g2, seq) for _, _, g2, seq in grown[:beam]]
+    if rough is not None:  # confirm: the window and the best estimates within the slack, priced precisely
+        tried.sort(key=lambda x: (x[0], x[1]))
+        hopeful = [x for x in tried if x[0] <= base * (1 + slack)][:confirm]
+        if not hopeful:
+            return [], 0.0, len(window.nodes)
+        base = precise(window)
+        best = (base, len(window.nodes), [])
+        for _, nodes, g2, seq in hopeful:
+            c = precise(g2)
+            if _better(c, nodes, best[0], best[1], base):
+                best = (c, nodes, seq)
+    c, _, seq = best
+    return (seq, base - c, len(window.nodes)) if seq else ([], 0.0, len(window.nodes))
+
+
+def _better(c: float, nodes: int, best_c: float, best_nodes: int, base: float) -> bool:
+    """Is a variant of cost `c` better than the best so far? It must save GAIN of the window's
+    cost `base`, or tie within TIE with fewer nodes."""
+    if c < best_c - GAIN * base:
+        return True
+    return abs(c - best_c) <= TIE * base and nodes < best_nodes
+
+
+# ---- windows -----------------------------------------------------------------------------------------
+
+def neighbourhood(g: Graph, seed: set[str], radius: int) -> set[str]:
+    """Node names within `radius` hops of `seed` (through tensors, either way), with the free nodes
+    (reading only constants and other free nodes) that any of them reads."""
+    view = View(g)
+    window = set(seed)
+    ring = set(seed)
+    for _ in range(radius):
+        nxt: set[str] = set()
+        for name in ring:
+            node = view.nodes[name]
+            nxt.update(p.name for t in node.inputs if t and (p := view.producers.get(t)) is not None)
+            for o in node.outputs:
+                nxt.update(c.name for c in view.consumers.get(o, []))
+        ring = nxt - window
+        window |= nxt
+    todo = [t for name in window for t in view.nodes[name].inputs if t]
+    free = _free_nodes(g)
+    while todo:
+        p = view.producers.get(todo.pop())
+        if p is not None and p.name in free and p.name not in window:
+            window.add(p.name)
+            todo.extend(t for t in p.inputs if t)
+    return window
+
+
+def _free_nodes(g: Graph) -> set[str]:
+    known = set(g.constants)
+    free = set()
+    for n in g.nodes:  # topologically sorted
+        if n.is_prim and Prim(n.op).category not in (Category.LINEAR, Category.OPAQUE) \
+                and all(i in known for i in n.inputs if i) and not any(o in g.outputs for o in n.outputs):
+            free.add(n.name)
+            known.update(n.outputs)
+    return free
+
+
+def window_graph(g: Graph, names: set[str]) -> Graph:
+    """The nodes `names` of `g` as a graph of their own: what they read from outside becomes its
+    inputs, what outside (or the graph's outputs) reads becomes its outputs."""
+    nodes = [n for n in g.nodes if n.name in names]
+    made = {o for n in nodes for o in n.outputs if o}
+    inputs: dict[str, None] = {}
+    for n in nodes:
+        inputs.update((t, None) for t in n.inputs if t and t not in made and t not in g.constants)
+    outside = {t for n in g.nodes if n.name not in names for t in n.inputs if t}
+    outputs = [t for n in nodes for t in n.outputs if t and (t in outside or t in g.outputs)]
+    read = {t for n in nodes for t in n.inputs if t}
+    return Graph(f"{g.name}/window", GraphKind.PRIMITIVE, list(inputs), outputs, nodes,
+                 {t: g.types[t] for t in (*inputs, *made, *(c for c in read if c in g.constants))},
+                 {c: g.constants[c] for c in read if c in g.constants}, dict(g.opsets))
+
+
+def signature(g: Graph) -> str:
+    """A hash of a graph's structure with its tensor names replaced by their order of appearance:
+    two windows of the same shape (one per transformer layer) share it. Constants enter by type
+    and a sample of their values."""
+    ids: dict[str, str] = {t: f"i{k}" for k, t in enumerate(g.inputs)}
+    h = hashlib.sha256()
+
+    def ref(t: str) -> str:
+        if t in ids:
+            return ids[t]
+        if t in g.constants:
+            v = np.asarray(g.constants[t]).reshape(-1)
+            sample = v[:: max(1, v.size // 32)][:32]
+            ids[t] = f"c{len(ids)}:{g.types[t]}:{hashlib.sha256(sample.tobytes()).hexdigest()[:12]}"
+            h.update(ids[t].encode())
+            return ids[t]
+        return t  # not reached: a window's tensors are inputs, constants or made before use
+
+    for n in g.nodes:
+        ins = ",".join(ref(t) if t else "" for t in n.inputs)
+        for o in n.outputs:
+            ids[o] = f"t{len(ids)}"
+        h.update(f"{n.op}({ins})->{','.join(ids.get(o, '') for o in n.outputs)}:"
+                 f"{sorted((k, repr(v)) for k, v in n.attrs.items())}:"
+                 f"{[str(g.types[o]) for o in n.outputs if o]}".encode())
+    h.update(",".join(ids[o] for o in g.outputs).encode())
+    h.update(",".join(str(g.types[i]) for i in g.inputs).encode())
+    return h.hexdigest()
+
+
+def replay(graph: Graph, applied: list[Mapping], rules: Mapping[str, Rule] | None = None) -> Graph:
+    """Apply recorded rewrites (`Applied.to_json`) again, in order: an artifact's graph rebuilt.
+    Raises KeyError or ValueError naming the step that no longer matches."""
+    rules = RULES if rules is None else rules
+    g = graph
+    for step in applied:
+        rule = rules.get(step["rule"])
+        if rule is None:
+            raise KeyError(f"the rewrite {step['rule']!r} is not one this tessera has")
+        view = View(g)
+        anchor = view.nodes.get(step["roots"][0])
+        m = rule.match(view, anchor) if anchor is not None else None
+        if m is None or list(m.roots) != list(step["roots"]):
+            raise ValueError(f"the rewrite {step['rule']} no longer matches at node {step['roots'][0]!r}")
+        g = apply(g, rule, m)
+    return g

@@ -1,0 +1,201 @@
+"""The rewrite search (rewrite/search.py): kept only where the window's plan costs less, replayed
+exactly from an artifact, and every shared model still correct after it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tessera.cli.main import main
+from tessera.frontend import load
+from tessera.fission import fission
+from tessera.ir.interp import run
+from tessera.ir.prims import Prim
+from tessera.rewrite.rules.base import new_graph
+from tessera.rewrite.search import neighbourhood, replay, search, window_graph
+from tessera.runtime.artifact import graph_digest
+from tessera.verify import verify
+
+MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
+ALL = sorted(p.name for p in MODELS.glob("*.onnx"))
+
+
+def _softmax_then_matmul():
+    """softmax(x) @ v written as fission writes it: exp, its row sum, the division, the product."""
+    g, b = new_graph({"x": (2, 5, 7), "v": (2, 7, 3)})
+    e = b.unary(Prim.EXP, "x")
+    s = b.emit(Prim.REDUCE_SUM, [e], {"axes": (2,)})
+    p = b.div(e, s)
+    g.outputs = [b.matmul(p, "v")]
+    return g
+
+
+def _count(g, *ops):
+    return sum(n.op in {o.value for o in ops} for n in g.nodes)
+
+
+def test_a_sequence_that_pays_only_whole_is_found():
+    """Korch's softmax: the sum as a matmul gains nothing alone (one reduction for one matmul), the
+    division past the product nothing either; merging the two products then saves one. A cost of
+    one per reduction or matmul makes only the three steps together worth it."""
+    g = _softmax_then_matmul()
+    cost = lambda w: float(_count(w, Prim.MATMUL, Prim.REDUCE_SUM))  # noqa: E731
+    found = search(g, cost)
+    rules = [a.rule for a in found.applied]
+    assert "reduce_sum_as_matmul" in rules and "matmuls_sharing_left" in rules, rules
+    assert _count(found.graph, Prim.MATMUL) == 1 and _count(found.graph, Prim.REDUCE_SUM) == 0
+    assert found.applied[0].gain_s == pytest.approx(1.0)
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 5, 7)).astype(np.float32),
+             "v": np.random.default_rng(1).standard_normal((2, 7, 3)).astype(np.float32)}
+    want, got = run(g, feeds, exact=True), run(found.graph, feeds, exact=True)
+    np.testing.assert_allclose(got[g.outputs[0]], want[g.outputs[0]], rtol=1e-10)
+
+
+def test_a_measured_search_confirms_the_models_best_guesses():
+    """With a model beside the measurement, the beam runs on the model and only the window and its
+    two best sequences are measured; the measurement decides."""
+    g = _softmax_then_matmul()
+    model = lambda w: float(_count(w, Prim.MATMUL, Prim.REDUCE_SUM))  # noqa: E731
+    measured: list[int] = []
+
+    def flat(w):  # the "GPU" finds every form equally fast
+        measured.append(len(w.nodes))
+        return 1.0
+
+    found = search(g, flat, estimate=model)
+    assert not [a for a in found.applied if a.rule == "matmuls_sharing_left"]  # more nodes, no faster: refused
+    assert found.evaluated == len(measured) <= 3 * found.sites
+    assert search(g, model, estimate=model).applied  # where the measurement agrees, it is kept
+
+
+def test_nothing_is_kept_that_does_not_pay():
+    """A flat cost keeps only rewrites that leave fewer nodes (the tie rule), never one that adds."""
+    g = fission(load(MODELS / "bert_tiny.onnx").graph).graph
+    found = search(g, lambda w: 1.0)
+    assert found.sites > 0
+    assert len(found.graph.nodes) <= len(g.nodes)
+    assert {a.rule for a in found.applied} <= {"fold_constant_layout", "reshape_of_reshape", "transpose_of_transpose",
+                                               "broadcast_of_broadcast"}
+
+
+def test_replay_rebuilds_the_same_graph_and_names_a_step_that_no_longer_matches():
+    g = _softmax_then_matmul()
+    found = search(g, lambda w: float(_count(w, Prim.MATMUL, Prim.REDUCE_SUM)))
+    steps = [a.to_json() for a in found.applied]
+    assert graph_digest(replay(g, steps)) == graph_digest(found.graph)
+    with pytest.raises(ValueError, match="no longer matches at node 'nowhere'"):
+        replay(g, [{"rule": steps[0]["rule"], "roots": ["nowhere"]}])
+    with pytest.raises(KeyError, match="not one this tessera has"):
+        replay(g, [{"rule": "made_up", "roots": ["x"]}])
+
+
+def test_the_search_ends_whatever_the_costs_say():
+    """Window costs are local, so arbitrary ones (a hash of the window) could price each rewrite and
+    its undoing as savings; a node a kept sequence touched is never rewritten again, so the search
+    ends on its own, well inside the budget."""
+    import hashlib
+
+    from tessera.rewrite.search import signature
+
+    g = fission(load(MODELS / "bert_tiny.onnx").graph).graph
+    found = search(g, lambda w: int(hashlib.sha256(signature(w).encode()).hexdigest()[:8], 16) / 16 ** 8,
+                   budget_s=120.0)
+    assert not found.stopped
+    assert len(found.applied) <= len(g.nodes) and len(found.graph.nodes) < 2 * len(g.nodes)
+
+
+def test_the_budget_stops_the_search():
+    found = search(_softmax_then_matmul(), lambda w: 1.0, budget_s=0.0)
+    assert found.stopped and not found.applied
+
+
+def test_a_window_keeps_the_graph_boundary():
+    g = _softmax_then_matmul()
+    div = next(n for n in g.nodes if n.op == Prim.DIV.value)
+    w = window_graph(g, neighbourhood(g, {div.name}, 1))
+    # one hop from the division: the exp and the broadcast of the sum before it, the product after it
+    assert [n.op for n in w.nodes] == ["exp", "broadcast", "div", "matmul"]
+    exp, total = (next(n for n in g.nodes if n.op == op).outputs[0] for op in ("exp", "reduce_sum"))
+    assert w.inputs == ["x", total, "v"]  # the sum comes from outside the window
+    assert w.outputs == [exp, *g.outputs]  # the sum outside reads the exp
+
+
+def test_compile_with_rewrites_records_them_and_the_artifact_replays(tmp_path, capsys):
+    out = tmp_path / "a"
+    assert main(["compile", str(MODELS / "bert_tiny.onnx"), "--rewrites", "on", "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "rewrites:" in said and "kept" in said
+    plan = json.loads((out / "plan.json").read_text())
+    applied = plan["rewrites"]["applied"]
+    assert applied and all(a["gain_s"] >= 0 for a in applied)
+    meta = json.loads((out / "artifact.json").read_text())
+    assert [r for r in meta["rewrites"] if isinstance(r, dict)] == [{"rule": a["rule"], "roots": a["roots"],
+                                                                    "gain_s": a["gain_s"],
+                                                                    "window_nodes": a["window_nodes"]}
+                                                                   for a in applied]
+    assert "Graph rewrites" in (out / "report.html").read_text()
+    assert main(["run", str(out), "--check"]) == 0  # loads by replaying the rewrites, then checks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ALL)
+def test_every_shared_model_stays_correct_with_rewrites(name):
+    report = verify(MODELS / name, stage="rewrites")
+    assert report.passed, report.as_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["segformer_attn", "efficientvit_attn", "candy_norm_pad"])
+def test_korch_blocks_export_and_stay_correct_with_rewrites(tmp_path, name):
+    from tessera.zoo import build
+
+    assert verify(build(name, tmp_path), stage="rewrites").passed
+
+
+def test_the_segformer_block_has_an_sdpa_twin():
+    import torch
+
+    from tessera.zoo import make, sdpa_form
+
+    model, (x,) = make("segformer_attn")
+    twin = sdpa_form(model)
+    assert twin is not None and sdpa_form(make("candy_norm_pad")[0]) is None
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_measured_compile_prices_windows_by_measurement(tmp_path, monkeypatch):
+    """With measured cost the windows are timed by the profiler like any candidate (a fake one here),
+    and the compiled artifact still matches onnxruntime."""
+    import sys
+
+    import torch
+    from onnx import helper
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_profiler import FakeProfiler
+    from opcheck import graph_model, rand
+
+    import tessera
+    from tessera import compiler
+    from tessera.compiler import CompileOptions, compile_model, write_artifacts
+    from tessera.tolerance import TOLERANCE, rel_l2
+    from tessera.verify import run_onnxruntime
+
+    prof = FakeProfiler()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
+    monkeypatch.setattr(compiler, "new_profiler", lambda opt: prof)
+    x, v = rand(2, 5, 7, seed=3), rand(2, 7, 3, seed=4)
+    model = graph_model([helper.make_node("Softmax", ["x"], ["p"], axis=-1),
+                         helper.make_node("MatMul", ["p", "v"], ["out"])], {"x": x, "v": v}, ["out"])
+    result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db"), rewrites="on",
+                                                 templates="off"))
+    assert result.rewrite_search["evaluated"] > 0 and prof.calls > 0
+    write_artifacts(result, tmp_path / "art")
+    exe = tessera.load(tmp_path / "art", "cpu")
+    got = exe(x=torch.from_numpy(x), v=torch.from_numpy(v))
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    assert rel_l2(got.numpy(), run_onnxruntime(model, {"x": x, "v": v})["out"]) < TOLERANCE["fp32"]
