@@ -11,10 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fake_profiler import FakeProfiler, plan_with
 from onnx import helper
-from opcheck import graph_model, rand
+from opcheck import Const, graph_model, rand
 
 from tessera.cli.main import main
 from tessera.codegen.select import TritonLegality
@@ -461,3 +462,21 @@ def test_reading_the_software_versions_leaves_triton_unimported():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_view_is_never_measured_and_costs_nothing(tmp_path):
+    # A reshape of a row-major tensor launches nothing at run time; timed, it measured an empty
+    # graph's replay (0.66 us on the H100), which pushed reshapes into slower template kernels.
+    x = rand(6, 8, seed=5)
+    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["y"]),
+                         helper.make_node("Reshape", ["y", "s"], ["r"]),
+                         helper.make_node("Relu", ["r"], ["out"])],
+                        {"x": x, "w": Const(rand(8, 10, seed=6)), "s": Const(np.array([60], dtype=np.int64))}, ["out"])
+    og = build_ograph(fission(load(model).graph).graph)
+    (view,) = [i for i, n in enumerate(og.nodes) if n.op == "reshape"]
+    with TuningDB(tmp_path / "t.db") as db:
+        prof = FakeProfiler()
+        cost = MeasuredCost(og, db, prof, "fake", "v1")
+        alone = next(c for c in _candidates(og, 1 << view) if c.nodes == 1 << view)
+        cost.prepare([alone])
+        assert prof.calls == 0 and cost(alone) == pytest.approx(1e-9) and cost.known(alone)

@@ -34,7 +34,7 @@ from tessera.codegen.triton_ops import Unsupported
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import Category, Prim
 from tessera.orchestrate.candidates import StructuralLegality, transposes_matrix
-from tessera.orchestrate.graphview import OGraph, bits, prologue_of  # noqa: F401 - prologue_of is used from here too
+from tessera.orchestrate.graphview import OGraph, bits, is_view, prologue_of  # noqa: F401 - prologue_of is used from here too
 
 
 @dataclass
@@ -117,8 +117,7 @@ def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], out
     nodes = prologue + prims
     if any(n.op == Prim.OPAQUE.value for n in prims):
         return KernelImpl(name, "torch", prims, prologue, list(outputs), reason="opaque operator", folded=prologue)
-    if not prologue and all(n.op == Prim.RESHAPE.value for n in prims) and \
-            all(graph.types[t].plain for n in prims for t in (*n.inputs, *n.outputs)):
+    if not prologue and all(is_view(graph, n) for n in prims):
         # Row-major reshapes of a row-major tensor are views: no kernel, no copy. Any other
         # layout makes the reshape a copy, which the generator writes.
         return KernelImpl(name, "view", prims, prologue, list(outputs))

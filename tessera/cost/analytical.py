@@ -17,7 +17,7 @@ from tessera.cost.devices import PRECISIONS, Device
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import Category, Prim
 from tessera.orchestrate.candidates import Candidate
-from tessera.orchestrate.graphview import OGraph, bits
+from tessera.orchestrate.graphview import OGraph, bits, is_view
 
 # Relative cost of one element of an elementwise primitive, in fp32 FLOPs:
 # transcendental and division units run at a fraction of the FMA rate.
@@ -41,8 +41,7 @@ class AnalyticalCost:
         self.mat = [0.0] * og.n
         for i, n in enumerate(og.nodes):
             self.vec[i], self.mat[i] = self._flops(n)
-        self.view_only = [n.op == Prim.RESHAPE.value and all(g.types[t].plain for t in (*n.inputs, *n.outputs))
-                          for n in og.nodes]
+        self.view_only = [is_view(g, n) for n in og.nodes]
         self.matrix_rate = {"fp32": device.fp32, "tf32": device.tf32}.get(precision, device.fp16)
         # cuDNN's tensor-core convolutions are NHWC kernels: an NCHW one converts its input before
         # and its result after (two more launches, a read and a write of each; cost/layout_price.py).

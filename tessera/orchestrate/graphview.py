@@ -82,6 +82,20 @@ class OGraph:
         return sum(1 << i for i in bits(mask) if not self.succs[i] & mask)
 
 
+def is_view(graph: Graph, node: Node) -> bool:
+    """A row-major reshape of a row-major tensor: an alias of its input at run time (no kernel, no
+    launch; `codegen/select.py` runs a kernel of these as a view)."""
+    return node.op == Prim.RESHAPE.value and all(graph.types[t].plain for t in (*node.inputs, *node.outputs))
+
+
+def view_cost(og: "OGraph", nodes: int) -> float | None:
+    """A candidate's cost if it only reshapes (a nanosecond per primitive breaks ties), else None."""
+    members = bits(nodes)
+    if all(is_view(og.graph, og.nodes[i]) for i in members):
+        return 1e-9 * len(members)
+    return None
+
+
 def _is_free(node: Node, free_or_const: set[str], outputs: set[str]) -> bool:
     if Prim(node.op).category in (Category.LINEAR, Category.OPAQUE) or any(o in outputs for o in node.outputs):
         return False
