@@ -269,3 +269,15 @@ def test_every_file_of_an_artifact_edited_in_turn_is_refused(place, capsys, monk
             assert main(["run", str(a)]) == 2, (rel, how)
             err = capsys.readouterr().err
             assert err.startswith("tessera: error:") and err.count("\n") == 1 and "Traceback" not in err, (rel, how, err)
+
+
+def test_gpu_indices_are_checked_where_they_live():
+    # A GPU tensor's indices are checked by a device-side assert (no wait for the GPU each call);
+    # on a CPU tensor the same check fails at once, with the message the GPU would report.
+    import torch
+
+    from tessera.ir.indices import assert_in_range_async
+
+    assert_in_range_async(torch.tensor([[0, 999, -1000]]), 1000, "ids")
+    with pytest.raises(RuntimeError, match=r"input 'ids' holds an index outside \[-1000, 1000\)"):
+        assert_in_range_async(torch.tensor([[0, 1000]]), 1000, "ids")
