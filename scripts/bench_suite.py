@@ -32,6 +32,12 @@ KORCH = ["candy", "segformer_b0", "efficientvit_b0"]
 HIDET = ["resnet50", "inception_v3", "mobilenet_v2", "bert_base", "gpt2"]
 
 
+def tessera_entry(doc: dict) -> dict | None:
+    """A bench document's main tessera entry: optimal, or optimal-precisionio where only that ran."""
+    by = {e["name"]: e for e in doc["entries"]}
+    return by.get("tessera-optimal") or by.get("tessera-optimal-precisionio")
+
+
 def table(files: list[Path]) -> str:
     """Markdown: model x precision, tessera optimal/greedy and the peers, ratio to the best peer."""
     docs = [json.loads(f.read_text()) for f in files]
@@ -50,8 +56,7 @@ def table(files: list[Path]) -> str:
         for n in present:
             e = by.get(n)
             cells.append("-" if e is None else f"{e['ms']:.3f}" + ("" if e["passed"] else " (FAIL)"))
-        # the ratio of tessera's main strategy: optimal, or optimal-precisionio where only that ran
-        opt = by.get("tessera-optimal") or by.get("tessera-optimal-precisionio")
+        opt = tessera_entry(d)  # the ratio of tessera's main strategy
         ratio = f"{opt['vs_best_peer']:.2f}" if opt and opt.get("vs_best_peer") else "-"
         tun = opt["extra"].get("tuning", {}) if opt else {}
         tuning = tun["seconds"] + tun.get("schedule_s", 0.0) if "seconds" in tun else None
@@ -73,7 +78,8 @@ def kinds_table(files: list[Path]) -> str:
     rows = []
     for d in docs:
         profs = {e["name"]: e["extra"].get("run_profile") for e in d["entries"]}
-        ours = profs.get("tessera-optimal") or profs.get("tessera-optimal-precisionio")
+        main = tessera_entry(d)
+        ours = main["extra"].get("run_profile") if main else None
         peer = profs.get("inductor-cudagraphs")
         if ours is None:
             continue

@@ -25,13 +25,15 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_suite import tessera_entry  # noqa: E402 - the suite's choice of tessera's main entry
+
 LINEAR_BACKENDS = {"linear", "template"}
 NOT_EPILOGUE = ("reduce", "gather")  # reductions, pooling, embeddings: real work of their own
 
 
 def _profile(doc: dict) -> dict | None:
-    by = {e["name"]: e for e in doc["entries"]}
-    entry = by.get("tessera-optimal") or by.get("tessera-optimal-precisionio")
+    entry = tessera_entry(doc)
     return entry["extra"].get("run_profile") if entry else None
 
 

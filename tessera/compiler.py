@@ -35,7 +35,8 @@ from tessera.orchestrate import DEFAULT_SOLVER, CandidateRules, OGraph, Plan, bu
 from tessera.orchestrate.candidates import MAX_KERNEL_NODES
 from tessera.orchestrate.layout import NHWC, LayoutResult, assign_layouts, regions
 from tessera.orchestrate.report import write_report
-from tessera.rewrite import IO_CHOICES, PRECISIONS, convert_precision
+from tessera.rewrite import convert_precision
+from tessera.rewrite.precision import check_precision
 from tessera.rewrite.deferred import DEFERRED, defer_normalization
 from tessera.rewrite.search import search
 from tessera.runtime.artifact import save_artifact
@@ -151,11 +152,10 @@ def compile_model(source: Any, options: CompileOptions | None = None,
             logger.info("rewrite: %d row normalization(s) moved after their matmul", moved)
     if opt.rewrites not in ("off", "on"):
         raise TesseraError(f"rewrites must be off or on, not {opt.rewrites!r}")
-    if opt.precision not in PRECISIONS or opt.io not in IO_CHOICES:  # checked before the search uses them
-        try:
-            convert_precision(graph, opt.precision, opt.io)
-        except ValueError as e:
-            raise TesseraError(str(e)) from None
+    try:  # before the search prices windows in it
+        check_precision(opt.precision, opt.io)
+    except ValueError as e:
+        raise TesseraError(str(e)) from None
     db = TuningDB(opt.db or default_db_path()) if cost_kind == "measured" else None
     own = profiler is None
     if cost_kind != "measured":
@@ -203,14 +203,20 @@ def window_cost(opt: CompileOptions, cost_kind: str, dev: Device, db: TuningDB |
             cost: Any = measured_cost(og, opt, None, AnalyticalCost(og, dev, opt.precision), dev, db, profiler)
         else:
             cost = AnalyticalCost(og, dev, opt.precision)
-        plan = orchestrate(og, cost, strategy="optimal",
-                           rules=CandidateRules(max_nodes=opt.max_kernel_nodes, max_linear=2 if chains else 1),
-                           legality=TritonLegality(templates=isinstance(cost, MeasuredCost) and opt.templates == "auto"
-                                                   and opt.prologues, chains=chains),
-                           solver=opt.solver, time_limit=10.0, max_states=opt.max_states)
+        rules, legality = kernel_rules(opt, chains, cost)
+        plan = orchestrate(og, cost, strategy="optimal", rules=rules, legality=legality, solver=opt.solver,
+                           time_limit=10.0, max_states=opt.max_states)
         return plan.estimated_total_s
 
     return evaluate
+
+
+def kernel_rules(opt: CompileOptions, chains: bool, cost: Any) -> tuple[CandidateRules, TritonLegality]:
+    """Which candidate kernels a compile (or a rewrite window) may form: the size rules, and what
+    the code generator can build (templates with operand prologues only where they are measured)."""
+    return (CandidateRules(max_nodes=opt.max_kernel_nodes, max_linear=2 if chains else 1),
+            TritonLegality(templates=isinstance(cost, MeasuredCost) and opt.templates == "auto" and opt.prologues,
+                           chains=chains))
 
 
 def measured_or_analytical(opt: CompileOptions) -> str:
@@ -265,11 +271,9 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
     tuning: dict[str, Any] = {}
     tuned: dict[str, AnySchedule] = {}
     tuned_s: dict[str, float] = {}
+    rules, legality = kernel_rules(opt, chains, cost)
     plan = orchestrate(og, cost, strategy=opt.strategy,
-                       rules=CandidateRules(max_nodes=opt.max_kernel_nodes, max_linear=2 if chains else 1),
-                       legality=TritonLegality(templates=isinstance(cost, MeasuredCost) and opt.templates == "auto"
-                                               and opt.prologues, chains=chains),
-                       solver=opt.solver, time_limit=opt.time_limit, max_states=opt.max_states,
+                       rules=rules, legality=legality, solver=opt.solver, time_limit=opt.time_limit, max_states=opt.max_states,
                        model=loaded.label, device=device_name, precision=opt.precision, cost_model=cost_kind,
                        progress=progress)
     logger.info("orchestrate: %d kernels from %d primitives in %d subgraph(s), %d cut(s); estimated %.1f us",

@@ -23,6 +23,14 @@ _NARROW = {"fp16": DType.FLOAT16, "bf16": DType.BFLOAT16}
 IO_CHOICES = ("model", "precision")
 
 
+def check_precision(precision: str, io: str = "model") -> None:
+    """Raise ValueError for a precision or boundary choice that is not one of ours."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if io not in IO_CHOICES:
+        raise ValueError(f"io must be one of {IO_CHOICES}, got {io!r}")
+
+
 def convert_precision(graph: Graph, precision: str, io: str = "model") -> Graph:
     """`graph` computing in `precision` (a new graph; fp32/tf32 return it unchanged).
 
@@ -30,10 +38,7 @@ def convert_precision(graph: Graph, precision: str, io: str = "model") -> Graph:
     (a cast after each float32 input and before each float32 output); "precision" gives them the
     narrow type too, for callers whose tensors are already float16/bfloat16 (a half-precision
     pipeline, or a benchmark against peers run with `.half()`), so no boundary cast runs."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if io not in IO_CHOICES:
-        raise ValueError(f"io must be one of {IO_CHOICES}, got {io!r}")
+    check_precision(precision, io)
     to = _NARROW.get(precision)
     if to is None:
         return graph

@@ -25,7 +25,7 @@ import numpy as np
 from tessera.ir.graph import Graph, GraphKind
 from tessera.ir.prims import Category, Prim
 from tessera.log import logger
-from tessera.rewrite.rules import RULES, Match, NotApplicable, Rule, View, apply
+from tessera.rewrite.rules import RULES, Match, NotApplicable, Rule, View, apply, find
 
 GAIN = 0.005  # a sequence must save this fraction of its window's cost (measurement noise is about this)
 TIE = 0.001  # within this, the graph with fewer nodes wins
@@ -98,8 +98,7 @@ def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str,
     pending: list[Match] | None = None
     while True:
         if pending is None:  # the matches of the graph as it is now
-            view = View(g)
-            pending = [m for n in g.nodes for r in rules.values() if (m := r.match(view, n)) is not None]
+            pending = find(g, rules)
         site = next((m for m in pending if (m.rule, m.roots[0]) not in tried and not settled & set(m.nodes)), None)
         if site is None:
             break
@@ -151,8 +150,7 @@ def _best_sequence(g: Graph, site: Match, rules: Mapping[str, Rule], precise: Ca
                 anchor = view.nodes[site.roots[0]]
                 options = [m for m in [rules[site.rule].match(view, anchor)] if m is not None]
             else:
-                options = [m for n in gv.nodes for r in rules.values()
-                           if (m := r.match(view, n)) is not None and not settled & set(m.nodes)]
+                options = [m for m in find(gv, rules, view) if not settled & set(m.nodes)]
             for m in options:
                 if variants >= max_variants:
                     break

@@ -161,7 +161,3 @@ def odd_shape(rng: np.random.Generator, rank: int, low: int = 1, high: int = 7) 
 
 def is_float(view: View, t: str) -> bool:
     return view.graph.types[t].dtype.is_float
-
-
-def prim(node: Node) -> Prim | None:
-    return Prim(node.op) if node.is_prim else None

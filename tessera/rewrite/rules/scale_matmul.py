@@ -41,7 +41,7 @@ def _factor(view: View, scale: Node, x: str, axis: int) -> dict | None:
     return None
 
 
-def _scaled(b: PrimBuilder, found: dict, y: str, first: bool = True) -> str:
+def _scaled(b: PrimBuilder, found: dict, y: str) -> str:
     """y scaled as `found` says: the factor broadcast (or filled) to y's shape."""
     shape = b.shape(y)
     if "fill" in found:
