@@ -28,7 +28,7 @@ tile's last program sums the slices in a fixed order (the same bits whichever ar
 runs the epilogue as above (`tile.sum_slices`, shared with the split GEMM chains). The
 workspace is 4 x SPLIT_K x batch x M x N bytes plus a counter per tile, written once and read
 once (the schedule model charges it). Until session 20 a second kernel summed the slices, one
-more launch (about 2 µs on the H100) for the small-M, long-K GEMMs split-K exists for.
+more launch for the small-M, long-K GEMMs split-K exists for.
 """
 from __future__ import annotations
 

@@ -77,8 +77,8 @@ def check_feeds(graph: Graph, feeds: Mapping[str, Any], bounds: Mapping[str, int
 
 def assert_in_range_async(v: Any, n: int, name: str) -> None:
     """Check a torch tensor's indices against [-n, n) where it lives, as PyTorch's own gathers do:
-    reading the bounds back would make every call wait for the GPU to finish the call before (about
-    20 µs, and no overlap of the host's next call with the GPU's work). An index out of range
+    reading the bounds back would make every call wait for the GPU to finish the call before (no
+    overlap of the host's next call with the GPU's work; not timed here). An index out of range
     stops the stream with a device-side assert, which the next synchronization reports, before
     any kernel reads past the end (a CPU tensor fails at once, with the same message)."""
     import torch
