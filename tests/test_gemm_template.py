@@ -407,6 +407,59 @@ def test_schedule_space_keys_and_json():
     assert "form" not in Schedule(64).to_json()
 
 
+def test_the_ranking_leads_with_one_schedule_per_tile_shape():
+    # The model orders schedules of one tile shape well and shapes apart poorly (session 21's H100
+    # probe), so the best-ranked schedule of each of its first GEMM_FAMILIES shapes leads.
+    from tessera.cost.schedule_model import GEMM_FAMILIES, family_heads
+
+    model, _ = dense(128, 768, 3072, "relu", seed=3)
+    g = fission(load(model).graph).graph
+    prims, pro, outputs = matmul_kernel(g)
+    ranked = rank_templates(g, pro + prims, outputs, "tf32")
+    heads = ranked[:GEMM_FAMILIES]
+    assert len({(s.block_m, s.block_n) for s in heads}) == GEMM_FAMILIES
+    assert sorted(ranked, key=str) == sorted(template_schedules(1, 128, 768, 3072), key=str)  # a reordering
+    assert family_heads(heads + heads[:1]) == heads  # heads stay first and are not repeated
+    rest = ranked[GEMM_FAMILIES:]
+    assert all(ranked.index(h) < GEMM_FAMILIES for h in heads) and not set(heads) & set(rest)
+
+
+def test_candidates_around_one_matmul_measure_its_fastest_schedule_once(tmp_path):
+    """The first template candidate of a matmul is measured at GEMM_FAMILIES schedules; every other
+    candidate around the same matmul (more or less of the epilogue fused) at the first one's fastest."""
+    import zlib
+    from collections import defaultdict
+
+    from tessera.cost.db import TuningDB
+    from tessera.cost.measured import MeasuredCost
+    from tessera.cost.schedule_model import GEMM_FAMILIES
+    from tessera.orchestrate import orchestrate
+    from tessera.orchestrate.candidates import CandidateRules
+    from tessera.codegen.select import TritonLegality
+
+    model, _ = dense(40, 72, 300, "gelu", seed=9)
+    og = build_ograph(fission(load(model).graph).graph)
+    seen: dict[str, list] = defaultdict(list)
+
+    class Profiler:
+        def measure(self, jobs, record) -> None:
+            for i, j in enumerate(jobs):
+                if isinstance(j.schedule, GemmSchedule):
+                    seen[j.key.signature].append(j.schedule)
+                # schedules differ in cost (crc32: the same in every process), so one is the fastest
+                record(i, 1e-5 * (1 + zlib.crc32(j.key.schedule.encode()) % 997 / 997), "")
+
+    with TuningDB(tmp_path / "t.db") as db:
+        cost = MeasuredCost(og, db, Profiler(), "fake", "v1", templates=True)
+        orchestrate(og, cost, rules=CandidateRules(max_linear=1), legality=TritonLegality(templates=True))
+        firsts = [s for s, v in seen.items() if len(v) == GEMM_FAMILIES]
+        assert len(firsts) == 1 and len(seen) > 1  # one matmul, several candidates around it
+        (first,) = firsts
+        best = db.best("fake", "v1", first).key.schedule
+        assert all(v == [next(s for s in seen[first] if _schedule_key(s) == best)]
+                   for sig, v in seen.items() if sig != first)
+
+
 # ---- wiring --------------------------------------------------------------------------------------
 def mlp(weights_as_inputs: bool = False) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """Two dense layers with a GELU between: two matmul kernels with epilogues."""

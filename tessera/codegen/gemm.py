@@ -50,6 +50,9 @@ TILES = (
     (128, 128, 32, 8, 3), (128, 256, 32, 8, 3), (256, 128, 32, 8, 3), (128, 64, 32, 4, 4),
     (64, 128, 32, 4, 4), (64, 64, 32, 4, 4), (64, 32, 32, 4, 4), (32, 64, 32, 4, 4),
     (32, 32, 64, 4, 4), (16, 64, 64, 4, 4), (16, 128, 64, 4, 3), (16, 32, 128, 2, 4),
+    # Deeper pipelines and shorter K steps: the fastest of the H100 probe of the 128-row linear layers
+    # of BERT and GPT-2 (`scripts/gemm_probe.py`, session 21), fp16 and tf32 beside.
+    (64, 64, 64, 4, 5), (64, 32, 64, 4, 5), (16, 128, 32, 4, 3), (32, 32, 32, 4, 3),
 )
 SPLIT_K = (2, 4, 8, 16)
 SPLIT_K_MIN_CHUNK = 128  # K elements per split-K program, at least: shorter slices make the workspace dominate
@@ -65,7 +68,7 @@ def template_schedules(batch: int, m: int, n: int, k: int, itemsize: int = 4, sm
         bk = bk * 4 // max(1, min(itemsize, 4))
         bm, bn = min(bm, max(MIN_BLOCK, pow2(m))), min(bn, max(MIN_BLOCK, pow2(n)))
         bk = min(bk, max(MIN_BLOCK, pow2(k)))
-        warps = min(warps, max(2, bm * bn // 1024))  # a small tile gives each warp too little to do
+        warps = min(warps, max(2, bm * bn // 512))  # a small tile gives each warp too little to do
         stages = min(stages, max(2, cdiv(k, bk)))
         tm, tn = cdiv(m, bm), cdiv(n, bn)
         group = 8 if tm > 1 and tn > 1 else 1  # swizzling one row or column of tiles changes nothing

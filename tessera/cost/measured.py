@@ -23,6 +23,7 @@ from tessera.codegen.chain import STAGES as CHAIN_STAGES
 from tessera.codegen.chain import WARPS as CHAIN_WARPS
 from tessera.cost.chain_search import chain_features, chain_key, chain_space
 from tessera.cost.db import Key, TuningDB
+from tessera.cost.schedule_model import GEMM_FAMILIES
 from tessera.cost.devices import Device
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import Category, Prim
@@ -169,8 +170,8 @@ class MeasuredCost:
         self._jobs: dict[tuple[int, int], Job] = {}  # signatures are computed once per candidate
         self._tjobs: dict[tuple[int, int], list[Job]] = {}  # the template lane, where there is one
         self._tspace: dict[str, list[TemplateSchedule]] = {}  # by signature: identical layers generate once
-        # GEMM-chain core (its two linear nodes) -> its first candidate's signature and schedules
-        self._cores: dict[frozenset[int], tuple[str, list[ChainSchedule]]] = {}
+        # template core (its linear nodes: one matmul, or a chain's two) -> its first candidate's signature and schedules
+        self._cores: dict[frozenset[int], tuple[str, list[TemplateSchedule]]] = {}
         self.stats = {"candidates": 0, "measured": 0, "failed": 0, "seconds": 0.0,
                       "template_candidates": 0, "templates_faster": 0}
 
@@ -200,7 +201,9 @@ class MeasuredCost:
     def template_jobs(self, c: Candidate, alone: bool = False) -> list[Job] | None:
         """The candidate as its best-ranked template (empty: templates off, or no template form).
 
-        A GEMM chain is measured at its first CHAIN_CANDIDATE schedules of each kind of walk in the
+        A GEMM template is measured at the schedule model's best of each of its first GEMM_FAMILIES
+        tile shapes (the model orders schedules of one shape well, shapes apart poorly: session
+        21's probe), once per matmul, as a chain is once per core (below). A GEMM chain is measured at its first CHAIN_CANDIDATE schedules of each kind of walk in the
         search's order (the best of each tiling family first), since the model ranks families apart
         poorly and one bad pick would lose the chain to the library calls in the binary program, but
         only once per chain core (its two linear primitives): the other candidates around the same
@@ -219,8 +222,11 @@ class MeasuredCost:
             if sig not in self._tspace:
                 ranked = template_space(self.og.graph, lib.prims, lib.prologue, lib.outputs, self.precision, self.gpu)
                 n_first = 1
-                if ranked and isinstance(ranked[0], ChainSchedule):
-                    n_first = CHAIN_CANDIDATE * (2 if any(s.split_l > 1 for s in ranked) else 1)
+                if ranked and isinstance(ranked[0], (ChainSchedule, GemmSchedule)):
+                    if isinstance(ranked[0], ChainSchedule):
+                        n_first = CHAIN_CANDIDATE * (2 if any(s.split_l > 1 for s in ranked) else 1)
+                    else:
+                        n_first = GEMM_FAMILIES  # the model's best of each of its first tile shapes
                     core = frozenset(i for i in bits(c.nodes) if Prim(self.og.nodes[i].op).category is Category.LINEAR)
                     first = self._cores.setdefault(core, (sig, ranked[:n_first]))
                     if first[0] != sig and not alone:
@@ -233,8 +239,8 @@ class MeasuredCost:
                                   lib.prologue, lib.outputs, s, self.precision) for s in self._tspace[sig]]
         return self._tjobs[k]
 
-    def _core_best(self, sig: str, schedules: Sequence[ChainSchedule]) -> ChainSchedule | None:
-        """The fastest of a chain core's first candidate's schedules (its first where all failed);
+    def _core_best(self, sig: str, schedules: Sequence[TemplateSchedule]) -> TemplateSchedule | None:
+        """The fastest of a core's first candidate's schedules (its first where all failed);
         None while any is unmeasured."""
         recs = [(self.db.get(Key(self.device, self.versions, sig, _schedule_key(s))), s) for s in schedules]
         if any(r is None for r, _ in recs):
