@@ -38,7 +38,7 @@ from tessera.orchestrate.report import write_report
 from tessera.rewrite import convert_precision
 from tessera.rewrite.precision import check_precision
 from tessera.rewrite.deferred import DEFERRED, defer_normalization
-from tessera.rewrite.search import search
+from tessera.rewrite.search import GAIN, MEASURED_GAIN, search
 from tessera.runtime.artifact import save_artifact
 from tessera.runtime.executable import Executable
 from tessera.version import __version__
@@ -167,7 +167,8 @@ def compile_model(source: Any, options: CompileOptions | None = None,
         if opt.rewrites == "on":
             measured = db is not None and profiler is not None  # the analytical model ranks, measurement confirms
             found = search(graph, window_cost(opt, cost_kind, dev, db, profiler), budget_s=opt.rewrite_budget_s,
-                           estimate=window_cost(opt, "analytical", dev, None, None) if measured else None)
+                           estimate=window_cost(opt, "analytical", dev, None, None) if measured else None,
+                           gain=MEASURED_GAIN if measured else GAIN)
             graph = found.graph
             rewrites += [a.to_json() for a in found.applied]
             logger.info("rewrites: %d applied at %d site(s) tried, %d window(s) orchestrated in %.1f s",
