@@ -113,6 +113,32 @@ def plan_with(model: str, db_path: str, log: str | None, delay: float) -> list[l
     return [k.prims for k in plan.kernels]
 
 
+def core_measurements(og, kind: type, rules, legality, db_path) -> tuple[dict[str, list], str | None]:
+    """Orchestrate `og` with templates measured by a profiler whose schedules differ in cost (crc32,
+    the same in every process): the `kind` schedules timed per kernel signature, and the first
+    signature's fastest schedule key (the signature timed at the most schedules)."""
+    import zlib
+    from collections import defaultdict
+
+    from tessera.cost.db import TuningDB
+    from tessera.orchestrate import orchestrate
+
+    seen: dict[str, list] = defaultdict(list)
+
+    class Profiler:
+        def measure(self, jobs, record) -> None:
+            for i, j in enumerate(jobs):
+                if isinstance(j.schedule, kind):
+                    seen[j.key.signature].append(j.schedule)
+                record(i, 1e-5 * (1 + zlib.crc32(j.key.schedule.encode()) % 997 / 997), "")
+
+    with TuningDB(db_path) as db:
+        orchestrate(og, MeasuredCost(og, db, Profiler(), "fake", "v1", templates=True), rules=rules, legality=legality)
+        first = max(seen, key=lambda sig: len(seen[sig]), default=None)
+        best = db.best("fake", "v1", first).key.schedule if first is not None else None
+    return dict(seen), best
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 5:  # a start time (epoch seconds): several processes begin tuning together
         time.sleep(max(0.0, float(sys.argv[5]) - time.time()))

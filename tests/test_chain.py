@@ -654,33 +654,18 @@ def test_candidates_around_one_chain_core_measure_its_fastest_schedule_once(tmp_
     """Every chain candidate around the same two matmuls (more or less of the scale and layout
     fused) but the first is measured at the first one's fastest schedule, not at CHAIN_CANDIDATE
     schedules of its own (segformer_b0 had 38 such candidates per attention block)."""
-    import zlib
-    from collections import defaultdict
+    from fake_profiler import core_measurements
 
-    from tessera.cost.db import TuningDB
-    from tessera.cost.measured import CHAIN_CANDIDATE, MeasuredCost
-    from tessera.orchestrate import orchestrate
+    from tessera.cost.measured import CHAIN_CANDIDATE
     from tessera.orchestrate.candidates import CandidateRules
 
     model, _ = attention(40, 72, 64, heads=2, mask="additive", seed=9)
     g = defer_normalization(fission(load(model).graph).graph)[0]
     og = build_ograph(g)
-    chains: dict[str, list] = defaultdict(list)
-
-    class Profiler:
-        def measure(self, jobs, record) -> None:
-            for i, j in enumerate(jobs):
-                if isinstance(j.schedule, ChainSchedule):
-                    chains[j.key.signature].append(j.schedule)
-                # schedules differ in cost (crc32: the same in every process), so one is the fastest
-                record(i, 1e-5 * (1 + zlib.crc32(j.key.schedule.encode()) % 997 / 997), "")
-
-    with TuningDB(tmp_path / "t.db") as db:
-        cost = MeasuredCost(og, db, Profiler(), "fake", "v1", templates=True)
-        orchestrate(og, cost, rules=CandidateRules(max_linear=2), legality=TritonLegality(chains=True))
-        firsts = [s for s, v in chains.items() if len(v) == CHAIN_CANDIDATE]
-        assert len(firsts) == 1 and len(chains) > 1  # one core here, several candidates around it
-        (first,) = firsts
-        best = db.best("fake", "v1", first).key.schedule
-        assert all(v == [next(s for s in chains[first] if _schedule_key(s) == best)]
-                   for sig, v in chains.items() if sig != first)
+    chains, best = core_measurements(og, ChainSchedule, CandidateRules(max_linear=2), TritonLegality(chains=True),
+                                     tmp_path / "t.db")
+    firsts = [s for s, v in chains.items() if len(v) == CHAIN_CANDIDATE]
+    assert len(firsts) == 1 and len(chains) > 1  # one core here, several candidates around it
+    (first,) = firsts
+    assert all(v == [next(s for s in chains[first] if _schedule_key(s) == best)]
+               for sig, v in chains.items() if sig != first)

@@ -427,37 +427,20 @@ def test_the_ranking_leads_with_one_schedule_per_tile_shape():
 def test_candidates_around_one_matmul_measure_its_fastest_schedule_once(tmp_path):
     """The first template candidate of a matmul is measured at GEMM_FAMILIES schedules; every other
     candidate around the same matmul (more or less of the epilogue fused) at the first one's fastest."""
-    import zlib
-    from collections import defaultdict
+    from fake_profiler import core_measurements
 
-    from tessera.cost.db import TuningDB
-    from tessera.cost.measured import MeasuredCost
-    from tessera.cost.schedule_model import GEMM_FAMILIES
-    from tessera.orchestrate import orchestrate
-    from tessera.orchestrate.candidates import CandidateRules
     from tessera.codegen.select import TritonLegality
+    from tessera.cost.schedule_model import GEMM_FAMILIES
+    from tessera.orchestrate.candidates import CandidateRules
 
     model, _ = dense(40, 72, 300, "gelu", seed=9)
     og = build_ograph(fission(load(model).graph).graph)
-    seen: dict[str, list] = defaultdict(list)
-
-    class Profiler:
-        def measure(self, jobs, record) -> None:
-            for i, j in enumerate(jobs):
-                if isinstance(j.schedule, GemmSchedule):
-                    seen[j.key.signature].append(j.schedule)
-                # schedules differ in cost (crc32: the same in every process), so one is the fastest
-                record(i, 1e-5 * (1 + zlib.crc32(j.key.schedule.encode()) % 997 / 997), "")
-
-    with TuningDB(tmp_path / "t.db") as db:
-        cost = MeasuredCost(og, db, Profiler(), "fake", "v1", templates=True)
-        orchestrate(og, cost, rules=CandidateRules(max_linear=1), legality=TritonLegality(templates=True))
-        firsts = [s for s, v in seen.items() if len(v) == GEMM_FAMILIES]
-        assert len(firsts) == 1 and len(seen) > 1  # one matmul, several candidates around it
-        (first,) = firsts
-        best = db.best("fake", "v1", first).key.schedule
-        assert all(v == [next(s for s in seen[first] if _schedule_key(s) == best)]
-                   for sig, v in seen.items() if sig != first)
+    seen, best = core_measurements(og, GemmSchedule, CandidateRules(max_linear=1), TritonLegality(templates=True),
+                                   tmp_path / "t.db")
+    firsts = [s for s, v in seen.items() if len(v) == GEMM_FAMILIES]
+    assert len(firsts) == 1 and len(seen) > 1  # one matmul, several candidates around it
+    (first,) = firsts
+    assert all(v == [next(s for s in seen[first] if _schedule_key(s) == best)] for sig, v in seen.items() if sig != first)
 
 
 # ---- wiring --------------------------------------------------------------------------------------
