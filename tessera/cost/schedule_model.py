@@ -125,6 +125,11 @@ class TemplateParams:
 TEMPLATE_PARAMS = TemplateParams()
 
 
+def _waves(programs: int, resident: int, dev: Device) -> tuple[int, int]:
+    """(waves, programs on the busiest SM per wave) of `programs`, `resident` at a time per SM."""
+    return math.ceil(programs / (dev.sms * resident)), math.ceil(min(programs, dev.sms * resident) / dev.sms)
+
+
 @dataclass(frozen=True)
 class GemmParams:
     """Constants of `predict_gemm`, grid-fitted to 1,100 timed schedules of the 128-row linear
@@ -157,12 +162,12 @@ def predict_gemm(s: GemmSchedule, batch: int, m: int, n: int, k: int, itemsize: 
     tile_bytes = (s.block_m + s.block_n) * s.block_k * itemsize
     resident = max(1, min(p.smem_bytes // max(s.num_stages * tile_bytes, 1), p.max_warps_per_sm // s.num_warps))
     active = min(programs, dev.sms * resident)
-    waves = math.ceil(programs / (dev.sms * resident))
+    waves, per_sm = _waves(programs, resident, dev)
     sustained = active * max(1, s.num_stages - 1) * tile_bytes / p.latency_s
     streamed = programs * (s.block_m + s.block_n) * chunk * itemsize
     memory = max((operand_bytes + epilogue_bytes) / min(dev.bandwidth, sustained),
                  streamed / min(dev.bandwidth * p.l2_factor, sustained))
-    compute = waves * math.ceil(active / dev.sms) * 2.0 * s.block_m * s.block_n * chunk / (rate / dev.sms)
+    compute = waves * per_sm * 2.0 * s.block_m * s.block_n * chunk / (rate / dev.sms)
     split = 8.0 * s.split_k * batch * m * n / dev.bandwidth + p.split_sum_s if s.split_k > 1 else 0.0
     return max(memory, compute) + split
 
@@ -198,8 +203,7 @@ def predict_template(s: GemmSchedule, batch: int, m: int, n: int, k: int, itemsi
     chunk = math.ceil(math.ceil(k / s.split_k) / s.block_k) * s.block_k
     smem = s.num_stages * (s.block_m + s.block_n) * s.block_k * itemsize
     resident = max(1, min(p.smem_bytes // max(smem, 1), p.max_warps_per_sm // s.num_warps))
-    waves = math.ceil(programs / (dev.sms * resident))
-    per_sm = math.ceil(min(programs, dev.sms * resident) / dev.sms)  # programs on the busiest SM per wave
+    waves, per_sm = _waves(programs, resident, dev)
     compute = 2.0 * s.block_m * s.block_n * chunk / (rate / dev.sms)
     stream = (s.block_m + s.block_n) * chunk * itemsize / (dev.bandwidth * p.l2_factor / dev.sms)
     latency = (chunk / s.block_k + (s.split_k if s.split_k > 1 else 0)) * p.step_s
@@ -240,8 +244,7 @@ def predict_conv(s: ConvSchedule, p: ConvProblem, itemsize: int, operand_bytes: 
                                 epilogue_bytes, rate, dev, p_)
     programs = math.ceil(p.m / s.block_m) * math.ceil(p.o / s.block_n)
     resident = max(1, p_.max_warps_per_sm // s.num_warps)
-    waves = math.ceil(programs / (dev.sms * resident))
-    per_sm = math.ceil(min(programs, dev.sms * resident) / dev.sms)
+    waves, per_sm = _waves(programs, resident, dev)
     taps = p.kh * p.kw * p.cg
     compute = 2.0 * s.block_m * s.block_n * taps / (dev.fp32 / dev.sms)
     lanes = s.block_n if p.groups > 1 else 1  # input channels a step's tile spans
