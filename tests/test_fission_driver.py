@@ -85,3 +85,34 @@ def test_issue_operator_list_has_rules():
                 "Transpose Reshape Flatten Squeeze Unsqueeze Concat Split Slice Pad Expand Gather GatherElements "
                 "Resize Identity Dropout").split()
     assert not set(required) - set(supported_ops())
+
+
+def test_repeated_primitives_are_computed_once():
+    # Three MatMuls of one 3-D activation: operator lowering flattens it three times; after fission
+    # the three products read one view, so the merge of matmuls sharing an operand can match them.
+    rng = np.random.default_rng(5)
+    ws = [numpy_helper.from_array(rng.standard_normal((8, 5)).astype(np.float32), f"w{i}") for i in range(3)]
+    nodes = [helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"], name=f"mm{i}") for i in range(3)]
+    nodes.append(helper.make_node("Add", ["y0", "y1"], ["s"]))
+    nodes.append(helper.make_node("Add", ["s", "y2"], ["out"]))
+    m = _model(nodes, [_vi("x", [2, 3, 8])], [_vi("out", [2, 3, 5])], ws)
+    pg = _run_both(m, {"x": rng.standard_normal((2, 3, 8)).astype(np.float32)})
+    mats = [n for n in pg.nodes if n.op == Prim.MATMUL.value]
+    assert len(mats) == 3 and len({n.inputs[0] for n in mats}) == 1
+    from tessera.rewrite.rules import RULES, find
+    assert sum(mt.rule == "matmuls_sharing_left" for mt in find(pg, RULES)) == 3
+    # The kept view names every ONNX node it now stands for.
+    view = next(n for n in pg.nodes if n.outputs[0] == mats[0].inputs[0])
+    assert view.source == ("mm0", "mm1", "mm2")
+
+
+def test_repeats_that_stay_apart():
+    # An opaque operator is not known to be pure, and a node that writes a graph output keeps it.
+    nodes = [helper.make_node("CumSum", ["x", "ax"], ["c0"]), helper.make_node("CumSum", ["x", "ax"], ["c1"]),
+             helper.make_node("Relu", ["x"], ["r0"]), helper.make_node("Relu", ["x"], ["r1"]),
+             helper.make_node("Add", ["c0", "c1"], ["out"])]
+    ax = numpy_helper.from_array(np.array(0, np.int64), "ax")
+    m = _model(nodes, [_vi("x", [4])], [_vi("out", [4]), _vi("r0", [4]), _vi("r1", [4])], [ax])
+    pg = _run_both(m, {"x": np.arange(4, dtype=np.float32) - 1.5})
+    assert sum(n.op == Prim.OPAQUE.value for n in pg.nodes) == 2
+    assert {"r0", "r1"} <= {o for n in pg.nodes for o in n.outputs}

@@ -345,6 +345,43 @@ def test_cast_and_multi_output_epilogue():
     assert rel_l2(got["h"], ref["h"]) < TOLERANCE["fp16"]
 
 
+@pytest.mark.parametrize("schedule", [GemmSchedule(16, 16, 16, 2, 2, 1, 1), GemmSchedule(16, 32, 16, 2, 2, 1, 3)])
+def test_an_epilogue_writes_slices_of_the_product(schedule):
+    # A merged QKV projection: one product, its column thirds written as three outputs, each with
+    # its own bias; the slice boundaries (23, 46) fall inside tiles, and K is split in one case.
+    x = rand(2, 13, 31, seed=81)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]),
+             helper.make_node("Split", ["y", "sizes"], ["q", "k", "v"], axis=-1)]
+    for t in "qkv":
+        nodes.append(helper.make_node("Add", [t, f"b{t}"], [f"{t}b"]))
+    nodes.append(helper.make_node("Relu", ["vb"], ["vr"]))
+    inits = {"x": x, "w": Const(rand(31, 69, seed=82)), "sizes": Const(np.array([23, 23, 23], np.int64)),
+             **{f"b{t}": Const(rand(23, seed=83 + i)) for i, t in enumerate("qkv")}}
+    model = graph_model(nodes, inits, ["qb", "kb", "vr"])
+    g32 = fission(load(model).graph).graph
+    prims, pro, outputs = matmul_kernel(g32)
+    assert {n.op for n in prims} >= {"slice", "add"}
+    ks = implement(g32, prims, pro, outputs, "k0", (), schedule).triton
+    assert len(ks.outputs) == 3 and ks.source.count("tl.store(out") == 3
+    got = run_template(g32, ks, {**g32.constants, **interp.run(g32, {"x": x}, keep_all=True)})
+    ref = interp.run(g32, {"x": x}, exact=True, keep_all=True)
+    for t in outputs:
+        assert rel_l2(got[t], ref[t]) < TOLERANCE["fp32"], t
+
+
+def test_an_epilogue_slice_with_a_stride_stays_out():
+    from tessera.orchestrate.candidates import StructuralLegality
+
+    x = rand(13, 24, seed=84)
+    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["y"]),
+                         helper.make_node("Slice", ["y", "st", "en", "ax", "sp"], ["out"])],
+                        {"x": x, "w": Const(rand(24, 12, seed=85)), "st": Const(np.array([0], np.int64)),
+                         "en": Const(np.array([12], np.int64)), "ax": Const(np.array([1], np.int64)),
+                         "sp": Const(np.array([2], np.int64))}, ["out"])
+    og = build_ograph(fission(load(model).graph).graph)
+    assert "slice cannot join a linear kernel" in StructuralLegality(prologues=True).check(og, og.all)
+
+
 @pytest.mark.parametrize("split", [2, 3, 4])
 def test_split_k(split):
     # Long K over few tiles: slices of K into a workspace; each tile's last program sums them and

@@ -21,6 +21,7 @@ from tessera.codegen.kernels import KernelBody, render
 from tessera.codegen.triton_ops import STORAGE, Unsupported, Val
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node
+from tessera.ir.prims import Category, Prim
 
 MIN_BLOCK = 16  # tl.dot's smallest block on every GPU Triton supports
 GRID_Y_MAX = 65535  # CUDA's grid limit on the batch axis
@@ -186,19 +187,76 @@ def dot_operand(t: Tile, graph: Graph, math: DotMath, tensor: str, coords: list[
 def store_outputs(t: Tile, graph: Graph, outputs: Sequence[str], product: str, coords: list[Ix],
                   acc: Val | None = None) -> None:
     """Every output from the accumulator (`acc`, default the variable `acc`), which holds `product`
-    at `coords` (the tile's indices): each output at its own indices (a reshape of the product's)."""
+    at `coords` (the tile's indices): each output at its own indices (a reshape of the product's),
+    or, for an output of a slice of the product (`partial_outputs`), at the slice's indices of the
+    tile's lanes that fall in it, with the other lanes masked off."""
     em = t.em
     tc = graph.types[product]
     em.known[(product, tuple(i.expr for i in coords))] = acc or Val("acc", tc.dtype, frozenset({"b", "m", "n"}))
+    partial = [o for o in outputs if graph.types[o].numel != tc.numel]
+    at = _forward_coords(t, graph, product, coords) if partial else {}
     for o in outputs:
         ty = graph.types[o]
-        oc = ix.reshape_index(coords, tc.shape, ty.shape)
+        oc, conds = at[o] if o in partial else (ix.reshape_index(coords, tc.shape, ty.shape), frozenset())
+        mask = t.mask | conds
         flat = em.index_var(ix.ravel_stored(oc, ty.shape, ty.layout))
         if not {"m", "n"} <= flat.deps:  # a size-1 M or N: the store still covers the tile (masked)
             deps = flat.deps | {"m", "n"}
             flat = Ix(em.emit(f"tl.broadcast_to({flat.expr}, [BLOCK_M, BLOCK_N])", deps, "i"), None, None, deps)
-        v = em.value(o, oc, t.mask)
-        t.k.store(o, flat, v, t.mask, "[BLOCK_M, BLOCK_N]", frozenset({"m", "n"}))
+        v = em.value(o, oc, mask)
+        t.k.store(o, flat, v, mask, "[BLOCK_M, BLOCK_N]", frozenset({"m", "n"}))
+
+
+def partial_outputs(graph: Graph, nodes: Sequence[Node], product: str) -> dict[str, Node | None]:
+    """The tensors a template's epilogue can write at indices mapped forward from the product's:
+    the product (None), and each output of a node in `nodes` (topological order) that is an
+    elementwise op whose product-derived inputs are one such tensor of its own shape, a reshape of
+    one, or a unit-step slice of one (a merged QKV projection's Q, K and V), with that node."""
+    fwd: dict[str, Node | None] = {product: None}
+    for n in nodes:
+        reached = [i for i in dict.fromkeys(n.inputs) if i in fwd]
+        if not reached or len(n.outputs) != 1:
+            continue
+        out = graph.types[n.outputs[0]]
+        prim = Prim(n.op)
+        if prim in (Prim.RESHAPE, Prim.SLICE) and len(reached) == 1 and n.inputs[0] in fwd:
+            if prim is Prim.SLICE and any(step != 1 for step in n.attrs["steps"]):
+                continue
+            fwd[n.outputs[0]] = n
+        elif (prim.category is Category.ELEMENTWISE and len(reached) == 1
+              and graph.types[reached[0]].shape == out.shape):
+            fwd[n.outputs[0]] = n
+    return fwd
+
+
+def _forward_coords(t: Tile, graph: Graph, product: str, coords: list[Ix]) -> dict[str, tuple[list[Ix], frozenset[str]]]:
+    """Each tensor of `partial_outputs` at the tile's lanes: its indices there and the conditions
+    under which a lane holds one of its elements. At a slice the value is registered as known at the
+    shifted indices, so the emitter reads it from the tile's product, never from memory."""
+    em = t.em
+    at: dict[str, tuple[list[Ix], frozenset[str]]] = {product: (list(coords), frozenset())}
+    for out, n in partial_outputs(graph, t.k.nodes, product).items():
+        if n is None:
+            continue
+        src = next(i for i in n.inputs if i in at)
+        c, conds = at[src]
+        ins, outs = graph.types[src].shape, graph.types[out].shape
+        if n.op == Prim.RESHAPE.value:
+            at[out] = (ix.reshape_index(c, ins, outs), conds)
+        elif n.op == Prim.SLICE.value:
+            shifted: list[Ix] = []
+            for i, start, n_in, n_out in zip(c, n.attrs["starts"], ins, outs):
+                if n_out == n_in:
+                    shifted.append(i)
+                    continue
+                test = f"({i.expr} >= {start}) & ({i.expr} < {start + n_out})" if start else f"{i.expr} < {n_out}"
+                conds = conds | {em.cond(test, i.deps)}
+                shifted.append(Ix(ix.add_const(i, -start).expr, None, None, i.deps))
+            em.known[(out, tuple(i.expr for i in shifted))] = em.value(src, c, t.mask | conds)
+            at[out] = (shifted, conds)
+        else:
+            at[out] = (c, conds)
+    return at
 
 
 def sum_slices(t: Tile, pid: str, split: int, elements: int, tiles: int) -> int:
@@ -231,21 +289,24 @@ def sum_slices(t: Tile, pid: str, split: int, elements: int, tiles: int) -> int:
 
 def check_outputs(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], product: str, what: str,
                   form: str) -> None:
-    """A template writes one value per product element: every output is the product or computed
-    from it (an operand's prologue value is read at K indices, never stored at the tile's), and
-    has the product's size."""
+    """A template writes each product element at most once per output: every output is the product
+    or computed from it (an operand's prologue value is read at K indices, never stored at the
+    tile's), and has the product's size, or is a slice of it that `partial_outputs` can map."""
     c = graph.types[product].numel
     reach = {product}
     for n in nodes:  # topological order
         if any(t in reach for t in n.inputs):
             reach.update(n.outputs)
+    partial: dict[str, Node | None] | None = None
     for o in outputs:
         if o not in reach:
             raise Unsupported(f"output {o} is not computed from the {what}: a {form} template stores only "
                               f"the product and its epilogue")
         if graph.types[o].numel != c:
-            raise Unsupported(f"output {o} has {graph.types[o].numel} elements, the {what} {c}: "
-                              f"a {form} epilogue writes one value per product element")
+            partial = partial_outputs(graph, nodes, product) if partial is None else partial
+            if o not in partial:
+                raise Unsupported(f"output {o} has {graph.types[o].numel} elements, the {what} {c}: "
+                                  f"a {form} epilogue writes one value per product element, or a slice of them")
 
 
 def jit_function(fn: str, params: str, t: Tile, consts: Sequence[str], extra: Sequence[str] = ()) -> list[str]:

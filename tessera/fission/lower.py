@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from tessera.errors import ShapeError, node_ref
+from tessera.fission.cse import eliminate_common
 from tessera.ir.builder import PrimBuilder
 from tessera.ir.graph import Graph, GraphKind, Node, TensorType
 from tessera.ir.prims import Prim
@@ -71,6 +72,7 @@ def fission(opg: Graph) -> FissionResult:
             alias[o] = p
     _name_outputs(pg, b, opg.outputs, alias)
     pg.remove_dead()
+    eliminate_common(pg)
     return FissionResult(pg, opaque)
 
 

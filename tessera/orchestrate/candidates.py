@@ -99,8 +99,8 @@ class StructuralLegality:
     """What any backend can generate, judged from the primitives alone.
 
     A kernel with a linear primitive holds only that primitive and an epilogue
-    computed from its result (elementwise and reshape primitives that read it,
-    directly or through each other), as GEMM/conv templates with fused
+    computed from its result (elementwise, reshape and unit-step slice primitives
+    that read it, directly or through each other), as GEMM/conv templates with fused
     epilogues allow; with `prologues`, also elementwise and layout primitives
     (reshape, broadcast, transpose, slice, pad, concat) that feed its operands
     (a template computes them while it loads the operand tile; the library
@@ -144,6 +144,9 @@ class StructuralLegality:
             if og.nodes[root].op == Prim.MATMUL.value and transposes_matrix(og.nodes[i]) \
                     and og.succs[i] == 1 << root and not (og.graph_outputs >> i) & 1:
                 continue  # the library call reads it as a transposed view
+            if op == Prim.SLICE.value and (og.anc[i] >> root) & 1 \
+                    and all(step == 1 for step in og.nodes[i].attrs["steps"]):
+                continue  # an epilogue that writes part of the product (`codegen/tile.partial_outputs`)
             if not pointwise:
                 return f"{op} cannot join a linear kernel"
             if (og.anc[i] >> root) & 1:
