@@ -32,8 +32,9 @@ LINEAR_BACKENDS = {"linear", "template"}
 NOT_EPILOGUE = ("reduce", "gather")  # reductions, pooling, embeddings: real work of their own
 
 
-def _profile(doc: dict) -> dict | None:
-    entry = tessera_entry(doc)
+def _profile(doc: dict, name: str | None = None) -> dict | None:
+    """The run profile of tessera's main entry, or of the contender `name` when given."""
+    entry = next((e for e in doc["entries"] if e["name"] == name), None) if name else tessera_entry(doc)
     return entry["extra"].get("run_profile") if entry else None
 
 
@@ -56,18 +57,18 @@ def split(profile: dict) -> dict[str, float]:
             "total": profile["total_us"]}
 
 
-def _load(files: list[Path]) -> dict[tuple[str, str], tuple[dict, dict]]:
+def _load(files: list[Path], name: str | None = None) -> dict[tuple[str, str], tuple[dict, dict]]:
     out = {}
     for f in files:
         doc = json.loads(f.read_text())
-        prof = _profile(doc)
+        prof = _profile(doc, name)
         if prof is not None and prof.get("plan"):
             out[(doc["model"], doc["precision"])] = (doc, split(prof))
     return out
 
 
-def table(before: list[Path], after: list[Path]) -> str:
-    b, a = _load(before), _load(after)
+def table(before: list[Path], after: list[Path], entry: str | None = None) -> str:
+    b, a = _load(before), _load(after, entry)
     rows = ["| model | precision | before: linear + epilogue µs (code) | after: linear + epilogue µs (code) "
             "| change | with the kernels between, before / after µs | change | kernel total, before / after µs |",
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -86,8 +87,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--before", nargs="+", type=Path, required=True)
     ap.add_argument("--after", nargs="+", type=Path, required=True)
+    ap.add_argument("--entry", help="the after side's contender (default: the suite's main tessera entry)")
     a = ap.parse_args()
-    print(table(a.before, a.after))
+    print(table(a.before, a.after, a.entry))
     return 0
 
 

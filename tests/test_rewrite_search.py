@@ -218,3 +218,24 @@ def test_a_measured_compile_prices_windows_by_measurement(tmp_path, monkeypatch)
     got = exe(x=torch.from_numpy(x), v=torch.from_numpy(v))
     got = got[0] if isinstance(got, (list, tuple)) else got
     assert rel_l2(got.numpy(), run_onnxruntime(model, {"x": x, "v": v})["out"]) < TOLERANCE["fp32"]
+
+
+def test_the_layers_of_a_transformer_share_their_window_prices():
+    """A window's price does not depend on its weights' values, so the same window in two layers is
+    one evaluation (on a GPU, one measurement); a small constant's value still tells windows apart."""
+    from tessera.rewrite.search import signature
+
+    g = fission(load(MODELS / "bert_tiny.onnx").graph).graph
+    mats = [n for n in g.nodes if n.op == Prim.MATMUL.value and n.inputs[1] in g.constants]
+    last = next(n for n in reversed(mats) if g.types[n.inputs[1]] == g.types[mats[0].inputs[1]])
+    w0, w1 = mats[0].inputs[1], last.inputs[1]
+    assert w0 != w1 and not np.array_equal(g.constants[w0], g.constants[w1])
+    windows = [window_graph(g, neighbourhood(g, {n.name}, 0)) for n in (mats[0], last)]
+    assert signature(windows[0]) == signature(windows[1])
+
+    def scaled(k: float):
+        h, b = new_graph({"x": (3, 5)})
+        h.outputs = [b.mul("x", b.const(np.array(k, np.float32), "k"))]
+        return h
+
+    assert signature(scaled(2.0)) != signature(scaled(3.0))

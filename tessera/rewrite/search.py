@@ -32,6 +32,7 @@ GAIN = 0.005  # a sequence must save this fraction of its window's cost (the ana
 # savings of 0.4-3% of their windows left the segformer and EfficientViT blocks 5-16% slower.
 MEASURED_GAIN = 0.03
 TIE = 0.001  # within this, the graph with fewer nodes wins
+SMALL_CONSTANT = 64  # elements: a window's signature holds the values of constants up to this size
 
 
 @dataclass
@@ -251,8 +252,8 @@ def window_graph(g: Graph, names: set[str]) -> Graph:
 
 def signature(g: Graph) -> str:
     """A hash of a graph's structure with its tensor names replaced by their order of appearance:
-    two windows of the same shape (one per transformer layer) share it. Constants enter by type
-    and a sample of their values."""
+    two windows of the same shape (one per transformer layer) share it. Constants enter by type,
+    and small ones by their values too."""
     ids: dict[str, str] = {t: f"i{k}" for k, t in enumerate(g.inputs)}
     h = hashlib.sha256()
 
@@ -260,9 +261,12 @@ def signature(g: Graph) -> str:
         if t in ids:
             return ids[t]
         if t in g.constants:
+            # A small constant (a scale, a fill, a shape) may change the code a window compiles to;
+            # a weight's values never change its cost, and leaving them out makes the windows of a
+            # transformer's layers one signature (one measurement, not one per layer).
             v = np.asarray(g.constants[t]).reshape(-1)
-            sample = v[:: max(1, v.size // 32)][:32]
-            ids[t] = f"c{len(ids)}:{g.types[t]}:{hashlib.sha256(sample.tobytes()).hexdigest()[:12]}"
+            value = hashlib.sha256(v.tobytes()).hexdigest()[:12] if v.size <= SMALL_CONSTANT else "weight"
+            ids[t] = f"c{len(ids)}:{g.types[t]}:{value}"
             h.update(ids[t].encode())
             return ids[t]
         return t  # not reached: a window's tensors are inputs, constants or made before use
