@@ -78,6 +78,7 @@ def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str,
     start = time.perf_counter()
     result = SearchResult(graph)
     costs: dict[tuple[str, bool], float] = {}
+    spent = False  # once the budget is spent, a site goes on only where every price it needs is known
 
     def priced(fn: Callable[[Graph], float], precise: bool) -> Callable[[Graph], float]:
         def price(window: Graph) -> float:
@@ -85,6 +86,8 @@ def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str,
             if key in costs:
                 result.cached += 1
             else:
+                if spent:
+                    raise _Unpriced
                 costs[key] = fn(window)
                 result.evaluated += precise
             return costs[key]
@@ -104,16 +107,23 @@ def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str,
     while True:
         if pending is None:  # the matches of the graph as it is now
             pending = find(g, rules)
+            if rough is not None:  # measurements are dear: the sites the model favours go first
+                pending = _by_estimate(g, pending, rules, rough, radius, settled)
         site = next((m for m in pending if (m.rule, m.roots[0]) not in tried and not settled & set(m.nodes)), None)
         if site is None:
             break
-        if time.perf_counter() - start > budget_s:
+        if not spent and time.perf_counter() - start > budget_s:
+            # The layers of a transformer repeat one window: the sites left whose windows were
+            # already priced (an earlier layer's) still go on, at no cost.
             result.stopped = f"the {budget_s:.0f} s budget was spent"
-            break
+            spent = True
         tried.add((site.rule, site.roots[0]))
+        try:
+            steps, saved, size = _best_sequence(g, site, rules, cost, depth, radius, beam, max_variants, settled,
+                                                rough, confirm, slack, gain)
+        except _Unpriced:
+            continue
         result.sites += 1
-        steps, saved, size = _best_sequence(g, site, rules, cost, depth, radius, beam, max_variants, settled,
-                                            rough, confirm, slack, gain)
         if not steps:
             continue
         before = {n.name for n in g.nodes}
@@ -129,6 +139,34 @@ def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str,
     result.graph = g
     result.seconds = time.perf_counter() - start
     return result
+
+
+class _Unpriced(Exception):
+    """A window's price is not known and the budget is spent."""
+
+
+def _by_estimate(g: Graph, sites: list[Match], rules: Mapping[str, Rule], rough: Callable[[Graph], float],
+                 radius: int, settled: set[str]) -> list[Match]:
+    """`sites` ordered by the estimated saving of their first step (most first; ties keep node
+    order), so a budget spent on measuring windows goes to the rewrites the model expects to pay
+    (a transformer's QKV merge before its constant folds). Estimates of windows of the same
+    structure are computed once."""
+    reserved = set(g.types) | {n.name for n in g.nodes}
+    saving: dict[int, float] = {}
+    for k, site in enumerate(sites):
+        if settled & set(site.nodes):
+            continue
+        window = window_graph(g, neighbourhood(g, set(site.nodes), radius))
+        view = View(window)
+        m = rules[site.rule].match(view, view.nodes[site.roots[0]])
+        if m is None:
+            continue
+        try:
+            saving[k] = (rough(window) - rough(apply(window, rules[m.rule], m, reserved))) / max(rough(window), 1e-12)
+        except (NotApplicable, _Unpriced):
+            continue
+    order = sorted(range(len(sites)), key=lambda k: -saving.get(k, float("-inf")))
+    return [sites[k] for k in order]
 
 
 def _best_sequence(g: Graph, site: Match, rules: Mapping[str, Rule], precise: Callable[[Graph], float],
@@ -178,6 +216,11 @@ def _best_sequence(g: Graph, site: Match, rules: Mapping[str, Rule], precise: Ca
         hopeful = [x for x in tried if x[0] <= base * (1 + slack)][:confirm]
         if not hopeful:
             return [], 0.0, len(window.nodes)
+        c, nodes, _, seq = hopeful[0]
+        if abs(c - base) <= TIE * base and nodes < len(window.nodes) and best[2] == seq:
+            # The model prices its pick the same with fewer nodes (a constant folded, two reshapes
+            # made one): a measurement would tell apart only noise (MEASURED_GAIN), at seconds a window.
+            return seq, 0.0, len(window.nodes)
         base = precise(window)
         best = (base, len(window.nodes), [])
         for _, nodes, g2, seq in hopeful:
