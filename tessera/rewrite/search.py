@@ -107,8 +107,8 @@ def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str,
     while True:
         if pending is None:  # the matches of the graph as it is now
             pending = find(g, rules)
-            if rough is not None:  # measurements are dear: the sites the model favours go first
-                pending = _by_estimate(g, pending, rules, rough, radius, settled)
+            if rough is not None and not spent:  # measurements are dear: the sites the model favours first
+                pending = _by_estimate(g, pending, rules, rough, radius, settled, start + budget_s)
         site = next((m for m in pending if (m.rule, m.roots[0]) not in tried and not settled & set(m.nodes)), None)
         if site is None:
             break
@@ -146,14 +146,16 @@ class _Unpriced(Exception):
 
 
 def _by_estimate(g: Graph, sites: list[Match], rules: Mapping[str, Rule], rough: Callable[[Graph], float],
-                 radius: int, settled: set[str]) -> list[Match]:
+                 radius: int, settled: set[str], deadline: float) -> list[Match]:
     """`sites` ordered by the estimated saving of their first step (most first; ties keep node
     order), so a budget spent on measuring windows goes to the rewrites the model expects to pay
     (a transformer's QKV merge before its constant folds). Estimates of windows of the same
-    structure are computed once."""
+    structure are computed once; sites not estimated by `deadline` go last, in node order."""
     reserved = set(g.types) | {n.name for n in g.nodes}
     saving: dict[int, float] = {}
     for k, site in enumerate(sites):
+        if time.perf_counter() > deadline:
+            break
         if settled & set(site.nodes):
             continue
         window = window_graph(g, neighbourhood(g, set(site.nodes), radius))
