@@ -18,6 +18,7 @@ timed beside them: one `torch.sum` over a cold copy of the weight.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -26,11 +27,11 @@ import time
 
 os.environ.setdefault("TESSERA_TEST_DEVICE", "cuda")
 sys.path.insert(0, "tests")
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from onnx import helper  # noqa: E402
 from opcheck import Const, graph_model, rand  # noqa: E402
 from test_gemm_template import matmul_kernel  # noqa: E402
+from conv_template_probe import gpu_us  # noqa: E402 - the same CUDA-graph timer
 
 from tessera.codegen.gemm import template_schedules  # noqa: E402
 from tessera.codegen.kernels import GemmSchedule  # noqa: E402
@@ -90,29 +91,13 @@ def weight_floor_us(k: int, n: int, precision: str) -> float:
     copies = max(2, math.ceil((96 << 20) / (k * n * (2 if dt == torch.float16 else 4))))
     ws = [torch.randn(k, n, device="cuda", dtype=dt) for _ in range(copies)]
     outs = [torch.empty((), device="cuda", dtype=torch.float32) for _ in range(copies)]
-    calls = 2 * copies
+    turn = itertools.count()
 
-    def run() -> None:
-        for i in range(calls):
-            torch.sum(ws[i % copies], dim=(0, 1), dtype=torch.float32, out=outs[i % copies])
+    def one_sum() -> None:  # the next copy each call, so a graph of 2 x copies calls rotates past L2
+        i = next(turn) % copies
+        torch.sum(ws[i], dim=(0, 1), dtype=torch.float32, out=outs[i])
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        run()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    times = []
-    for _ in range(10):
-        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        e.record()
-        e.synchronize()
-        times.append(a.elapsed_time(e) * 1000 / calls)
-    return float(np.median(times))
+    return gpu_us(one_sum, calls=2 * copies)
 
 
 def main() -> None:

@@ -164,7 +164,8 @@ def _by_estimate(g: Graph, sites: list[Match], rules: Mapping[str, Rule], rough:
         if m is None:
             continue
         try:
-            saving[k] = (rough(window) - rough(apply(window, rules[m.rule], m, reserved))) / max(rough(window), 1e-12)
+            base = rough(window)
+            saving[k] = (base - rough(apply(window, rules[m.rule], m, reserved))) / max(base, 1e-12)
         except (NotApplicable, _Unpriced):
             continue
     order = sorted(range(len(sites)), key=lambda k: -saving.get(k, float("-inf")))
