@@ -194,6 +194,7 @@ def window_cost(opt: CompileOptions, cost_kind: str, dev: Device, db: TuningDB |
     would (same precision, cost model, candidate rules and legality; row-major layouts), its
     boundary tensors already in the compute precision."""
     chains = chains_enabled(opt, cost_kind)
+    verdicts: dict[str, str | None] = {}  # kernel signature -> legality, shared by every window
 
     def evaluate(window: Graph) -> float:
         g = convert_precision(window, opt.precision, "precision")
@@ -204,7 +205,7 @@ def window_cost(opt: CompileOptions, cost_kind: str, dev: Device, db: TuningDB |
             cost: Any = measured_cost(og, opt, None, AnalyticalCost(og, dev, opt.precision), dev, db, profiler)
         else:
             cost = AnalyticalCost(og, dev, opt.precision)
-        rules, legality = kernel_rules(opt, chains, cost)
+        rules, legality = kernel_rules(opt, chains, cost, verdicts)
         plan = orchestrate(og, cost, strategy="optimal", rules=rules, legality=legality, solver=opt.solver,
                            time_limit=10.0, max_states=opt.max_states)
         return plan.estimated_total_s
@@ -212,12 +213,14 @@ def window_cost(opt: CompileOptions, cost_kind: str, dev: Device, db: TuningDB |
     return evaluate
 
 
-def kernel_rules(opt: CompileOptions, chains: bool, cost: Any) -> tuple[CandidateRules, TritonLegality]:
+def kernel_rules(opt: CompileOptions, chains: bool, cost: Any,
+                 shared: dict[str, str | None] | None = None) -> tuple[CandidateRules, TritonLegality]:
     """Which candidate kernels a compile (or a rewrite window) may form: the size rules, and what
-    the code generator can build (templates with operand prologues only where they are measured)."""
+    the code generator can build (templates with operand prologues only where they are measured;
+    `shared`: legality verdicts by kernel signature, kept across windows)."""
     return (CandidateRules(max_nodes=opt.max_kernel_nodes, max_linear=2 if chains else 1),
             TritonLegality(templates=isinstance(cost, MeasuredCost) and opt.templates == "auto" and opt.prologues,
-                           chains=chains))
+                           chains=chains, shared=shared))
 
 
 def measured_or_analytical(opt: CompileOptions) -> str:

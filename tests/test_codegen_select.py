@@ -50,6 +50,30 @@ def test_single_primitives_are_always_legal_groups_need_triton():
         implement(g, og.nodes, [], list(g.outputs), "k1")
 
 
+def test_legality_verdicts_are_shared_by_kernels_of_one_signature(monkeypatch):
+    """The rewrite search orchestrates hundreds of windows; a kernel already judged in one (same ops,
+    wiring and types, other tensor names) is not generated again in the next."""
+    import tessera.codegen.select as select
+
+    def model(scale: float) -> Graph:
+        x = rand(3, 5, seed=1)
+        return prims(graph_model([helper.make_node("Mul", ["x", "k"], ["y"]), helper.make_node("Relu", ["y"], ["out"])],
+                                 {"x": x, "k": Const(np.array(scale, np.float32))}, ["out"]))
+
+    built: list[str] = []
+    real = select.implement
+    monkeypatch.setattr(select, "implement", lambda g, prims, *a, **k: built.append(g.name) or real(g, prims, *a, **k))
+    shared: dict[str, str | None] = {}
+    verdicts = []
+    for scale in (2.0, 2.0, 3.0):  # the third differs in a constant's value only: one signature
+        og = build_ograph(model(scale))
+        verdicts.append(TritonLegality(shared=shared).check(og, og.all))
+    assert verdicts == [None, None, None]
+    assert len(built) == 1 and len(shared) == 1
+    og = build_ograph(model(2.0))
+    assert TritonLegality().check(og, og.all) is None and len(built) == 2  # unshared: built again
+
+
 def test_reduction_outputs_must_fit_the_row_domain():
     # A transposed copy of a normalized tensor walks rows in another order: not one kernel.
     # (A padded copy keeps the row dims and is fine: tests/test_codegen_kernels.py.)

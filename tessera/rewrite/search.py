@@ -147,12 +147,17 @@ class _Unpriced(Exception):
 
 def _by_estimate(g: Graph, sites: list[Match], rules: Mapping[str, Rule], rough: Callable[[Graph], float],
                  radius: int, settled: set[str], deadline: float) -> list[Match]:
-    """`sites` ordered by the estimated saving of their first step (most first; ties keep node
-    order), so a budget spent on measuring windows goes to the rewrites the model expects to pay
-    (a transformer's QKV merge before its constant folds). Estimates of windows of the same
-    structure are computed once; sites not estimated by `deadline` go last, in node order."""
+    """`sites` ordered so that a budget spent on measuring windows goes to the rewrites the model
+    expects to pay most (a transformer's QKV merge before its constant folds). Sites whose windows
+    have one structure (the same rule at the same place of the same window: one per transformer
+    layer) form a group that one measurement prices; groups go by their members' estimated saving
+    of the first step, summed, so eleven layers that share a window come before the first layer,
+    whose window differs (the embedding's normalization is in it). Ties keep node order. Estimates
+    of windows of the same structure are computed once; sites not estimated by `deadline` go last,
+    in node order."""
     reserved = set(g.types) | {n.name for n in g.nodes}
     saving: dict[int, float] = {}
+    group: dict[int, tuple[str, str, int]] = {}
     for k, site in enumerate(sites):
         if time.perf_counter() > deadline:
             break
@@ -168,8 +173,20 @@ def _by_estimate(g: Graph, sites: list[Match], rules: Mapping[str, Rule], rough:
             saving[k] = (base - rough(apply(window, rules[m.rule], m, reserved))) / max(base, 1e-12)
         except (NotApplicable, _Unpriced):
             continue
-    order = sorted(range(len(sites)), key=lambda k: -saving.get(k, float("-inf")))
-    return [sites[k] for k in order]
+        place = next(i for i, n in enumerate(window.nodes) if n.name == site.roots[0])
+        group[k] = (site.rule, signature(window), place)
+    total: dict[tuple[str, str, int], float] = {}
+    first: dict[tuple[str, str, int], int] = {}
+    for k, key in group.items():
+        total[key] = total.get(key, 0.0) + saving[k]
+        first.setdefault(key, k)
+
+    def order(k: int) -> tuple[float, int, int]:
+        if k not in group:
+            return (float("inf"), k, k)
+        return (-total[group[k]], first[group[k]], k)
+
+    return [sites[k] for k in sorted(range(len(sites)), key=order)]
 
 
 def _best_sequence(g: Graph, site: Match, rules: Mapping[str, Rule], precise: Callable[[Graph], float],
