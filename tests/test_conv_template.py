@@ -26,6 +26,7 @@ from test_gemm_template import check_template_round_trip, run_exe, run_template
 import tessera
 from tessera import compiler
 from tessera.codegen.conv import conv_problem, conv_schedules
+from tessera.codegen.tile import cdiv
 from tessera.codegen.kernels import ConvSchedule, GemmSchedule, KernelSource, Schedule, schedule_from_json
 from tessera.codegen.select import implement, prologue_of
 from tessera.codegen.triton_ops import Unsupported
@@ -156,6 +157,48 @@ def test_few_output_channels_take_the_direct_form(n, c, h, w, o, k, attrs, layou
     # A row of output channels per step: read from a copy, unless only one dim of w exceeds 1.
     assert ks.input_layouts == ({} if (o, *k) == (1, 1, 1) else {"w": (2, 3, 1, 0)})
     check_conv(model, feeds, ConvSchedule(16, 4, 0, 1, 1, 1), precision, layouts=lay)  # ragged tiles
+
+
+# Split-K: (case, layout, schedule). Slices that do not divide the walk leave the last one short.
+SPLIT_CASES = [
+    ((1, 20, 5, 5, 17, (3, 3), {"pads": [1, 1, 1, 1]}), NHWC, ConvSchedule(16, 16, 16, 2, 2, 1, 4)),  # 18 steps / 4
+    ((1, 5, 7, 7, 9, (3, 3), {"pads": [1, 1, 1, 1]}), NCHW, ConvSchedule(16, 16, 16, 2, 2, 1, 2)),  # flat K 45
+    ((1, 16, 7, 7, 16, (3, 3), {"group": 2, "pads": [1, 1, 1, 1]}), NHWC, ConvSchedule(16, 16, 16, 2, 2, 1, 3)),
+    ((2, 17, 7, 5, 16, (3, 3), {"strides": [2, 2], "pads": [0, 1, 1, 0]}), NHWC, ConvSchedule(16, 16, 16, 2, 2, 8, 2)),
+    ((1, 23, 3, 3, 19, (1, 1), {}), NCHW, ConvSchedule(16, 16, 16, 2, 2, 1, 2)),  # a 1x1 window, ragged channels
+]
+
+
+@pytest.mark.parametrize("case,layout,s", SPLIT_CASES, ids=[f"{c[0][1]}to{c[0][4]}-sk{c[2].split_k}" for c in SPLIT_CASES])
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_split_k_walks_the_window_in_slices(case, layout, s, precision):
+    """Few output tiles over a long window (ResNet-50's last stage: 49 pixels, K 4608) leave most
+    SMs idle; split-K gives each tile several programs, and its last sums their slices in order."""
+    n, c, h, w, o, k, attrs = case
+    model, feeds = conv_relu(n, c, h, w, o, k, seed=c + o, **attrs)
+    ks, _ = check_conv(model, feeds, s, precision, layouts={"x": layout, "out": layout} if layout else None)
+    assert ks.workspace > 0 and "split-K" in ks.source and ks.launches[0].grid[-1] == s.split_k
+
+
+def test_split_k_joins_the_space_where_tiles_leave_sms_idle():
+    def space(c: int, hw: int, o: int, k: int) -> list[ConvSchedule]:
+        model, _ = conv_relu(1, c, hw, hw, o, (k, k), pads=[k // 2] * 4)
+        g = fission(load(model).graph).graph
+        return conv_schedules(conv_problem(g, conv_kernel(g)[0][0]), 2)
+
+    last = space(512, 7, 512, 3)  # ResNet-50's last stage: 49 pixels
+    assert any(s.split_k > 1 for s in last) and len(last) <= 60
+    for s in last:  # each slice keeps at least SPLIT_K_MIN_CHUNK of the window, no program idle
+        if s.split_k > 1:
+            assert 512 * 9 / s.split_k >= 128 and s.split_k <= cdiv(9 * cdiv(512, s.block_k), 2)
+    big = space(64, 112, 64, 3)  # 12544 pixels: only the widest tiles leave SMs idle
+    assert all(cdiv(12544, s.block_m) * cdiv(64, s.block_n) < 132 for s in big if s.split_k > 1)
+    assert any(s.split_k == 1 and s.block_m <= 64 for s in big)
+    with pytest.raises(Unsupported, match="split-K splits an implicit GEMM"):
+        model, _ = conv_relu(1, 8, 5, 5, 3, (1, 1))
+        g = fission(load(model).graph).graph
+        prims, pro, outputs = conv_kernel(g)
+        implement(g, prims, pro, outputs, "k0", (), ConvSchedule(16, 4, 0, 1, 1, 1, 2))
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
@@ -289,7 +332,7 @@ def test_schedule_space_ranking_keys_and_json():
         p = conv_problem(g, prims[0])
         for itemsize in (2, 4):
             space = conv_schedules(p, itemsize)
-            assert 1 <= len(space) <= 40 and len(set(space)) == len(space)
+            assert 1 <= len(space) <= 60 and len(set(space)) == len(space)
             if p.depthwise:
                 assert all(s.block_k == 0 for s in space)
             else:
@@ -300,6 +343,10 @@ def test_schedule_space_ranking_keys_and_json():
     s = ConvSchedule(64, 32, 32, 4, 3, 8)
     assert _schedule_key(s) == "conv-m64-n32-k32-w4-s3-g8"
     assert _schedule_key(ConvSchedule(64, 32, 0, 4, 1, 1)).startswith("conv-")
+    split = ConvSchedule(16, 64, 64, 2, 4, 1, 4)
+    assert _schedule_key(split) == "conv-m16-n64-k64-w2-s4-g1-sk4"
+    assert schedule_from_json(json.loads(json.dumps(split.to_json()))) == split
+    assert schedule_from_json({k: v for k, v in s.to_json().items() if k != "split_k"}) == s  # plans before split-K
     assert _schedule_key(GemmSchedule(64, 128, 32, 4, 3, 8, 1)) == "gemm-m64-n128-k32-w4-s3-g8-sk1"  # unchanged
     assert _schedule_key(Schedule(1024, 1, 4)) == "x1024-r1-w4-p"
     assert schedule_from_json(json.loads(json.dumps(s.to_json()))) == s and s.to_json()["form"] == "conv"

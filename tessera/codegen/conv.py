@@ -47,10 +47,11 @@ from typing import Sequence
 
 from tessera.codegen import index as ix
 from tessera.codegen.index import Ix
+from tessera.codegen.gemm import SPLIT_K, SPLIT_K_MIN_CHUNK
 from tessera.codegen.kernels import ConvSchedule, KernelBody, KernelSource, Launch, sanitize
 from tessera.codegen.tile import (DOT_TYPES, GRID_Y_MAX, MIN_BLOCK, Tile, cdiv, check_outputs, describe, dot_math,
-                                  dot_operand, jit_function, pow2, store_outputs)
-from tessera.codegen.triton_ops import Unsupported
+                                  dot_operand, jit_function, pow2, store_outputs, sum_slices)
+from tessera.codegen.triton_ops import Unsupported, Val
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node, TensorType
 from tessera.ir.prims import Category, Prim
@@ -154,10 +155,13 @@ def channels_innermost(x: TensorType, p: ConvProblem) -> bool:
     return x.strides[1] == 1 and p.c > 1
 
 
-def conv_schedules(p: ConvProblem, itemsize: int = 4) -> list[ConvSchedule]:
+def conv_schedules(p: ConvProblem, itemsize: int = 4, sms: int = 132) -> list[ConvSchedule]:
     """A problem's template schedules: the tile menu of its form cut to the problem (blocks no
     larger than the next power of two of each extent; a K step no wider than the window, or than
-    the channels of a group, which the channel-block walk favours). Deduplicated."""
+    the channels of a group, which the channel-block walk favours), plus split-K where the output
+    tiles leave SMs idle (fewer than `sms`) and each slice of the K walk stays long, as for GEMM
+    templates (ResNet-50's last stage: 49 pixels, a few dozen tiles, a 4608-long window).
+    Deduplicated."""
     out: list[ConvSchedule] = []
     if p.takes_direct:
         for bm, bn, warps in DIRECT_TILES if p.depthwise else FEW_OUT_TILES:
@@ -175,6 +179,15 @@ def conv_schedules(p: ConvProblem, itemsize: int = 4) -> list[ConvSchedule]:
         group = 8 if tm > 1 and tn > 1 else 1  # swizzling one row or column of tiles changes nothing
         for k in dict.fromkeys((min(bk, max(MIN_BLOCK, pow2(p.k))), min(bk, max(MIN_BLOCK, pow2(p.cg))))):
             out.append(ConvSchedule(bm, bn, k, warps, min(stages, max(2, p.steps(k))), group))
+            tiles = p.groups * tm * tn
+            if tiles >= sms:
+                continue
+            steps = p.steps(k)
+            for split in SPLIT_K:
+                chunk = cdiv(steps, split)  # K steps per program
+                if chunk * k < max(SPLIT_K_MIN_CHUNK, 2 * k) or tiles * split > 2 * sms or cdiv(steps, chunk) < split:
+                    continue
+                out.append(ConvSchedule(bm, bn, k, warps, min(stages, max(2, chunk)), group, split))
     return list(dict.fromkeys(out))
 
 
@@ -191,6 +204,9 @@ class _Conv:
         self.direct_form = s.block_k == 0
         if p.depthwise and not self.direct_form:
             raise Unsupported(f"{root.name}: a depthwise convolution takes the direct form (block_k 0): {s}")
+        if s.split_k > 1 and (self.direct_form or s.split_k > p.steps(s.block_k)):
+            raise Unsupported(f"{root.name}: split-K splits an implicit GEMM's walk of {p.steps(s.block_k) if s.block_k else 0} "
+                              f"K steps: {s}")
         if self.direct_form:
             if not p.takes_direct:
                 raise Unsupported(f"{root.name}: the direct form takes depthwise convolutions or at most "
@@ -299,8 +315,10 @@ class _Conv:
 
     # ---- implicit GEMM ---------------------------------------------------------------------
     def implicit(self, t: Tile) -> list[Ix]:
-        """acc = the tile's convolution as a GEMM over the window; returns y's coordinates."""
+        """acc = the tile's convolution as a GEMM over the window (over this program's slice of the
+        K walk, `pid_k` of split_k, when split); returns y's coordinates."""
         em, s, p, g = t.em, self.s, self.p, self.graph
+        split = s.split_k
         assert self.math is not None
         n, oh, ow = pix = self.pixels(t)
         grp = t.batch[0] if p.groups > 1 else Ix.of(0)
@@ -318,18 +336,25 @@ class _Conv:
             ja = Ix(em.emit("tl.arange(0, BLOCK_K)[None, :]", ka, "rc"), None, s.block_k, ka)
             jb = Ix(em.emit("tl.arange(0, BLOCK_K)[:, None]", kb, "rc"), None, s.block_k, kb)
             blocks = cdiv(p.cg, s.block_k)
-            em.push(f"for {tag} in range({p.kh * p.kw * blocks}):", tag)
-            em.stack[-1].avail = em.stack[-1].avail | ks
             steps = p.kh * p.kw * blocks
-            step = Ix(tag, None, steps, ks) if steps > 1 else Ix.of(0)
+            chunk = cdiv(steps, split)  # this program's steps (all of them, unsplit)
+            em.push(f"for {tag} in range({chunk}):", tag)
+            em.stack[-1].avail = em.stack[-1].avail | ks
+            if split > 1:
+                step = em.index_var(Ix(f"pid_k * {chunk} + {tag}", None, chunk * split, ks))
+            else:
+                step = Ix(tag, None, steps, ks) if steps > 1 else Ix.of(0)
             kh = em.index_var(ix.floordiv(step, p.kw * blocks))
             kw = em.index_var(ix.mod(ix.floordiv(step, blocks), p.kw))
             c0 = em.index_var(ix.mul(ix.mod(step, blocks), s.block_k))
             kma = kmb = frozenset()
+            if chunk * split != steps:  # the last slice is short: its steps past the walk load nothing
+                live = em.cond(f"{step.expr} < {steps}", ks)
+                kma = kmb = frozenset({live})
             if p.cg % s.block_k:  # the last block of channels is ragged
                 left = em.index_var(Ix(f"{p.cg} - {c0.expr}", None, None, c0.deps)) if c0.const is None else Ix.of(p.cg)
-                kma = frozenset({em.cond(f"{ja.expr} < {left.expr}", ka | left.deps)})
-                kmb = frozenset({em.cond(f"{jb.expr} < {left.expr}", kb | left.deps)})
+                kma = kma | {em.cond(f"{ja.expr} < {left.expr}", ka | left.deps)}
+                kmb = kmb | {em.cond(f"{jb.expr} < {left.expr}", kb | left.deps)}
             ca, cb = ix.add(c0, ja), ix.add(c0, jb)
             bases, (ih, iw), pad = self.window(t, pix, kh, kw)
             xptr = self.x_pointer(t, n, bases, [ix.add(cbase, ja), z, z], [c0, kh, kw])
@@ -337,12 +362,15 @@ class _Conv:
             kha = khb = kh
             kwa = kwb = kw
         else:
-            em.push(f"for {tag} in range(0, {p.k}, BLOCK_K):", tag)
+            chunk = cdiv(cdiv(p.k, split), s.block_k) * s.block_k  # this program's window elements
+            em.push(f"for {tag} in range(0, {chunk}, BLOCK_K):", tag)
             em.stack[-1].avail = em.stack[-1].avail | kb
-            rka = Ix(em.emit(f"{tag} + tl.arange(0, BLOCK_K)[None, :]", ka, "rk"), None, p.k, ka)
-            rkb = Ix(em.emit(f"{tag} + tl.arange(0, BLOCK_K)[:, None]", kb, "rk"), None, p.k, kb)
-            kma = frozenset({em.cond(f"{rka.expr} < {p.k}", ka)}) if p.k % s.block_k else frozenset()
-            kmb = frozenset({em.cond(f"{rkb.expr} < {p.k}", kb)}) if p.k % s.block_k else frozenset()
+            start = f"pid_k * {chunk} + {tag}" if split > 1 else tag
+            rka = Ix(em.emit(f"{start} + tl.arange(0, BLOCK_K)[None, :]", ka, "rk"), None, p.k, ka)
+            rkb = Ix(em.emit(f"{start} + tl.arange(0, BLOCK_K)[:, None]", kb, "rk"), None, p.k, kb)
+            ragged = p.k % s.block_k != 0 or chunk * split != p.k
+            kma = frozenset({em.cond(f"{rka.expr} < {p.k}", ka)}) if ragged else frozenset()
+            kmb = frozenset({em.cond(f"{rkb.expr} < {p.k}", kb)}) if ragged else frozenset()
             ca, kha, kwa = (em.index_var(i) for i in self.window_coords(rka))
             cb, khb, kwb = self.window_coords(rkb)
             bases, (ih, iw), pad = self.window(t, pix, kha, kwa)
@@ -447,21 +475,30 @@ def generate_conv(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], n
     shape = (p.m, p.o) if cv.direct_form else ((p.groups, p.m, p.og) if p.groups > 1 else (p.m, p.og))
     t = Tile(k, shape, s)
     coords = cv.direct(t) if cv.direct_form else cv.implicit(t)
-    store_outputs(t, graph, outputs, cv.y, coords)
-    fn = sanitize(name)
-    params = ", ".join([f"in{i}" for i in range(len(k.inputs))] + list(k.out_args.values()))
     tiles = cdiv(p.m, s.block_m) * cdiv(shape[-1], s.block_n)
+    workspace, extra, grid = 0, [], (tiles, t.nbatch)
+    if s.split_k > 1:  # the GEMM template's one-launch split (codegen/gemm.py): the tile's last program sums
+        workspace = sum_slices(t, "pid_k", s.split_k, p.groups * p.m * p.og, tiles * t.nbatch)
+        summed = Val("tot", graph.types[cv.y].dtype, frozenset({"b", "m", "n", "fix"}))
+        store_outputs(t, graph, outputs, cv.y, coords, summed)  # inside the last program's block
+        t.em.pop()
+        extra, grid = ["pid_k = tl.program_id(2)"], (tiles, t.nbatch, s.split_k)
+    else:
+        store_outputs(t, graph, outputs, cv.y, coords)
+    fn = sanitize(name)
+    params = ", ".join([f"in{i}" for i in range(len(k.inputs))] + (["ws"] if workspace else [])
+                       + list(k.out_args.values()))
     consts = [c for c in CONSTS if c != "BLOCK_K" or not cv.direct_form]  # the direct form has no K step
     meta = tuple((c, getattr(s, c.lower())) for c in consts) + (("num_warps", s.num_warps),
                                                                  ("num_stages", s.num_stages))
-    src = "\n".join(["import triton", "import triton.language as tl", "", ""] + _doc(cv, name, k, sources)
-                    + jit_function(fn, params, t, consts)).rstrip() + "\n"
+    src = "\n".join(["import triton", "import triton.language as tl", "", ""] + _doc(cv, name, k, sources, workspace)
+                    + jit_function(fn, params, t, consts, extra)).rstrip() + "\n"
     return KernelSource(fn, src, k.inputs, k.outputs, p.m * p.o, p.k, s, [n.name for n in nodes],
-                        launches=[Launch(fn, (tiles, t.nbatch), meta)],
+                        launches=[Launch(fn, grid, meta)], workspace=workspace,
                         input_layouts={cv.w: relayout} if relayout else {}, rounded_inputs=tuple(sorted(k.rounded)))
 
 
-def _doc(cv: _Conv, name: str, k: KernelBody, sources: Sequence[str]) -> list[str]:
+def _doc(cv: _Conv, name: str, k: KernelBody, sources: Sequence[str], workspace: int = 0) -> list[str]:
     """The header: what the kernel computes, from which primitives and ONNX nodes, and its roofline."""
     g, p, s, root = cv.graph, cv.p, cv.s, cv.root
     if cv.direct_form:
@@ -472,6 +509,9 @@ def _doc(cv: _Conv, name: str, k: KernelBody, sources: Sequence[str]) -> list[st
     else:
         assert cv.math is not None
         walk = "K by channel blocks per tap" if p.by_channels(s.block_k) else "flat K"
+        if s.split_k > 1:
+            walk += (f", split-K: {s.split_k} programs per tile walk {cdiv(p.steps(s.block_k), s.split_k)} steps "
+                     "each, the tile's last sums them in order and runs the epilogue")
         grouped = f", {p.groups} groups along the grid" if p.groups > 1 else ""
         form = (f"convolution template (implicit GEMM, {walk}), pixels M {p.m} (N {p.n} x {p.oh} x {p.ow}) x "
                 f"channels N {p.og} x K {p.k} (Cg {p.cg} x {p.kh}x{p.kw}){grouped}, {cv.math.label} products, "
@@ -485,9 +525,10 @@ def _doc(cv: _Conv, name: str, k: KernelBody, sources: Sequence[str]) -> list[st
     if cv.wt != g.types[cv.w]:
         order = "".join("OCHW"[d] for d in cv.wt.layout)
         doc.append(f"# weight: read from a copy stored {order} (made once at load), not as the graph stores it")
-    doc += describe(g, cv.nodes, root, k, sources)
+    doc += describe(g, cv.nodes, root, k, sources, workspace)
     rd = sum(g.types[t].nbytes for t in k.inputs)
     wr = sum(g.types[t].nbytes for t in k.outputs)
     doc.append(f"# work: {2 * p.m * p.o * p.k} FLOP ({padded} with the tiles' padding); memory: reads {rd} B, "
-               f"writes {wr} B; the roofline is the larger of the two at full rate")
+               f"writes {wr} B" + (f", workspace {8 * workspace} B" if workspace else "")
+               + "; the roofline is the larger of the two at full rate")
     return doc

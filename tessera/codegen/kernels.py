@@ -94,8 +94,8 @@ class GemmSchedule:
 class ConvSchedule:
     """A convolution template's schedule (`codegen/conv.py`): the output tile (block_m pixels x
     block_n output channels), the K step over input channels and the window (block_k; 0 in the
-    direct form, which walks the window without a dot), warps, software-pipeline stages, and the
-    GROUP_M swizzle of tiles."""
+    direct form, which walks the window without a dot), warps, software-pipeline stages, the
+    GROUP_M swizzle of tiles, and how many programs share one tile's K walk (split_k; 1: none)."""
 
     block_m: int
     block_n: int
@@ -103,10 +103,12 @@ class ConvSchedule:
     num_warps: int = 4
     num_stages: int = 3
     group_m: int = 8
+    split_k: int = 1
 
     def to_json(self) -> dict[str, object]:
         return {"form": "conv", "block_m": self.block_m, "block_n": self.block_n, "block_k": self.block_k,
-                "num_warps": self.num_warps, "num_stages": self.num_stages, "group_m": self.group_m}
+                "num_warps": self.num_warps, "num_stages": self.num_stages, "group_m": self.group_m,
+                "split_k": self.split_k}
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ CHAIN_NEAR, CHAIN_STARTS = 0.1, 3  # GEMM-chain schedules this close to the fast
 # of each other it went on for 30 rounds of a few jobs each (segformer_b0's three reduced attentions,
 # 96 schedules each, counted with a fake profiler), each round a profiler batch of its own.
 CHAIN_ROUNDS, CHAIN_WALK = 4, 40
+CONV_FIRST = 2  # convolution template schedules measured per convolution before the solve (its cost: the least)
 CHAIN_CANDIDATE = 4  # GEMM-chain schedules measured per chain candidate before the solve (its cost: the least),
 # per kind of walk (whole, split over programs: twice as many where L may be split)
 
@@ -201,6 +202,8 @@ class MeasuredCost:
     def template_jobs(self, c: Candidate, alone: bool = False) -> list[Job] | None:
         """The candidate as its best-ranked template (empty: templates off, or no template form).
 
+        A convolution template is measured at the model's CONV_FIRST best, once per convolution (a
+        split-K and a whole walk, where the model puts both near the top), like a GEMM's tile shapes.
         A GEMM template is measured at the schedule model's best of each of its first GEMM_FAMILIES
         tile shapes (the model orders schedules of one shape well, shapes apart poorly: session
         21's probe), once per matmul, as a chain is once per core (below). A GEMM chain is measured at its first CHAIN_CANDIDATE schedules of each kind of walk in the
@@ -222,9 +225,11 @@ class MeasuredCost:
             if sig not in self._tspace:
                 ranked = template_space(self.og.graph, lib.prims, lib.prologue, lib.outputs, self.precision, self.gpu)
                 n_first = 1
-                if ranked and isinstance(ranked[0], (ChainSchedule, GemmSchedule)):
+                if ranked and isinstance(ranked[0], (ChainSchedule, GemmSchedule, ConvSchedule)):
                     if isinstance(ranked[0], ChainSchedule):
                         n_first = CHAIN_CANDIDATE * (2 if any(s.split_l > 1 for s in ranked) else 1)
+                    elif isinstance(ranked[0], ConvSchedule):
+                        n_first = CONV_FIRST  # the model's two best: its forms' heads lead (split-K, whole)
                     else:
                         n_first = GEMM_FAMILIES  # the model's best of each of its first tile shapes
                     core = frozenset(i for i in bits(c.nodes) if Prim(self.og.nodes[i].op).category is Category.LINEAR)
@@ -501,12 +506,14 @@ def _tiled(ks: KernelSource, s: Schedule) -> bool:
 
 def _schedule_key(s: AnySchedule) -> str:
     """The tuning database's schedule column (the strings of generated kernels' schedules and GEMM
-    templates' never change; convolution templates' start with "conv-"; a split-K GEMM's ends in
-    "-1l" since its slices are summed in one launch: times of the two-launch form stay apart)."""
+    templates' never change; convolution templates' start with "conv-", and a split-K one's ends in
+    "-sk<n>"; a split-K GEMM's ends in "-1l" since its slices are summed in one launch: times of the
+    two-launch form stay apart)."""
     if isinstance(s, ChainSchedule):
         return chain_key(s)
     if isinstance(s, ConvSchedule):
-        return f"conv-m{s.block_m}-n{s.block_n}-k{s.block_k}-w{s.num_warps}-s{s.num_stages}-g{s.group_m}"
+        return (f"conv-m{s.block_m}-n{s.block_n}-k{s.block_k}-w{s.num_warps}-s{s.num_stages}-g{s.group_m}"
+                + (f"-sk{s.split_k}" if s.split_k > 1 else ""))
     if isinstance(s, GemmSchedule):
         return (f"gemm-m{s.block_m}-n{s.block_n}-k{s.block_k}-w{s.num_warps}-s{s.num_stages}-g{s.group_m}"
                 f"-sk{s.split_k}" + ("-1l" if s.split_k > 1 else ""))

@@ -239,7 +239,7 @@ def predict_conv(s: ConvSchedule, p: ConvProblem, itemsize: int, operand_bytes: 
     pixels of a row-major one), in 32-byte sectors.
     """
     if s.block_k:
-        g = GemmSchedule(s.block_m, s.block_n, s.block_k, s.num_warps, s.num_stages, s.group_m, 1)
+        g = GemmSchedule(s.block_m, s.block_n, s.block_k, s.num_warps, s.num_stages, s.group_m, s.split_k)
         return predict_template(g, p.groups, p.m, p.og, p.steps(s.block_k) * s.block_k, itemsize, operand_bytes,
                                 epilogue_bytes, rate, dev, p_)
     programs = math.ceil(p.m / s.block_m) * math.ceil(p.o / s.block_n)
@@ -287,20 +287,20 @@ def _rank_conv(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], root
     p = conv_problem(graph, root)
     xt = graph.types[root.inputs[0]]
     itemsize = xt.dtype.itemsize
-    space = conv_schedules(p, itemsize)
+    space = conv_schedules(p, itemsize, dev.sms)
     operands = sum(graph.types[t].nbytes for t in root.inputs)
     epilogue = _epilogue_bytes(graph, nodes, outputs, root)
     rate = template_rate(xt.dtype, precision, dev)
     inner = channels_innermost(xt, p)
     seconds = {s: predict_conv(s, p, itemsize, operands, epilogue, rate, dev, inner) for s in space}
     ranked = sorted(space, key=seconds.__getitem__)
-    # Each form's best leads (implicit GEMM, direct) where the model puts it within FORM_SLACK of the
-    # best: it compares schedules of one form far better than the two forms, so both get measured.
-    # (The direct form on a channels-last multi-channel input reads strided columns: 4-8x slower,
-    # H100 probe; it is ranked out of the heads.)
-    firsts: dict[bool, ConvSchedule] = {}
+    # Each form's best leads (implicit GEMM whole or split-K, direct) where the model puts it within
+    # FORM_SLACK of the best: it compares schedules of one form far better than the forms, so each
+    # gets measured. (The direct form on a channels-last multi-channel input reads strided columns:
+    # 4-8x slower, H100 probe; it is ranked out of the heads.)
+    firsts: dict[tuple[bool, bool], ConvSchedule] = {}
     for s in ranked:  # each form's best, in rank order
-        firsts.setdefault(s.block_k == 0, s)
+        firsts.setdefault((s.block_k == 0, s.split_k > 1), s)
     heads = [s for s in firsts.values() if seconds[s] <= FORM_SLACK * seconds[ranked[0]]]
     return heads + [s for s in ranked if s not in heads]
 
