@@ -171,8 +171,9 @@ def compile_model(source: Any, options: CompileOptions | None = None,
                            gain=MEASURED_GAIN if measured else GAIN)
             graph = found.graph
             rewrites += [a.to_json() for a in found.applied]
-            logger.info("rewrites: %d applied at %d site(s) tried, %d window(s) orchestrated in %.1f s",
-                        len(found.applied), found.sites, found.evaluated, found.seconds)
+            logger.info("rewrites: %d applied at %d site(s) tried, %d window(s) orchestrated in %.1f s "
+                        "(%.1f s ordering sites)", len(found.applied), found.sites, found.evaluated, found.seconds,
+                        found.ordering_s)
         done("rewrites")
         graph = convert_precision(graph, opt.precision, opt.io)
         done("precision")

@@ -56,11 +56,13 @@ class SearchResult:
     evaluated: int = 0  # windows orchestrated (cache misses)
     cached: int = 0  # windows whose cost came from the cache
     seconds: float = 0.0
+    ordering_s: float = 0.0  # of `seconds`, spent ordering sites by the model's estimates
     stopped: str = ""  # why the search stopped early, if it did
 
     def summary(self) -> dict:
         return {"applied": [a.to_json() for a in self.applied], "sites": self.sites, "evaluated": self.evaluated,
-                "cached": self.cached, "seconds": round(self.seconds, 2), "stopped": self.stopped}
+                "cached": self.cached, "seconds": round(self.seconds, 2), "ordering_s": round(self.ordering_s, 2),
+                "stopped": self.stopped}
 
 
 def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str, Rule] | None = None,
@@ -96,6 +98,14 @@ def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str,
     cost = priced(evaluate, True)
     rough = priced(estimate, False) if estimate is not None else None
 
+    estimates: dict[tuple[str, str], float] = {}  # a site's last estimated saving (`_by_estimate`)
+
+    def known(window: Graph) -> float:  # an estimate already made, else none
+        key = (signature(window), False)
+        if key not in costs:
+            raise _Unpriced
+        return costs[key]
+
     tried: set[tuple[str, str]] = set()
     # Nodes a kept sequence matched or made. No later rewrite touches them: window costs are local,
     # so without this two windows could each price the other's undoing as a saving and loop forever
@@ -108,7 +118,11 @@ def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str,
         if pending is None:  # the matches of the graph as it is now
             pending = find(g, rules)
             if rough is not None and not spent:  # measurements are dear: the sites the model favours first
-                pending = _by_estimate(g, pending, rules, rough, radius, settled, start + budget_s)
+                # Half the budget at most, so measurements get the rest (bert_base on the H100: the
+                # pass took most of 60 s, and the one window measured after it was layer 0's).
+                t0 = time.perf_counter()
+                pending = _by_estimate(g, pending, rules, rough, radius, settled, start + budget_s / 2, known, estimates)
+                result.ordering_s += time.perf_counter() - t0
         site = next((m for m in pending if (m.rule, m.roots[0]) not in tried and not settled & set(m.nodes)), None)
         if site is None:
             break
@@ -146,45 +160,61 @@ class _Unpriced(Exception):
 
 
 def _by_estimate(g: Graph, sites: list[Match], rules: Mapping[str, Rule], rough: Callable[[Graph], float],
-                 radius: int, settled: set[str], deadline: float) -> list[Match]:
+                 radius: int, settled: set[str], deadline: float, known: Callable[[Graph], float] | None = None,
+                 memo: dict[tuple[str, str], float] | None = None) -> list[Match]:
     """`sites` ordered so that a budget spent on measuring windows goes to the rewrites the model
     expects to pay most (a transformer's QKV merge before its constant folds). Sites whose windows
     have one structure (the same rule at the same place of the same window: one per transformer
-    layer) form a group that one measurement prices; groups go by their members' estimated saving
-    of the first step, summed, so eleven layers that share a window come before the first layer,
-    whose window differs (the embedding's normalization is in it). Ties keep node order. Estimates
-    of windows of the same structure are computed once; sites not estimated by `deadline` go last,
-    in node order."""
+    layer) form a group that one measurement prices. Groups are estimated largest first, one
+    member each, until `deadline` (the model's price of a window is most of the cost: bert_base's
+    258 sites form about 40 groups), and go by the estimated saving of the first step times their
+    size, so eleven layers that share a window come before the first layer, whose window differs
+    (the embedding's normalization is in it). After the deadline only windows already estimated
+    (`known`; the search orders sites again after each rewrite it keeps) are, and a group not
+    estimated keeps its sites' last estimates (`memo`, by rule and root); groups never estimated go
+    last. Ties keep node order."""
+    memo = {} if memo is None else memo
     reserved = set(g.types) | {n.name for n in g.nodes}
-    saving: dict[int, float] = {}
-    group: dict[int, tuple[str, str, int]] = {}
+    groups: dict[tuple[str, str, int], list[int]] = {}
+    windows: dict[tuple[str, str, int], Graph] = {}
     for k, site in enumerate(sites):
-        if time.perf_counter() > deadline:
-            break
         if settled & set(site.nodes):
             continue
         window = window_graph(g, neighbourhood(g, set(site.nodes), radius))
+        place = next(i for i, n in enumerate(window.nodes) if n.name == site.roots[0])
+        key = (site.rule, signature(window), place)
+        groups.setdefault(key, []).append(k)
+        windows.setdefault(key, window)
+    total: dict[tuple[str, str, int], float] = {}
+    for key in sorted(groups, key=lambda key: (-len(groups[key]), groups[key][0])):
+        price = known if time.perf_counter() > deadline else rough
+        if price is None:
+            break
+        window, site = windows[key], sites[groups[key][0]]
         view = View(window)
         m = rules[site.rule].match(view, view.nodes[site.roots[0]])
         if m is None:
             continue
         try:
-            base = rough(window)
-            saving[k] = (base - rough(apply(window, rules[m.rule], m, reserved))) / max(base, 1e-12)
+            base = price(window)
+            saving = (base - price(apply(window, rules[m.rule], m, reserved))) / max(base, 1e-12)
         except (NotApplicable, _Unpriced):
             continue
-        place = next(i for i, n in enumerate(window.nodes) if n.name == site.roots[0])
-        group[k] = (site.rule, signature(window), place)
-    total: dict[tuple[str, str, int], float] = {}
-    first: dict[tuple[str, str, int], int] = {}
-    for k, key in group.items():
-        total[key] = total.get(key, 0.0) + saving[k]
-        first.setdefault(key, k)
+        total[key] = saving * len(groups[key])
+        memo.update(((sites[k].rule, sites[k].roots[0]), saving) for k in groups[key])
+    for key, ks in groups.items():
+        # Not estimated this time: the sites' last estimates stand. A rewrite kept in a transformer's
+        # first layer can change the other layers' windows (a free node they share), and they would
+        # otherwise go last, unestimated.
+        if key not in total and all((sites[k].rule, sites[k].roots[0]) in memo for k in ks):
+            total[key] = sum(memo[(sites[k].rule, sites[k].roots[0])] for k in ks)
+    group_of = {k: key for key, ks in groups.items() for k in ks}
 
     def order(k: int) -> tuple[float, int, int]:
-        if k not in group:
+        key = group_of.get(k)
+        if key is None or key not in total:
             return (float("inf"), k, k)
-        return (-total[group[k]], first[group[k]], k)
+        return (-total[key], groups[key][0], k)
 
     return [sites[k] for k in sorted(range(len(sites)), key=order)]
 
