@@ -169,7 +169,8 @@ SPLIT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case,layout,s", SPLIT_CASES, ids=[f"{c[0][1]}to{c[0][4]}-sk{c[2].split_k}" for c in SPLIT_CASES])
+@pytest.mark.parametrize("case,layout,s", SPLIT_CASES,
+                         ids=[f"{c[0][1]}to{c[0][4]}-sk{c[2].split_k}" for c in SPLIT_CASES])
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_split_k_walks_the_window_in_slices(case, layout, s, precision):
     """Few output tiles over a long window (ResNet-50's last stage: 49 pixels, K 4608) leave most

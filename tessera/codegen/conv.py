@@ -205,8 +205,8 @@ class _Conv:
         if p.depthwise and not self.direct_form:
             raise Unsupported(f"{root.name}: a depthwise convolution takes the direct form (block_k 0): {s}")
         if s.split_k > 1 and (self.direct_form or s.split_k > p.steps(s.block_k)):
-            raise Unsupported(f"{root.name}: split-K splits an implicit GEMM's walk of {p.steps(s.block_k) if s.block_k else 0} "
-                              f"K steps: {s}")
+            steps = p.steps(s.block_k) if s.block_k else 0
+            raise Unsupported(f"{root.name}: split-K splits an implicit GEMM's walk of {steps} K steps: {s}")
         if self.direct_form:
             if not p.takes_direct:
                 raise Unsupported(f"{root.name}: the direct form takes depthwise convolutions or at most "

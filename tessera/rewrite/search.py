@@ -121,7 +121,8 @@ def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str,
                 # Half the budget at most, so measurements get the rest (bert_base on the H100: the
                 # pass took most of 60 s, and the one window measured after it was layer 0's).
                 t0 = time.perf_counter()
-                pending = _by_estimate(g, pending, rules, rough, radius, settled, start + budget_s / 2, known, estimates)
+                pending = _by_estimate(g, pending, rules, rough, radius, settled, start + budget_s / 2, known,
+                                       estimates)
                 result.ordering_s += time.perf_counter() - t0
         site = next((m for m in pending if (m.rule, m.roots[0]) not in tried and not settled & set(m.nodes)), None)
         if site is None:
@@ -168,8 +169,8 @@ def _by_estimate(g: Graph, sites: list[Match], rules: Mapping[str, Rule], rough:
     layer) form a group that one measurement prices. Groups are estimated largest first, one
     member each, until `deadline` (the model's price of a window is most of the cost: bert_base's
     258 sites form about 40 groups), and go by the estimated saving of the first step times their
-    size, so eleven layers that share a window come before the first layer, whose window differs
-    (the embedding's normalization is in it). After the deadline only windows already estimated
+    size, so eleven layers that share a window come before a first layer whose window differs
+    (where the embedding's normalization enters it). After the deadline only windows already estimated
     (`known`; the search orders sites again after each rewrite it keeps) are, and a group not
     estimated keeps its sites' last estimates (`memo`, by rule and root); groups never estimated go
     last. Ties keep node order."""
