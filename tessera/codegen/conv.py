@@ -72,6 +72,8 @@ FEW_OUT_TILES = ((32, 16, 1), (64, 16, 1), (128, 16, 1), (128, 16, 2), (256, 16,
 DIRECT_MIN_CHANNELS = 4  # 16 bytes of fp32 channels per pixel: a narrower channel block buys nothing
 DIRECT_MAX_OUT = 16  # output channels per group up to which a multi-channel convolution also takes the direct form
 CONSTS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
+SMEM_BYTES = 227 << 10  # an H100's shared memory per block: pipelines deeper than fit are cut
+K_WIDTHS = (1, 2)  # K steps of the menu's width and twice it (fp16 convolutions often run best at 128)
 FLAT_SLACK = 1.25  # channel-block steps may outnumber flat steps by this much and still be preferred
 
 
@@ -161,7 +163,10 @@ def conv_schedules(p: ConvProblem, itemsize: int = 4, sms: int = 132) -> list[Co
     the channels of a group, which the channel-block walk favours), plus split-K where the output
     tiles leave SMs idle (fewer than `sms`) and each slice of the K walk stays long, as for GEMM
     templates (ResNet-50's last stage: 49 pixels, a few dozen tiles, a 4608-long window).
-    Deduplicated."""
+    Each tile takes the menu's K step and twice it (`K_WIDTHS`). Deduplicated. In session 24's
+    probe of ResNet-50's and Inception-v3's convolutions (`scripts/conv_sweep_probe.py`), the
+    best of this space was within 1% of the best of a wider sweep, geomean (6% before the second
+    K step and 4 warps for 64 x 32 tiles)."""
     out: list[ConvSchedule] = []
     if p.takes_direct:
         for bm, bn, warps in DIRECT_TILES if p.depthwise else FEW_OUT_TILES:
@@ -172,22 +177,28 @@ def conv_schedules(p: ConvProblem, itemsize: int = 4, sms: int = 132) -> list[Co
     if p.depthwise:
         return list(dict.fromkeys(out))
     for bm, bn, bk, warps, stages in TILES:
-        bk = bk * 4 // max(1, min(itemsize, 4))
         bm, bn = min(bm, max(MIN_BLOCK, pow2(p.m))), min(bn, max(MIN_BLOCK, pow2(p.og)))
-        warps = min(warps, max(2, bm * bn // 1024))  # a small tile gives each warp too little to do
+        warps = min(warps, max(2, bm * bn // 512))  # 4 warps from 64 x 32 up: each SM sub-partition gets one
         tm, tn = cdiv(p.m, bm), cdiv(p.og, bn)
         group = 8 if tm > 1 and tn > 1 else 1  # swizzling one row or column of tiles changes nothing
-        for k in dict.fromkeys((min(bk, max(MIN_BLOCK, pow2(p.k))), min(bk, max(MIN_BLOCK, pow2(p.cg))))):
-            out.append(ConvSchedule(bm, bn, k, warps, min(stages, max(2, p.steps(k))), group))
-            tiles = p.groups * tm * tn
-            if tiles >= sms:
-                continue
-            steps = p.steps(k)
-            for split in SPLIT_K:
-                chunk = cdiv(steps, split)  # K steps per program
-                if chunk * k < max(SPLIT_K_MIN_CHUNK, 2 * k) or tiles * split > 2 * sms or cdiv(steps, chunk) < split:
+        tiles = p.groups * tm * tn
+        for wide in K_WIDTHS:
+            step = bk * wide * 4 // max(1, min(itemsize, 4))
+            for k in dict.fromkeys((min(step, max(MIN_BLOCK, pow2(p.k))), min(step, max(MIN_BLOCK, pow2(p.cg))))):
+                deepest = SMEM_BYTES // ((bm + bn) * k * itemsize)  # operand stages that fit in shared memory
+                if deepest < 2:
                     continue
-                out.append(ConvSchedule(bm, bn, k, warps, min(stages, max(2, chunk)), group, split))
+                depth = min(stages, deepest)
+                out.append(ConvSchedule(bm, bn, k, warps, min(depth, max(2, p.steps(k))), group))
+                if tiles >= sms:
+                    continue
+                steps = p.steps(k)
+                for split in SPLIT_K:
+                    chunk = cdiv(steps, split)  # K steps per program
+                    if chunk * k < max(SPLIT_K_MIN_CHUNK, 2 * k) or tiles * split > 2 * sms \
+                            or cdiv(steps, chunk) < split:
+                        continue
+                    out.append(ConvSchedule(bm, bn, k, warps, min(depth, max(2, chunk)), group, split))
     return list(dict.fromkeys(out))
 
 

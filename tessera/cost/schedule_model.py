@@ -27,9 +27,10 @@ shallow pipelines cannot keep DRAM busy: the small-M GEMMs of a transformer at b
 to the H100 probe of session 21 (`scripts/gemm_probe.py`). Since the model still misjudges
 which tile shape suits a problem (tf32 most), the ranking leads with the best schedule of each
 of its first `GEMM_FAMILIES` tile shapes, and those are measured. Convolution templates
-(`codegen/conv.py`) keep the older roofline (`predict_template`) as the implicit GEMM they are,
-over the K their walk pads the window to (`predict_conv`); the direct (depthwise) form has its
-own. They have not been probed the same way.
+(`codegen/conv.py`) are ranked by `predict_conv`: for the implicit GEMM, a weighted sum of time
+terms (`conv_terms`) whose weights were fitted to the H100 probe of session 24
+(`scripts/conv_sweep_probe.py`, `scripts/conv_fit.py`); the direct (depthwise) form keeps an
+unfitted roofline of its own.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from typing import Sequence
 
 from tessera.codegen.chain import chain_roots
 from tessera.codegen.conv import ConvProblem, channels_innermost, conv_problem, conv_root, conv_schedules
+from tessera.codegen.tile import cdiv
 from tessera.codegen.gemm import matmul_root, problem, template_schedules
 from tessera.codegen.kernels import ConvSchedule, GemmSchedule, KernelSource, Schedule, TemplateSchedule, schedules
 from tessera.codegen.triton_ops import Unsupported
@@ -114,7 +116,8 @@ def rank_kernel(graph: Graph, ks: KernelSource, dev: Device | None = None) -> tu
 # ---- GEMM templates ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TemplateParams:
-    """Constants of the template roofline (educated guesses for an H100; measurement decides)."""
+    """Constants of the direct convolution form's roofline (educated guesses for an H100;
+    measurement decides)."""
 
     smem_bytes: int = 227 << 10  # shared memory per SM: operand stages of resident programs
     max_warps_per_sm: int = 64
@@ -181,38 +184,6 @@ def family_heads(ranked: Sequence[GemmSchedule], families: int = GEMM_FAMILIES) 
     return first + [s for s in ranked if s not in first]
 
 
-def predict_template(s: GemmSchedule, batch: int, m: int, n: int, k: int, itemsize: int, operand_bytes: float,
-                     epilogue_bytes: float, rate: float, dev: Device, p: TemplateParams = TEMPLATE_PARAMS) -> float:
-    """Predicted seconds of a template launch (only the ranking is meant to be right).
-
-    Programs run in waves of resident programs (bounded by shared memory and warps per SM),
-    spread over the SMs; a wave lasts as long as its busiest SM. Per SM, the larger of:
-    - compute: its programs' padded tile work (block_m x block_n x K slice) at the SM's share
-      of the GPU's rate;
-    - operand streaming: its programs' (block_m + block_n) x K-slice operand elements at the
-      SM's share of L2 bandwidth (small tiles move more bytes per FLOP; few programs leave
-      most SMs, and their bandwidth, idle: what split-K fixes);
-    - latency: the K steps, one after another.
-    Whole waves are charged (wave quantisation: a last wave of a few tiles costs a full one).
-    The whole kernel is also bound by DRAM: the operands once, the epilogue's reads and writes,
-    the split-K workspace written and read; the tile's last program then reads every slice back
-    before its epilogue (one more step of latency per slice).
-    """
-    tiles = batch * math.ceil(m / s.block_m) * math.ceil(n / s.block_n)
-    programs = tiles * s.split_k
-    chunk = math.ceil(math.ceil(k / s.split_k) / s.block_k) * s.block_k
-    smem = s.num_stages * (s.block_m + s.block_n) * s.block_k * itemsize
-    resident = max(1, min(p.smem_bytes // max(smem, 1), p.max_warps_per_sm // s.num_warps))
-    waves, per_sm = _waves(programs, resident, dev)
-    compute = 2.0 * s.block_m * s.block_n * chunk / (rate / dev.sms)
-    stream = (s.block_m + s.block_n) * chunk * itemsize / (dev.bandwidth * p.l2_factor / dev.sms)
-    latency = (chunk / s.block_k + (s.split_k if s.split_k > 1 else 0)) * p.step_s
-    waved = waves * max(per_sm * compute, per_sm * stream, latency)
-    workspace = 2.0 * 4 * s.split_k * batch * m * n if s.split_k > 1 else 0.0
-    dram = (operand_bytes + epilogue_bytes + workspace) / dev.bandwidth
-    return max(waved, dram)
-
-
 def template_rate(dtype: DType, precision: str, dev: Device) -> float:
     """The matrix rate a template's dots run at: tensor cores for 16-bit operands and tf32, the
     CUDA cores for IEEE fp32."""
@@ -224,24 +195,83 @@ def template_rate(dtype: DType, precision: str, dev: Device) -> float:
 FORM_SLACK = 2.0  # a form's best schedule is measured early if predicted within this factor of the best
 
 
+@dataclass(frozen=True)
+class ConvParams:
+    """Per-unit costs of `predict_conv`'s implicit-GEMM terms (`conv_terms`), fitted by
+    non-negative least squares on relative error to 2,480 timed schedules of ResNet-50's and
+    Inception-v3's convolutions on the H100, fp16 and tf32 (`scripts/conv_sweep_probe.py`, fitted
+    by `scripts/conv_fit.py`, session 24). Left out: the DRAM floor, waves and per-thread terms,
+    which the fit gave no weight."""
+
+    compute: float = 1.60  # x the tile work of each SM's programs at its share of the rate
+    l2: float = 3.06  # x every program's operand stream at L2 bandwidth (8x DRAM's)
+    latency: float = 0.372  # x the round trips (1 us each) that reading through the bytes in flight takes
+    step: float = 1.19  # x 0.1 us per K step of a program, per wave
+    split_workspace: float = 1.28  # x the split-K workspace written and read at DRAM bandwidth
+    split: float = 1.24  # x 1 us for a split tile's last program: waiting on the counter, summing the slices
+    launch_s: float = 1.2e-6  # the intercept: what every launch costs
+    # The direct form's roofline is not fitted (the sweep has no direct schedules): scaled by what
+    # the best direct schedules of candy's 32 -> 3 convolution took over it in the H100 probes of
+    # session 22 (1.6-1.9x, `scripts/results/conv_probe/*direct*`), so the forms compare.
+    direct: float = 1.7
+
+
+CONV_PARAMS = ConvParams()
+CONV_TERMS = ("compute", "l2", "latency", "step", "split_workspace", "split")
+
+
+def conv_terms(s: ConvSchedule, p: ConvProblem, itemsize: int, operand_bytes: float, epilogue_bytes: float,
+               rate: float, dev: Device) -> dict[str, float]:
+    """The time terms of an implicit-GEMM convolution template, at unit cost (`ConvParams` weighs
+    them): the GEMM is groups x pixels x channels over K padded as the schedule walks it (per-tap
+    channel blocks or flat), so padding counts as work.
+    - compute: waves of resident programs, each SM's tile work at its share of the rate; a
+      program of fewer than 4 warps leaves tensor cores of the SM's 4 sub-partitions idle
+      unless other programs share the SM (the probe: 64x32 tiles run 15-27% faster on 4 warps
+      than on 2);
+    - l2: every program's gathered operand tiles (each input element once per tap covering it);
+    - latency: round trips to read the operands, the epilogue and an eighth of the L2 stream
+      through the bytes the resident programs keep in flight (stages - 1 tiles each);
+    - step: the K steps one program walks, one after another, per wave (what split-K shortens);
+    - split_workspace, split: split-K's fp32 partial tiles, and its last program's wait."""
+    tiles = p.groups * cdiv(p.m, s.block_m) * cdiv(p.og, s.block_n)
+    programs = tiles * s.split_k
+    steps = cdiv(p.steps(s.block_k), s.split_k)
+    chunk = steps * s.block_k
+    tile_bytes = (s.block_m + s.block_n) * s.block_k * itemsize
+    resident = max(1, min(dev.smem_bytes // max(s.num_stages * tile_bytes, 1), 64 // s.num_warps))
+    active = min(programs, dev.sms * resident)
+    waves, per_sm = _waves(programs, resident, dev)
+    streamed = programs * (s.block_m + s.block_n) * chunk * itemsize
+    in_flight = active * max(1, s.num_stages - 1) * tile_bytes
+    split = s.split_k > 1
+    return {
+        "compute": waves * 2.0 * s.block_m * s.block_n * chunk / (rate / dev.sms) * max(per_sm, 4 / s.num_warps),
+        "l2": streamed / (dev.bandwidth * 8),
+        "latency": (operand_bytes + epilogue_bytes + streamed / 8) / in_flight * 1e-6,
+        "step": waves * steps * 1e-7,
+        "split_workspace": 8.0 * s.split_k * p.groups * p.m * p.og / dev.bandwidth if split else 0.0,
+        "split": 1e-6 if split else 0.0,
+    }
+
+
 def predict_conv(s: ConvSchedule, p: ConvProblem, itemsize: int, operand_bytes: float, epilogue_bytes: float,
-                 rate: float, dev: Device, channels_inner: bool, p_: TemplateParams = TEMPLATE_PARAMS) -> float:
+                 rate: float, dev: Device, channels_inner: bool, p_: TemplateParams = TEMPLATE_PARAMS,
+                 params: ConvParams = CONV_PARAMS) -> float:
     """Predicted seconds of a convolution template (only the ranking is meant to be right).
 
-    Implicit GEMM: `predict_template` over groups x pixels x channels, with K padded as the
-    schedule walks it (per-tap channel blocks, or flat), so padding is charged as work; the
-    operand stream per tile is the gathered window, each input element once per tap covering it
-    (KH x KW / strides times, per channel tile: wider channel tiles reuse the input window more).
-    Direct form: per step (a window tap, and an input channel of the group), an input tile and
-    a multiply-add on the CUDA cores, in waves of resident programs. The tile is [block_m,
-    block_n] where each output channel reads its own input channel (groups), else a [block_m, 1]
-    column; loads are as wide as its contiguous run (channels of a channels-last depthwise input,
-    pixels of a row-major one), in 32-byte sectors.
+    Implicit GEMM: the weighted sum of `conv_terms` (fitted to H100 measurements: in the probe,
+    the best of the model's first 2 schedules was within 9% of the best measured, geomean, and
+    of its first 4 within 6%; leaving each shape out of the fit changed neither).
+    Direct form (not probed): per step (a window tap, and an input channel of the group), an
+    input tile and a multiply-add on the CUDA cores, in waves of resident programs. The tile is
+    [block_m, block_n] where each output channel reads its own input channel (groups), else a
+    [block_m, 1] column; loads are as wide as its contiguous run (channels of a channels-last
+    depthwise input, pixels of a row-major one), in 32-byte sectors.
     """
     if s.block_k:
-        g = GemmSchedule(s.block_m, s.block_n, s.block_k, s.num_warps, s.num_stages, s.group_m, s.split_k)
-        return predict_template(g, p.groups, p.m, p.og, p.steps(s.block_k) * s.block_k, itemsize, operand_bytes,
-                                epilogue_bytes, rate, dev, p_)
+        terms = conv_terms(s, p, itemsize, operand_bytes, epilogue_bytes, rate, dev)
+        return params.launch_s + sum(getattr(params, name) * terms[name] for name in CONV_TERMS)
     programs = math.ceil(p.m / s.block_m) * math.ceil(p.o / s.block_n)
     resident = max(1, p_.max_warps_per_sm // s.num_warps)
     waves, per_sm = _waves(programs, resident, dev)
@@ -253,7 +283,7 @@ def predict_conv(s: ConvSchedule, p: ConvProblem, itemsize: int, operand_bytes: 
     stream = s.block_m * lanes * taps * itemsize / sector / (dev.bandwidth * p_.l2_factor / dev.sms)
     latency = taps * p_.step_s
     dram = (operand_bytes + epilogue_bytes) / dev.bandwidth
-    return max(waves * max(per_sm * compute, per_sm * stream, latency), dram)
+    return params.launch_s + params.direct * max(waves * max(per_sm * compute, per_sm * stream, latency), dram)
 
 
 def rank_templates(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], precision: str = "fp32",
@@ -294,13 +324,15 @@ def _rank_conv(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], root
     inner = channels_innermost(xt, p)
     seconds = {s: predict_conv(s, p, itemsize, operands, epilogue, rate, dev, inner) for s in space}
     ranked = sorted(space, key=seconds.__getitem__)
-    # Each form's best leads (implicit GEMM whole or split-K, direct) where the model puts it within
-    # FORM_SLACK of the best: it compares schedules of one form far better than the forms, so each
-    # gets measured. (The direct form on a channels-last multi-channel input reads strided columns:
-    # 4-8x slower, H100 probe; it is ranked out of the heads.)
-    firsts: dict[tuple[bool, bool], ConvSchedule] = {}
+    # Each form's best leads (implicit GEMM, direct) where the model puts it within FORM_SLACK of
+    # the best: the direct form's model is not fitted, so each form gets measured. (The direct form
+    # on a channels-last multi-channel input reads strided columns: 4-8x slower, H100 probe; it is
+    # ranked out of the heads.) Split and whole walks are not forced to lead: the fitted model
+    # ranks them (the probe's best of 2 was 9% off the best leading with the model's first,
+    # 14% leading with the best of each).
+    firsts: dict[bool, ConvSchedule] = {}
     for s in ranked:  # each form's best, in rank order
-        firsts.setdefault((s.block_k == 0, s.split_k > 1), s)
+        firsts.setdefault(s.block_k == 0, s)
     heads = [s for s in firsts.values() if seconds[s] <= FORM_SLACK * seconds[ranked[0]]]
     return heads + [s for s in ranked if s not in heads]
 
