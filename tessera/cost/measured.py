@@ -202,8 +202,8 @@ class MeasuredCost:
     def template_jobs(self, c: Candidate, alone: bool = False) -> list[Job] | None:
         """The candidate as its best-ranked template (empty: templates off, or no template form).
 
-        A convolution template is measured at the model's CONV_FIRST best, once per convolution (a
-        split-K and a whole walk, where the model puts both near the top), like a GEMM's tile shapes.
+        A convolution template is measured at the model's CONV_FIRST best, once per convolution
+        (each form's best first where the model puts both near the top), like a GEMM's tile shapes.
         A GEMM template is measured at the schedule model's best of each of its first GEMM_FAMILIES
         tile shapes (the model orders schedules of one shape well, shapes apart poorly: session
         21's probe), once per matmul, as a chain is once per core (below). A GEMM chain is measured at its first CHAIN_CANDIDATE schedules of each kind of walk in the
@@ -229,7 +229,7 @@ class MeasuredCost:
                     if isinstance(ranked[0], ChainSchedule):
                         n_first = CHAIN_CANDIDATE * (2 if any(s.split_l > 1 for s in ranked) else 1)
                     elif isinstance(ranked[0], ConvSchedule):
-                        n_first = CONV_FIRST  # the model's two best: its forms' heads lead (split-K, whole)
+                        n_first = CONV_FIRST  # the model's two best (the direct form's best leads where it is near)
                     else:
                         n_first = GEMM_FAMILIES  # the model's best of each of its first tile shapes
                     core = frozenset(i for i in bits(c.nodes) if Prim(self.og.nodes[i].op).category is Category.LINEAR)
