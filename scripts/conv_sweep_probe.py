@@ -18,7 +18,6 @@ larger than L2, as in a model). The library job (no schedule) is cuDNN with its 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -26,8 +25,8 @@ import time
 
 os.environ.setdefault("TESSERA_TEST_DEVICE", "cuda")
 sys.path.insert(0, "tests")
-import torch  # noqa: E402
 from test_conv_template import conv_kernel, conv_relu  # noqa: E402
+from gemm_probe import save, time_sweep  # noqa: E402 - the GEMM probe's measuring and saving
 
 from tessera.codegen.conv import conv_problem, conv_schedules  # noqa: E402
 from tessera.codegen.kernels import ConvSchedule  # noqa: E402
@@ -131,13 +130,7 @@ def main() -> None:
                 if args.shapes and not any(s in label for s in args.shapes.split(",")):
                     continue
                 jobs, scheds, own, problem = conv_jobs(label, *shape, precision)
-                got: dict[int, tuple[float, str]] = {}
-                prof.measure(jobs, lambda i, sec, why: got.__setitem__(i, (sec, why)))
-                lib = got[0][0] * 1e6
-                entries = [{"schedule": s.to_json(), "own_space": s in own, "us": got[i + 1][0] * 1e6,
-                            "error": got[i + 1][1]} for i, s in enumerate(scheds)]
-                ok = sorted((e for e in entries if math.isfinite(e["us"])), key=lambda e: e["us"])
-                own_ok = [e for e in ok if e["own_space"]]
+                lib, entries, ok, own_ok = time_sweep(prof, jobs, scheds, own)
                 rows.append({"shape": label, "precision": precision, **problem, "library_us": lib,
                              "best": ok[:8], "best_own": own_ok[:3], "all": entries})
                 b, bo = ok[0] if ok else None, own_ok[0] if own_ok else None
@@ -146,9 +139,7 @@ def main() -> None:
                       f"{tuple(b['schedule'].values())[1:] if b else ''} | best own "
                       f"{bo['us'] if bo else math.nan:6.2f} | {len(ok)}/{len(entries)} built, "
                       f"{len(own_ok)} own", flush=True)
-                json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                           "date": time.strftime("%Y-%m-%d"), "seconds": time.time() - t0, "rows": rows},
-                          open(args.out, "w"), indent=1)  # after each row: a timed-out run keeps what it measured
+                save(args.out, rows, t0)  # after each row: a timed-out run keeps what it measured
     finally:
         prof.close()
 

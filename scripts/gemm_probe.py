@@ -100,6 +100,22 @@ def weight_floor_us(k: int, n: int, precision: str) -> float:
     return gpu_us(one_sum, calls=2 * copies)
 
 
+def time_sweep(prof: GpuProfiler, jobs: list[Job], scheds: list, own: set) -> tuple[float, list, list, list]:
+    """Measure jobs (the library call first, then one per schedule): the library's µs, every
+    schedule's entry, those that ran fastest first, and those of the tuning's own space."""
+    got: dict[int, tuple[float, str]] = {}
+    prof.measure(jobs, lambda i, sec, why: got.__setitem__(i, (sec, why)))
+    entries = [{"schedule": s.to_json(), "own_space": s in own, "us": got[i + 1][0] * 1e6, "error": got[i + 1][1]}
+               for i, s in enumerate(scheds)]
+    ok = sorted((e for e in entries if math.isfinite(e["us"])), key=lambda e: e["us"])
+    return got[0][0] * 1e6, entries, ok, [e for e in ok if e["own_space"]]
+
+
+def save(path: str, rows: list[dict], t0: float) -> None:
+    json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+               "seconds": time.time() - t0, "rows": rows}, open(path, "w"), indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -114,13 +130,7 @@ def main() -> None:
                 if args.shapes and not any(s in label for s in args.shapes.split(",")):
                     continue
                 jobs, scheds, own = linear_jobs(label, m, k, n, precision)
-                got: dict[int, tuple[float, str]] = {}
-                prof.measure(jobs, lambda i, sec, why: got.__setitem__(i, (sec, why)))
-                lib = got[0][0] * 1e6
-                entries = [{"schedule": s.to_json(), "own_space": s in own, "us": got[i + 1][0] * 1e6,
-                            "error": got[i + 1][1]} for i, s in enumerate(scheds)]
-                ok = sorted((e for e in entries if math.isfinite(e["us"])), key=lambda e: e["us"])
-                own_ok = [e for e in ok if e["own_space"]]
+                lib, entries, ok, own_ok = time_sweep(prof, jobs, scheds, own)
                 try:
                     floor = weight_floor_us(k, n, precision)
                 except Exception as e:  # noqa: BLE001 - the GEMM rows matter more than the floor
@@ -134,9 +144,7 @@ def main() -> None:
                       f"best sweep {b['us'] if b else float('nan'):6.2f} {b['schedule'] if b else ''} | "
                       f"best own {bo['us'] if bo else float('nan'):6.2f} | {len(ok)}/{len(entries)} built",
                       flush=True)
-                json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                           "date": time.strftime("%Y-%m-%d"), "seconds": time.time() - t0, "rows": rows},
-                          open(args.out, "w"), indent=1)  # after each row: a timed-out run keeps what it measured
+                save(args.out, rows, t0)  # after each row: a timed-out run keeps what it measured
     finally:
         prof.close()
 

@@ -40,9 +40,9 @@ from typing import Sequence
 
 from tessera.codegen.chain import chain_roots
 from tessera.codegen.conv import ConvProblem, channels_innermost, conv_problem, conv_root, conv_schedules
-from tessera.codegen.tile import cdiv
 from tessera.codegen.gemm import matmul_root, problem, template_schedules
 from tessera.codegen.kernels import ConvSchedule, GemmSchedule, KernelSource, Schedule, TemplateSchedule, schedules
+from tessera.codegen.tile import cdiv
 from tessera.codegen.triton_ops import Unsupported
 from tessera.cost.devices import Device, device
 from tessera.ir.dtype import DType
@@ -198,7 +198,7 @@ FORM_SLACK = 2.0  # a form's best schedule is measured early if predicted within
 @dataclass(frozen=True)
 class ConvParams:
     """Per-unit costs of `predict_conv`'s implicit-GEMM terms (`conv_terms`), fitted by
-    non-negative least squares on relative error to 2,480 timed schedules of ResNet-50's and
+    non-negative least squares on relative error to 2,482 timed schedules of ResNet-50's and
     Inception-v3's convolutions on the H100, fp16 and tf32 (`scripts/conv_sweep_probe.py`, fitted
     by `scripts/conv_fit.py`, session 24). Left out: the DRAM floor, waves and per-thread terms,
     which the fit gave no weight."""
