@@ -47,7 +47,7 @@ from typing import Sequence
 
 from tessera.codegen import index as ix
 from tessera.codegen.index import Ix
-from tessera.codegen.gemm import SPLIT_K, SPLIT_K_MIN_CHUNK
+from tessera.codegen.gemm import split_k_options
 from tessera.codegen.kernels import ConvSchedule, KernelBody, KernelSource, Launch, sanitize
 from tessera.codegen.tile import (DOT_TYPES, GRID_Y_MAX, MIN_BLOCK, Tile, cdiv, check_outputs, describe, dot_math,
                                   dot_operand, jit_function, pow2, store_outputs, sum_slices)
@@ -190,14 +190,7 @@ def conv_schedules(p: ConvProblem, itemsize: int = 4, sms: int = 132) -> list[Co
                     continue
                 depth = min(stages, deepest)
                 out.append(ConvSchedule(bm, bn, k, warps, min(depth, max(2, p.steps(k))), group))
-                if tiles >= sms:
-                    continue
-                steps = p.steps(k)
-                for split in SPLIT_K:
-                    chunk = cdiv(steps, split)  # K steps per program
-                    if chunk * k < max(SPLIT_K_MIN_CHUNK, 2 * k) or tiles * split > 2 * sms \
-                            or cdiv(steps, chunk) < split:
-                        continue
+                for split, chunk in split_k_options(tiles, p.steps(k), k, sms):
                     out.append(ConvSchedule(bm, bn, k, warps, min(depth, max(2, chunk)), group, split))
     return list(dict.fromkeys(out))
 

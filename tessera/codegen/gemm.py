@@ -73,15 +73,26 @@ def template_schedules(batch: int, m: int, n: int, k: int, itemsize: int = 4, sm
         tm, tn = cdiv(m, bm), cdiv(n, bn)
         group = 8 if tm > 1 and tn > 1 else 1  # swizzling one row or column of tiles changes nothing
         out.append(GemmSchedule(bm, bn, bk, warps, stages, group, 1))
-        tiles = batch * tm * tn
-        if tiles >= sms:
-            continue
-        for s in SPLIT_K:
-            chunk = cdiv(cdiv(k, s), bk) * bk
-            if chunk < max(SPLIT_K_MIN_CHUNK, 2 * bk) or tiles * s > 2 * sms or cdiv(k, chunk) < s:
-                continue
-            out.append(GemmSchedule(bm, bn, bk, warps, min(stages, max(2, chunk // bk)), group, s))
+        for s, chunk in split_k_options(batch * tm * tn, cdiv(k, bk), bk, sms):
+            out.append(GemmSchedule(bm, bn, bk, warps, min(stages, max(2, chunk)), group, s))
     return list(dict.fromkeys(out))
+
+
+def split_k_options(tiles: int, steps: int, step: int, sms: int) -> list[tuple[int, int]]:
+    """Split-K for a grid of `tiles` output tiles over a K walk of `steps` steps of `step` elements:
+    (programs per tile, K steps each) for each split in SPLIT_K that pays. None where the tiles
+    fill the SMs already; each slice keeps SPLIT_K_MIN_CHUNK elements and two steps at least, the
+    grid stays within 2 programs per SM, and no program is left without steps. (GEMM and
+    convolution templates share the rule.)"""
+    if tiles >= sms:
+        return []
+    out = []
+    for split in SPLIT_K:
+        chunk = cdiv(steps, split)
+        if chunk * step >= max(SPLIT_K_MIN_CHUNK, 2 * step) and tiles * split <= 2 * sms \
+                and cdiv(steps, chunk) >= split:
+            out.append((split, chunk))
+    return out
 
 
 def matmul_root(nodes: Sequence[Node]) -> Node | None:

@@ -114,18 +114,6 @@ def rank_kernel(graph: Graph, ks: KernelSource, dev: Device | None = None) -> tu
 
 
 # ---- GEMM templates ----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TemplateParams:
-    """Constants of the direct convolution form's roofline (educated guesses for an H100;
-    measurement decides)."""
-
-    smem_bytes: int = 227 << 10  # shared memory per SM: operand stages of resident programs
-    max_warps_per_sm: int = 64
-    l2_factor: float = 4.0  # L2 bandwidth over DRAM bandwidth: operand tiles are mostly L2 hits
-    step_s: float = 2.0e-8  # latency of one K step that the pipeline does not hide
-
-
-TEMPLATE_PARAMS = TemplateParams()
 
 
 def _waves(programs: int, resident: int, dev: Device) -> tuple[int, int]:
@@ -214,6 +202,9 @@ class ConvParams:
     # the best direct schedules of candy's 32 -> 3 convolution took over it in the H100 probes of
     # session 22 (1.6-1.9x, `scripts/results/conv_probe/*direct*`), so the forms compare.
     direct: float = 1.7
+    direct_l2_factor: float = 4.0  # the direct form's L2 bandwidth over DRAM's (its tiles mostly hit L2)
+    direct_step_s: float = 2.0e-8  # latency of one window step of the direct form that nothing hides
+    max_warps_per_sm: int = 64
 
 
 CONV_PARAMS = ConvParams()
@@ -256,8 +247,7 @@ def conv_terms(s: ConvSchedule, p: ConvProblem, itemsize: int, operand_bytes: fl
 
 
 def predict_conv(s: ConvSchedule, p: ConvProblem, itemsize: int, operand_bytes: float, epilogue_bytes: float,
-                 rate: float, dev: Device, channels_inner: bool, p_: TemplateParams = TEMPLATE_PARAMS,
-                 params: ConvParams = CONV_PARAMS) -> float:
+                 rate: float, dev: Device, channels_inner: bool, params: ConvParams = CONV_PARAMS) -> float:
     """Predicted seconds of a convolution template (only the ranking is meant to be right).
 
     Implicit GEMM: the weighted sum of `conv_terms` (fitted to H100 measurements: in the probe,
@@ -273,15 +263,15 @@ def predict_conv(s: ConvSchedule, p: ConvProblem, itemsize: int, operand_bytes: 
         terms = conv_terms(s, p, itemsize, operand_bytes, epilogue_bytes, rate, dev)
         return params.launch_s + sum(getattr(params, name) * terms[name] for name in CONV_TERMS)
     programs = math.ceil(p.m / s.block_m) * math.ceil(p.o / s.block_n)
-    resident = max(1, p_.max_warps_per_sm // s.num_warps)
+    resident = max(1, params.max_warps_per_sm // s.num_warps)
     waves, per_sm = _waves(programs, resident, dev)
     taps = p.kh * p.kw * p.cg
     compute = 2.0 * s.block_m * s.block_n * taps / (dev.fp32 / dev.sms)
     lanes = s.block_n if p.groups > 1 else 1  # input channels a step's tile spans
     run = lanes if channels_inner else (s.block_m if p.strides[1] == 1 else 1)
     sector = min(1.0, run * itemsize / SECTOR_BYTES)
-    stream = s.block_m * lanes * taps * itemsize / sector / (dev.bandwidth * p_.l2_factor / dev.sms)
-    latency = taps * p_.step_s
+    stream = s.block_m * lanes * taps * itemsize / sector / (dev.bandwidth * params.direct_l2_factor / dev.sms)
+    latency = taps * params.direct_step_s
     dram = (operand_bytes + epilogue_bytes) / dev.bandwidth
     return params.launch_s + params.direct * max(waves * max(per_sm * compute, per_sm * stream, latency), dram)
 

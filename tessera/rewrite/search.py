@@ -82,13 +82,14 @@ def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str,
     costs: dict[tuple[str, bool], float] = {}
     spent = False  # once the budget is spent, a site goes on only where every price it needs is known
 
-    def priced(fn: Callable[[Graph], float], precise: bool) -> Callable[[Graph], float]:
+    def priced(fn: Callable[[Graph], float] | None, precise: bool) -> Callable[[Graph], float]:
+        """`fn` through the cache; with no `fn` (or the budget spent), only prices already made."""
         def price(window: Graph) -> float:
             key = (signature(window), precise)
             if key in costs:
                 result.cached += 1
             else:
-                if spent:
+                if spent or fn is None:
                     raise _Unpriced
                 costs[key] = fn(window)
                 result.evaluated += precise
@@ -98,13 +99,8 @@ def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str,
     cost = priced(evaluate, True)
     rough = priced(estimate, False) if estimate is not None else None
 
+    known = priced(None, False)  # an estimate already made, else none
     estimates: dict[tuple[str, str], float] = {}  # a site's last estimated saving (`_by_estimate`)
-
-    def known(window: Graph) -> float:  # an estimate already made, else none
-        key = (signature(window), False)
-        if key not in costs:
-            raise _Unpriced
-        return costs[key]
 
     tried: set[tuple[str, str]] = set()
     # Nodes a kept sequence matched or made. No later rewrite touches them: window costs are local,
