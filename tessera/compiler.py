@@ -113,6 +113,9 @@ def compile_model(source: Any, options: CompileOptions | None = None,
                   profiler: Profiler | None = None) -> CompileResult:
     """Load, split, orchestrate a model and generate its kernels.
 
+    `source` is what `frontend.load` takes (a path, bytes, a ModelProto), or a model it already
+    loaded (a `LoadedModel`; `options.input_shapes` then go unused).
+
     `profiler` (measured cost only) is one the caller owns and closes: its worker processes then
     live across compiles, so a script that compiles many models starts them once. By default each
     measured compile starts its own and closes it at the end.
@@ -139,7 +142,7 @@ def compile_model(source: Any, options: CompileOptions | None = None,
         t = now
         logger.info("pass %-11s %7.2f s", name, timings[name])
 
-    loaded = load(source, opt.input_shapes)
+    loaded = source if isinstance(source, LoadedModel) else load(source, opt.input_shapes)
     done("load")
     fis = fission(loaded.graph)
     done("fission")

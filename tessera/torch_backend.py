@@ -11,6 +11,7 @@ the same shapes reuses the compiled plan. Parameters and buffers are frozen into
 """
 from __future__ import annotations
 
+import time
 from dataclasses import fields
 from typing import Any, Callable, Mapping, Sequence
 
@@ -18,6 +19,7 @@ import torch
 
 from tessera.compiler import CompileOptions, CompileResult, compile_model, plan_document, rebuild_meta
 from tessera.errors import TesseraError
+from tessera.frontend import load
 from tessera.frontend.fx import OnnxFromTorch, aten_graph, fold_static, to_onnx
 from tessera.log import logger
 from tessera.runtime import plan_cache
@@ -28,10 +30,13 @@ from tessera.torch_dynamic import BucketedModule, dims_from_spec, dynamo_dims
 
 class CompiledModule:
     """A compiled PyTorch graph: call it like the module (tensors by position). `result` is the
-    compile's (plan, graphs, tuning), None when the plan came from the plan cache."""
+    compile's (plan, graphs, tuning), None when the plan came from the plan cache; `stages` the
+    seconds each step of the compile took (trace, onnx, load, plan cache, compile, executable)."""
 
-    def __init__(self, exe: Executable, bridge: OnnxFromTorch, result: CompileResult | None, tuple_out: bool) -> None:
+    def __init__(self, exe: Executable, bridge: OnnxFromTorch, result: CompileResult | None, tuple_out: bool,
+                 stages: Mapping[str, float] | None = None) -> None:
         self.exe, self.bridge, self.result, self.tuple_out = exe, bridge, result, tuple_out
+        self.stages = dict(stages or {})
 
     def __call__(self, *args: Any) -> Any:
         ins = [args[i] for i in self.bridge.inputs]
@@ -73,6 +78,7 @@ def compile_module(module: Callable[..., Any], example_inputs: Sequence[Any],
                                   lambda args: compile_module(module, args, opt, name=label, frozen=frozen))
         bucketed.compile_all(example_inputs)
         return bucketed
+    stages = _Laps()  # where a (re)compile's time goes
     traced, frozen = module, set(frozen or ())
     if isinstance(module, torch.fx.GraphModule):  # a dynamo graph: sizes and module scalars are fixed here
         static = {i for i, x in enumerate(example_inputs)
@@ -89,27 +95,51 @@ def compile_module(module: Callable[..., Any], example_inputs: Sequence[Any],
         logger.info("%s does not trace as one graph (%s); compiling it through torch.compile", label,
                     str(e).splitlines()[0][:200])
         return _through_dynamo(module, example_inputs, opt)
+    stages.lap("trace")
     bridge = to_onnx(gm, list(example_inputs), frozen, label)
     if bridge.opaque:
         logger.info("%s: ATen op(s) kept whole (run by torch): %s", label, ", ".join(bridge.opaque))
+    stages.lap("onnx")
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
     device = tensors[0].device if tensors else torch.device("cpu")
     tuple_out = bridge.tuple_out
+    loaded = load(bridge.model, checker=False)  # the bridge's own output: onnx's checker re-serializes the weights
+    stages.lap("load")
     key = None
     if opt.plan_cache:
-        data = bridge.model.SerializeToString()
-        key = plan_cache.plan_key(data, opt, torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
-        exe = plan_cache.lookup(key, data, device)
+        key = plan_cache.plan_key(plan_cache.model_digest(bridge.model), opt,
+                                  torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
+        exe = plan_cache.lookup(key, loaded, device)
+        stages.lap("plan cache")
         if exe is not None:
-            logger.info("%s: plan reused from the plan cache (%s)", label, key[:12])
-            return CompiledModule(exe, bridge, None, tuple_out)
-    result = compile_model(bridge.model, opt)
+            logger.info("%s: plan reused from the plan cache (%s); %s", label, key[:12], _stage_line(stages))
+            return CompiledModule(exe, bridge, None, tuple_out, stages)
+    result = compile_model(loaded, opt)
+    stages.lap("compile")
     exe = Executable(result.graph, plan_document(result), device)
+    stages.lap("executable")
     if key is not None:
         meta = {**rebuild_meta(result), "graph_digest": graph_digest(result.graph),
                 "layout_choices": result.layouts.choices if result.layouts is not None else []}
         plan_cache.store(key, exe.plan, meta)
-    return CompiledModule(exe, bridge, result, tuple_out)
+    logger.info("%s: compiled; %s", label, _stage_line(stages))
+    return CompiledModule(exe, bridge, result, tuple_out, stages)
+
+
+class _Laps(dict):
+    """Seconds per named step, each timed from the end of the step before."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self[name], self._t = now - self._t, now
+
+
+def _stage_line(stages: Mapping[str, float]) -> str:
+    return ", ".join(f"{k} {v:.2f} s" for k, v in stages.items())
 
 
 def dynamo_compile(module: Callable[..., Any], options: CompileOptions) -> tuple[Callable[..., Any], list[Any]]:

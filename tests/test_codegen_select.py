@@ -241,6 +241,26 @@ def test_fp16_clamps_out_of_range_constants_without_a_warning():
     assert m.tolist() == [-65504.0, 1.0, 65504.0, -np.inf]
 
 
+def test_fp16_constants_round_as_numpy_does() -> None:
+    """The narrowing converts through torch (faster on large weights): bit for bit what NumPy's
+    round-to-nearest-even gives, at every magnitude (subnormals, the overflow edge at 65520, signed
+    zeros, NaN), for read-only and strided arrays and 0-d constants."""
+    from tessera.ir.dtype import DType
+    from tessera.rewrite.precision import _narrow_constant
+
+    rng = np.random.default_rng(23)
+    v = np.concatenate([rng.standard_normal(20_000).astype(np.float32) * s for s in (1e-7, 3e-5, 1.0, 300.0, 6.6e4)]
+                       + [np.array([65504, 65519.99, 65520, -65520, 0.0, -0.0, np.nan, 2.0**-25, 2.0**-24], np.float32)])
+    big = np.finfo(np.float16).max
+    want = np.where(np.isfinite(v), np.clip(v, -big, big), v).astype(np.float16)
+    ro = v.copy()
+    ro.setflags(write=False)
+    for a, w in ((ro, want), (v.reshape(-1, 7)[:, ::2], want.reshape(-1, 7)[:, ::2]), (v[5:6].reshape(()), want[5:6].reshape(()))):
+        got = _narrow_constant(a, DType.FLOAT16)
+        assert got.dtype == np.float16 and got.shape == a.shape
+        assert np.array_equal(got.view(np.uint16), w.view(np.uint16))
+
+
 # ---- the library GEMM's GELU epilogue ------------------------------------------------
 def _scalar(v: float) -> Const:
     return Const(np.array(v, np.float32))

@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import onnx
 import pytest
 import torch
 import transformers
@@ -137,6 +139,50 @@ def test_artifact_of_a_module_with_an_aten_call(tmp_path: Path) -> None:
     with torch.no_grad():
         want = fn(torch.from_numpy(feeds[loaded.graph.inputs[0]]))
     close(torch.from_numpy(next(iter(ref.values()))), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_the_bridge_writes_models_the_onnx_checker_accepts(dtype: torch.dtype) -> None:
+    """compile_module loads the bridge's models without onnx's checker (it serializes the weights
+    again), so the checker must accept what the bridge writes, and its initializers must hold the
+    module's values bit for bit (bfloat16 as raw bits; a weight may be stored transposed, folded)."""
+    from onnx import numpy_helper
+
+    from tessera.frontend.fx import aten_graph, to_onnx
+    torch.manual_seed(5)
+    m = nn.Sequential(nn.Linear(6, 7), nn.GELU(), nn.Linear(7, 3)).eval().to(dtype)
+    x = torch.randn(5, 6, dtype=dtype)
+    bridge = to_onnx(aten_graph(m, [x]), [x], set(), "mlp")
+    onnx.checker.check_model(bridge.model, full_check=True)
+    inits = {t.name: t for t in bridge.model.graph.initializer}
+    found = 0
+    for p_ in m.parameters():
+        want = p_.detach().float().numpy()
+        for t in inits.values():
+            got = numpy_helper.to_array(t)
+            got = got.view(np.uint16).astype(np.uint32) if t.data_type == onnx.TensorProto.BFLOAT16 else got
+            if t.data_type == onnx.TensorProto.BFLOAT16:
+                got = (got << 16).view(np.float32)
+            if any(got.shape == w.shape and np.array_equal(got.astype(np.float32), w) for w in (want, want.T)):
+                found += 1
+                break
+    assert found == len(list(m.parameters()))
+
+
+def test_plan_key_follows_the_weights_not_the_graph_name() -> None:
+    """The plan cache's key hashes the model in place (no serialization of the weights): the same
+    model under another graph name (dynamo numbers its graphs) hits, another weight misses."""
+    from tessera.frontend.fx import aten_graph, to_onnx
+    from tessera.runtime.plan_cache import model_digest
+    m = nn.Sequential(nn.Linear(6, 7), nn.ReLU()).eval()
+    x = torch.randn(2, 6)
+    a = to_onnx(aten_graph(m, [x]), [x], set(), "graph_0").model
+    b = to_onnx(aten_graph(m, [x]), [x], set(), "graph_1").model
+    assert model_digest(a) == model_digest(b)
+    with torch.no_grad():
+        m[0].weight[3, 2] += 1e-3
+    c = to_onnx(aten_graph(m, [x]), [x], set(), "graph_0").model
+    assert model_digest(c) != model_digest(a)
 
 
 def test_aten_call_arguments_round_trip() -> None:

@@ -23,14 +23,15 @@ class LoadedModel:
     input_shapes: dict[str, tuple[int, ...]]
 
 
-def load(source: Any, input_shapes: Mapping[str, Sequence[int]] | None = None) -> LoadedModel:
+def load(source: Any, input_shapes: Mapping[str, Sequence[int]] | None = None, checker: bool = True) -> LoadedModel:
     """Load an ONNX file, bytes or ModelProto into a folded operator graph.
 
     `input_shapes` fixes symbolic input dims (name -> full shape). Raises a
-    `TesseraError` subclass naming the problem for any bad input.
+    `TesseraError` subclass naming the problem for any bad input. `checker=False` skips onnx's
+    checker, for a model tessera built itself (`reader.check_model`).
     """
     model, label = read_model(source)
-    model = check_model(model, label)
+    model = check_model(model, label, checker)
     graph, declared = to_operator_graph(model, label, input_shapes)
     summary = fold_and_infer(graph, declared, label, check_declared=not input_shapes)
     graph.validate()

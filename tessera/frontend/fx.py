@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 import torch
 import torch.fx as fx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from tessera.errors import TesseraError, UnsupportedError
 from tessera.ir.aten_call import ATEN_DOMAIN, ATEN_OPSET, dumps
@@ -81,10 +81,12 @@ def onnx_dtype(dt: torch.dtype) -> int:
 
 @dataclass
 class Emitter:
-    """Builds the ONNX graph; converters call it (frontend/aten.py)."""
+    """Builds the ONNX model; converters call it (frontend/aten.py)."""
 
     nodes: list[onnx.NodeProto] = field(default_factory=list)
-    initializers: list[onnx.TensorProto] = field(default_factory=list)
+    # Initializers are written straight into the model: a TensorProto built apart is copied
+    # whole into each message that takes it (three copies of BERT-base's 440 MB of weights).
+    model: onnx.ModelProto = field(default_factory=onnx.ModelProto)
     _count: int = 0
     current: str = ""  # the FX node being converted: names its ONNX nodes
 
@@ -99,12 +101,16 @@ class Emitter:
             t = t.to(dtype)
         t = t.detach().cpu().contiguous()
         name = self.fresh(hint)
+        proto = self.model.graph.initializer.add()
+        proto.name = name
+        proto.dims.extend(t.shape)
         if t.dtype == torch.bfloat16:  # NumPy has no bfloat16: store the bits
-            proto = helper.make_tensor(name, onnx.TensorProto.BFLOAT16, list(t.shape),
-                                       t.view(torch.int16).numpy().astype(np.uint16).tobytes(), raw=True)
+            proto.data_type = onnx.TensorProto.BFLOAT16
+            proto.raw_data = t.view(torch.int16).numpy().tobytes()
         else:
-            proto = numpy_helper.from_array(t.numpy(), name)
-        self.initializers.append(proto)
+            a = t.numpy()
+            proto.data_type = helper.np_dtype_to_tensor_dtype(a.dtype)
+            proto.raw_data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()  # ONNX stores little-endian
         return name
 
     def ints(self, values: Sequence[int]) -> str:
@@ -298,9 +304,14 @@ def to_onnx(gm: fx.GraphModule, example_inputs: Sequence[Any], frozen: set[int],
     if not graph_outputs:
         raise UnsupportedError(f"{name}: the graph computes nothing from its inputs (every output is a constant "
                                "or an input)")
-    g = helper.make_graph(em.nodes, name, graph_inputs, graph_outputs, initializer=em.initializers)
-    imports = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(ATEN_DOMAIN, ATEN_OPSET)] if opaque else [])
-    model = helper.make_model(g, opset_imports=imports, producer_name="tessera.frontend.fx")
+    model = em.model  # filled in place: helper.make_graph and make_model would copy the weights twice
+    model.graph.name = name
+    model.graph.node.extend(em.nodes)
+    model.graph.input.extend(graph_inputs)
+    model.graph.output.extend(graph_outputs)
+    model.opset_import.extend([helper.make_opsetid("", OPSET)]
+                              + ([helper.make_opsetid(ATEN_DOMAIN, ATEN_OPSET)] if opaque else []))
+    model.producer_name = "tessera.frontend.fx"
     model.ir_version = 10  # what onnxruntime reads
     return OnnxFromTorch(model, taken, outputs, sorted(set(opaque)), isinstance(result, (list, tuple)))
 

@@ -275,12 +275,15 @@ class Graph:
                 raise MalformedModelError(f"tensor '{t}' has no type")
         self.topological_order()
 
-    def clone(self) -> "Graph":
-        """A deep copy: nodes are immutable and shared, containers and constants copied."""
+    def clone(self, copy_constants: bool = True) -> "Graph":
+        """A deep copy: nodes are immutable and shared, containers and constants copied.
+        `copy_constants=False` shares the constants' arrays, for a pass that replaces constants
+        but never writes into one (copying a transformer's weights takes a second)."""
         return Graph(
             name=self.name, kind=self.kind, inputs=list(self.inputs), outputs=list(self.outputs),
             nodes=list(self.nodes), types=dict(self.types),
-            constants={k: v.copy() for k, v in self.constants.items()}, opsets=dict(self.opsets),
+            constants={k: v.copy() if copy_constants else v for k, v in self.constants.items()},
+            opsets=dict(self.opsets),
         )
 
     def same_as(self, other: "Graph") -> bool:

@@ -272,7 +272,7 @@ def assign_layouts(graph: Graph, pricer: LayoutPricer | None, policy: str = "aut
         by_name = wiring.by_name if wiring else {}
         unpadded = [c for r in chosen for c in r.convs if padded_channels(graph, by_name[c]) is not None
                     and not pricer.pad(graph, by_name[c])]
-    g = graph.clone()
+    g = graph.clone(copy_constants=False)  # constants are replaced or added, never written
     for r in chosen:
         for t in r.tensors:
             ty = g.types[t]

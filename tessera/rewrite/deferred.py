@@ -46,7 +46,7 @@ def defer_normalization(graph: Graph) -> tuple[Graph, int]:
     (a new graph), and how many were rewritten. The normalized operand (and every reshape between
     it and the matmul) must be read by the next node alone and be no graph output, so no value
     disappears."""
-    g = graph.clone()
+    g = graph.clone(copy_constants=False)  # constants are replaced or added, never written
     producers = g.producers()
     consumers = g.consumers()
     names = {n.name for n in g.nodes}

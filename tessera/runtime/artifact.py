@@ -25,7 +25,7 @@ import torch
 
 from tessera.errors import ModelLoadError, TesseraError
 from tessera.fission import fission
-from tessera.frontend import load as frontend_load
+from tessera.frontend import LoadedModel, load as frontend_load
 from tessera.ir.graph import Graph
 from tessera.orchestrate.layout import assign_layouts
 from tessera.rewrite import convert_precision
@@ -62,10 +62,13 @@ def _file_hashes(out: Path) -> dict[str, str]:
     return {str(f.relative_to(out)): hashlib.sha256(f.read_bytes()).hexdigest() for f in _artifact_files(out)}
 
 
-def rebuild_graph(model: Path | bytes, meta: dict[str, Any]) -> Graph:
-    """The primitive graph a compile ran, from its source model (a path or its bytes) and the
-    choices it recorded."""
-    loaded = frontend_load(model, {k: tuple(v) for k, v in meta["input_shapes"].items()})
+def rebuild_graph(model: Path | bytes | LoadedModel, meta: dict[str, Any]) -> Graph:
+    """The primitive graph a compile ran, from its source model (a path, its bytes, or the model
+    already loaded) and the choices it recorded."""
+    shapes = {k: tuple(v) for k, v in meta["input_shapes"].items()}
+    loaded = model if isinstance(model, LoadedModel) else frontend_load(model, shapes)
+    if loaded.input_shapes != shapes:
+        raise ModelLoadError(f"the model takes inputs shaped {loaded.input_shapes}; the plan was made for {shapes}")
     graph = fission(loaded.graph).graph
     for rule in meta.get("rewrites", []):
         if isinstance(rule, dict):  # a step the rewrite search kept
