@@ -8,6 +8,7 @@ attributes; in a primitive graph it is a `Prim`.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -61,7 +62,7 @@ class TensorType:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return int(math.prod(self.shape))  # np.prod took 2 s of GPT-2's orchestration
 
     @property
     def nbytes(self) -> int:

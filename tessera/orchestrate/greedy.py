@@ -18,6 +18,7 @@ from tessera.orchestrate.graphview import OGraph, bits
 def greedy_groups(og: OGraph, members: int, rules: CandidateRules, legality: KernelLegality) -> list[int]:
     """Node sets of the greedy kernels inside `members`."""
     group = {i: 1 << i for i in bits(members)}
+    top = (1 << members.bit_length()) - 1  # nodes past the last member never lead back into one
     alone = {i for i in bits(members)
              if Prim(og.nodes[i].op).category in (Category.LINEAR, Category.OPAQUE)}
     for v in bits(members):
@@ -28,7 +29,7 @@ def greedy_groups(og: OGraph, members: int, rules: CandidateRules, legality: Ker
             merged = gu | gv
             if merged.bit_count() > rules.max_nodes or not og.is_convex(merged):
                 continue
-            if _closes_cycle(og, merged, group):
+            if _closes_cycle(og, merged, group, top):
                 continue
             if legality.check(og, merged) is not None:
                 continue
@@ -37,18 +38,20 @@ def greedy_groups(og: OGraph, members: int, rules: CandidateRules, legality: Ker
     return sorted(set(group.values()))
 
 
-def _closes_cycle(og: OGraph, merged: int, group: dict[int, int]) -> bool:
+def _closes_cycle(og: OGraph, merged: int, group: dict[int, int], within: int = -1) -> bool:
     """Whether kernel `merged` would depend on itself through other kernels.
 
     Each group being convex is not enough: group A may read group B while B reads A (an fp16
     input cast fused into one group and read by both; found by the fuzzer, tests/test_fuzz.py).
-    Walks the kernels reachable from `merged`'s consumers.
+    Walks the kernels reachable from `merged`'s consumers among the nodes of `within` (all by
+    default). Nodes are in topological order and every node outside `group` is a kernel of its
+    own, so nodes after the last grouped one can be left out: none leads back.
     """
     seen = 0  # kernels already walked, other than `merged`
     todo = 0
     for i in bits(merged):
         todo |= og.succs[i]
-    todo &= ~merged
+    todo &= ~merged & within
     while todo:
         low = todo & -todo
         todo ^= low
@@ -59,7 +62,7 @@ def _closes_cycle(og: OGraph, merged: int, group: dict[int, int]) -> bool:
             continue
         seen |= g
         for j in bits(g):
-            todo |= og.succs[j] & ~seen
+            todo |= og.succs[j] & ~seen & within
     return False
 
 
