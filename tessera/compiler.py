@@ -279,7 +279,7 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
     tuning: dict[str, Any] = {}
     tuned: dict[str, AnySchedule] = {}
     tuned_s: dict[str, float] = {}
-    rules, legality = kernel_rules(opt, chains, cost)
+    rules, legality = kernel_rules(opt, chains, cost, {})  # by signature: a transformer's layers share verdicts
     plan = orchestrate(og, cost, strategy=opt.strategy,
                        rules=rules, legality=legality, solver=opt.solver, time_limit=opt.time_limit, max_states=opt.max_states,
                        model=loaded.label, device=device_name, precision=opt.precision, cost_model=cost_kind,
