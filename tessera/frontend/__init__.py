@@ -31,7 +31,7 @@ def load(source: Any, input_shapes: Mapping[str, Sequence[int]] | None = None, c
     checker, for a model tessera built itself (`reader.check_model`).
     """
     model, label = read_model(source)
-    model = check_model(model, label, checker)
+    model = check_model(model, label, checker, source)
     graph, declared = to_operator_graph(model, label, input_shapes)
     summary = fold_and_infer(graph, declared, label, check_declared=not input_shapes)
     graph.validate()
