@@ -258,3 +258,26 @@ def test_cuts_count_the_fusions_they_forbid():
     assert _crossing_count(og, 0, 4, fusable, linear)[:2] == (1, 1)  # r -> add; h -> matmul
     assert _crossing_count(og, 0, 3, fusable, linear)[:2] == (3, 0)  # m1, m2 -> h; r -> add
     assert best_cut(og, 0, 4) == 4
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_cycle_walk_bound_changes_no_verdict(seed: int) -> None:
+    """The greedy merge's cycle walk stops where no node can lead back (`greedy._reach`): for random
+    groupings of random DAGs (groups of nearby and of far-apart nodes) and every pair of groups,
+    the bounded walk answers as the walk over every node does, cycles found included."""
+    from tessera.orchestrate.greedy import _closes_cycle, _reach
+
+    og = random_dag(36, seed)
+    rng = random.Random(seed)
+    owner = [min(i // 3 + rng.choice([0, 0, 0, 5]), 14) for i in range(og.n)]  # mostly local, some far
+    groups = [sum(1 << i for i in range(og.n) if owner[i] == k) for k in range(15)]
+    groups = [g for g in groups if g]
+    group = {i: g for g in groups for i in bits(g)}
+    spans = {g: ((g & -g).bit_length() - 1, g.bit_length() - 1) for g in groups if g.bit_count() > 1}
+    verdicts = []
+    for gu, gv in itertools.combinations(groups, 2):
+        merged = gu | gv
+        bounded = _closes_cycle(og, merged, group, _reach(merged, spans))
+        assert bounded == _closes_cycle(og, merged, group)
+        verdicts.append(bounded)
+    assert any(verdicts) and not all(verdicts)

@@ -18,7 +18,7 @@ from tessera.orchestrate.graphview import OGraph, bits
 def greedy_groups(og: OGraph, members: int, rules: CandidateRules, legality: KernelLegality) -> list[int]:
     """Node sets of the greedy kernels inside `members`."""
     group = {i: 1 << i for i in bits(members)}
-    top = (1 << members.bit_length()) - 1  # nodes past the last member never lead back into one
+    spans: dict[int, tuple[int, int]] = {}  # first and last node of each group of several nodes
     alone = {i for i in bits(members)
              if Prim(og.nodes[i].op).category in (Category.LINEAR, Category.OPAQUE)}
     for v in bits(members):
@@ -29,13 +29,29 @@ def greedy_groups(og: OGraph, members: int, rules: CandidateRules, legality: Ker
             merged = gu | gv
             if merged.bit_count() > rules.max_nodes or not og.is_convex(merged):
                 continue
-            if _closes_cycle(og, merged, group, top):
+            if _closes_cycle(og, merged, group, _reach(merged, spans)):
                 continue
             if legality.check(og, merged) is not None:
                 continue
             for i in bits(merged):
                 group[i] = merged
+            spans.pop(gu, None)
+            spans.pop(gv, None)
+            spans[merged] = ((merged & -merged).bit_length() - 1, merged.bit_length() - 1)
     return sorted(set(group.values()))
+
+
+def _reach(merged: int, spans: dict[int, tuple[int, int]]) -> int:
+    """The nodes through which kernel `merged` could depend on itself. Edges run forward in node
+    order, so a walk can only come back below where it is inside a group that spans both places:
+    past the last node T of `merged` and of every group starting at or before T (grown to a
+    fixed point), no node leads back (the whole-graph greedy walked to the graph's end before)."""
+    last = merged.bit_length() - 1
+    for lo, hi in sorted(spans.values()):
+        if lo > last:
+            break
+        last = max(last, hi)
+    return (1 << (last + 1)) - 1
 
 
 def _closes_cycle(og: OGraph, merged: int, group: dict[int, int], within: int = -1) -> bool:
@@ -44,8 +60,7 @@ def _closes_cycle(og: OGraph, merged: int, group: dict[int, int], within: int = 
     Each group being convex is not enough: group A may read group B while B reads A (an fp16
     input cast fused into one group and read by both; found by the fuzzer, tests/test_fuzz.py).
     Walks the kernels reachable from `merged`'s consumers among the nodes of `within` (all by
-    default). Nodes are in topological order and every node outside `group` is a kernel of its
-    own, so nodes after the last grouped one can be left out: none leads back.
+    default; `_reach` says which nodes can matter).
     """
     seen = 0  # kernels already walked, other than `merged`
     todo = 0
