@@ -244,7 +244,8 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
                 if peer == DYNAMO:
                     extra = {"graphs": len(compiled), "kernels": sum(len(c.exe.steps) for c in compiled),
                              "opaque": sorted({o for c in compiled for o in c.bridge.opaque}),
-                             "tuning": [c.result.tuning if c.result else "plan cache" for c in compiled]}
+                             "tuning": [c.result.tuning if c.result else "plan cache" for c in compiled],
+                             "stages": [getattr(c, "stages", {}) for c in compiled]}  # seconds per compile step
                 err, ok = _check(out, ref, out_names, precision)
                 ms = profile_callable(lambda: fn(*call), GPU_REPS, dev, peer).total_us / 1e3 \
                     if timing == "gpu" else median_ms(lambda: fn(*call), dev)

@@ -35,6 +35,8 @@ def test_bench_times_tessera_through_dynamo_beside_the_onnx_path():
     dyn = by["tessera-dynamo"]
     assert dyn["passed"] and dyn["extra"]["graphs"] == 1 and dyn["extra"]["opaque"] == []
     assert dyn["extra"]["kernels"] == by["tessera-optimal"]["extra"]["kernels"]  # the same plan, two frontends
+    (stages,) = dyn["extra"]["stages"]  # where its compile's time went, step by step
+    assert {"trace", "onnx", "load", "plan cache"} <= set(stages) and all(v >= 0 for v in stages.values())
     assert by["eager"]["vs_best_peer"] == 1.0
 
 
