@@ -112,6 +112,7 @@ def compile_module(module: Callable[..., Any], example_inputs: Sequence[Any],
         exe = plan_cache.lookup(key, loaded, device)
         stages.lap("plan cache")
         if exe is not None:
+            exe.plan["model"] = loaded.label  # the key leaves the graph's name out: another label may have stored it
             logger.info("%s: plan reused from the plan cache (%s); %s", label, key[:12], _stage_line(stages))
             return CompiledModule(exe, bridge, None, tuple_out, stages)
     result = compile_model(loaded, opt)

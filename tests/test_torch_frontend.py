@@ -324,6 +324,9 @@ def test_plan_cache_reuses_a_plan_and_drops_a_damaged_one(tmp_path: Path, monkey
     again = tessera.compile(m, (x,))
     assert again.result is None  # from $TESSERA_CACHE/plans: nothing planned
     assert again.exe.plan["kernels"] == first.exe.plan["kernels"]
+    from tessera.torch_backend import compile_module
+    renamed = compile_module(m, (x,), name="renamed")  # the key leaves the label out; the plan keeps its own
+    assert renamed.result is None and renamed.exe.plan["model"] == "renamed"
     fresh = torch.randn(4, 12)
     with torch.no_grad():
         close(again(fresh), m(fresh))
