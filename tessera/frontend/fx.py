@@ -27,7 +27,6 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import onnx
 import torch
 import torch.fx as fx
