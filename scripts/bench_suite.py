@@ -113,6 +113,8 @@ def main() -> int:
     ap.add_argument("--skip-dir", type=Path, help="skip (model, precision) pairs with a result file here")
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--fresh-db", action="store_true", help="tune each pair from an empty database")
+    ap.add_argument("--keep-db", type=Path,
+                    help="with --fresh-db: keep each pair's database as KEEP_DB/MODEL_PREC.db (for a warm run after)")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new pair after this many seconds")
     ap.add_argument("--code", default="", help="the tessera commit measured (the device's copy has no git history)")
     ap.add_argument("--profile", action="store_true", help="also profile each contender's kernels by kind")
@@ -133,7 +135,12 @@ def main() -> int:
                 print(f"stop before {model} {prec}: the {a.budget_s:.0f} s budget is spent", flush=True)
                 return 0
             t = time.perf_counter()
-            db = str(Path(tempfile.mkdtemp()) / "fresh.db") if a.fresh_db else a.db
+            db = a.db
+            if a.fresh_db:
+                keep = a.keep_db or Path(tempfile.mkdtemp())
+                keep.mkdir(parents=True, exist_ok=True)
+                db = str(keep / f"{model}_{prec}.db")
+                Path(db).unlink(missing_ok=True)
             try:
                 doc = bench(f"zoo:{model}", prec, a.vs.split(","), a.strategies.split(","), a.cost, db,
                             "cuda", 0, a.solver, a.profile, a.timing)

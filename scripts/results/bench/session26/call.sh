@@ -1,0 +1,25 @@
+#!/bin/bash
+# Session 26's device calls: `bash scripts/results/bench/session26/call.sh N SHA` on the GPU machine,
+# after the wheels are installed (PYTHONPATH holds them and the repo). Each step has its own time
+# limit, so what finished comes back under $OUT even when a later step runs long.
+n=$1; code=$2
+B="python3 scripts/bench_suite.py --solver highs --profile --fresh-db --keep-db /tmp/dbs --code $code"
+step() { local t=$1; shift; echo "== $(date +%T) $*" >> $OUT/call.log; timeout -k 5 $t "$@" >> $OUT/call.log 2>&1; echo "== rc $?" >> $OUT/call.log; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $OUT/gpu.txt
+case $n in
+1)  # split-K GEMM on the GPU; resnet50 fp16 through the ONNX path and torch.compile(backend="tessera"); warm recompile
+    step 90 python3 -m pytest -q -x tests/test_gemm_template.py -k split_k
+    step 300 $B --models resnet50 --precisions fp16 --vs inductor-cudagraphs,tessera-dynamo --strategies optimal-precisionio --out $OUT
+    step 150 python3 scripts/recompile_time.py --models resnet50 --cost measured --db /tmp/dbs/resnet50_fp16.db --json $OUT/recompile_resnet50.json ;;
+2)  # gpt2 fp16 cold with the GEMM ranking (4d77a98), beside the backend; warm recompile
+    step 470 $B --models gpt2 --precisions fp16 --vs inductor-cudagraphs,tessera-dynamo --strategies optimal-precisionio --out $OUT
+    step 110 python3 scripts/recompile_time.py --models gpt2 --cost measured --db /tmp/dbs/gpt2_fp16.db --json $OUT/recompile_gpt2.json ;;
+3|4) # a tf32 transformer without templates (the profile target's "before") and with them, one database
+    m=$([ $n = 3 ] && echo bert_base || echo gpt2)
+    step 570 $B --models $m --precisions tf32 --vs eager --strategies optimal-precisionio-notemplates,optimal-precisionio --out $OUT ;;
+5)  # issue 14's suite rows not yet run at recent code
+    step 300 $B --models segformer_b0 --precisions fp16 --vs inductor-cudagraphs --strategies optimal-precisionio --out $OUT
+    step 270 $B --models efficientvit_b0 --precisions fp16 --vs inductor-cudagraphs --strategies optimal-precisionio --out $OUT ;;
+esac
+gzip -f $OUT/*.jsonl 2>/dev/null
+tail -n 40 $OUT/call.log
