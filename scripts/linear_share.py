@@ -67,8 +67,8 @@ def _load(files: list[Path], name: str | None = None) -> dict[tuple[str, str], t
     return out
 
 
-def table(before: list[Path], after: list[Path], entry: str | None = None) -> str:
-    b, a = _load(before), _load(after, entry)
+def table(before: list[Path], after: list[Path], entry: str | None = None, before_entry: str | None = None) -> str:
+    b, a = _load(before, before_entry), _load(after, entry)
     rows = ["| model | precision | before: linear + epilogue µs (code) | after: linear + epilogue µs (code) "
             "| change | with the kernels between, before / after µs | change | kernel total, before / after µs |",
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -88,8 +88,10 @@ def main() -> int:
     ap.add_argument("--before", nargs="+", type=Path, required=True)
     ap.add_argument("--after", nargs="+", type=Path, required=True)
     ap.add_argument("--entry", help="the after side's contender (default: the suite's main tessera entry)")
+    ap.add_argument("--before-entry", help="the before side's contender (a file that holds both sides: "
+                    "tessera-optimal-precisionio-notemplates)")
     a = ap.parse_args()
-    print(table(a.before, a.after, a.entry))
+    print(table(a.before, a.after, a.entry, a.before_entry))
     return 0
 
 

@@ -20,6 +20,15 @@ case $n in
 5)  # issue 14's suite rows not yet run at recent code
     step 300 $B --models segformer_b0 --precisions fp16 --vs inductor-cudagraphs --strategies optimal-precisionio --out $OUT
     step 270 $B --models efficientvit_b0 --precisions fp16 --vs inductor-cudagraphs --strategies optimal-precisionio --out $OUT ;;
+6)  # the fault in gpt2's recompile (call 2), kernel by kernel; the backend's host time by layer;
+    # resnet50 through the backend with BatchNorm folded into the convolutions (warm, call 1's rows)
+    D=scripts/results/bench/session26
+    gunzip -c $D/call2/tuning.jsonl.gz > /tmp/g.jsonl; python3 -m tessera db --db /tmp/g.db import /tmp/g.jsonl
+    gunzip -c $D/call1/tuning.jsonl.gz > /tmp/r.jsonl; python3 -m tessera db --db /tmp/r.db import /tmp/r.jsonl
+    step 230 python3 scripts/fault_probe.py --model gpt2 --db /tmp/g.db --out $OUT/fault
+    step 150 python3 scripts/call_overhead.py --models resnet50,gpt2 --out $OUT/overhead
+    step 160 python3 scripts/bench_suite.py --solver highs --profile --db /tmp/r.db --code $code --models resnet50 \
+        --precisions fp16 --vs tessera-dynamo --strategies optimal-precisionio --out $OUT ;;
 esac
 gzip -f $OUT/*.jsonl 2>/dev/null
 tail -n 40 $OUT/call.log

@@ -1,0 +1,116 @@
+"""Where the host time of a compiled call goes: the ONNX path's bound replay against each layer of
+`torch.compile(backend="tessera")` (issue 16: the backend within 5% of the ONNX path).
+
+    PYTHONPATH=. python3 scripts/call_overhead.py --models resnet50,gpt2 [--cost analytical] [--db DB] \
+        [--precision fp16] [--out DIR]
+
+Per model, one plan compiled through dynamo; then the time per call, in steady state (200 calls,
+then one synchronize; the median of 5 such runs), of:
+- `replay`: `Executable.run_static` on inputs already in the graph's buffers (the bench's ONNX row);
+- `exe(*inputs)`: the executable's user call (input checks, the copy into the graph's buffers,
+  output clones);
+- `CompiledModule`: the backend's callable, as dynamo calls it (picks the graph's inputs);
+- `torch.compile`: the whole call, dynamo's guards included.
+Each layer's cost is its difference from the one before. With --out, a cProfile of the last
+(`profile_MODEL.txt`, cumulative time) says which Python functions take the rest.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tessera import zoo  # noqa: E402
+from tessera.torch_backend import tessera_backend  # noqa: E402
+
+
+def per_call_us(fn: Callable[[], Any], calls: int = 200, runs: int = 5) -> float:
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) / calls * 1e6)
+    return statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="resnet50,gpt2")
+    ap.add_argument("--cost", default="analytical")
+    ap.add_argument("--db")
+    ap.add_argument("--precision", default="fp16")
+    ap.add_argument("--solver", default="highs")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    os.environ.setdefault("TESSERA_CACHE", tempfile.mkdtemp(prefix="tessera-cache-"))
+    options = {"precision": a.precision, "cost": a.cost, "solver": a.solver, "io": "precision",
+               **({"db": a.db} if a.db else {})}
+    rows = []
+    for name in a.models.split(","):
+        torch.manual_seed(0)
+        model, args = getattr(zoo, name)()
+        model = model.eval().cuda()
+        args = tuple(x.cuda() for x in args)
+        got: list[Any] = []
+
+        def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+            got.append((tessera_backend(gm, example_inputs, options=options), list(example_inputs)))
+            return got[-1][0]
+
+        torch._dynamo.reset()
+        fn = torch.compile(model, backend=backend)
+        with torch.no_grad():
+            fn(*args)
+            if len(got) != 1:
+                print(f"{name}: {len(got)} graphs; the layers are timed for one graph only")
+                continue
+            cm, example = got[0]
+            exe = cm.exe
+            ins = [example[j] for j in cm.bridge.inputs]
+            bound = exe.bind_inputs(exe.prepare_inputs(*ins))
+            row = {"model": name,
+                   "replay": per_call_us(lambda: exe.run_static(bound)),
+                   "exe(*inputs)": per_call_us(lambda: exe(*ins)),
+                   "CompiledModule": per_call_us(lambda: cm(*example)),
+                   "torch.compile": per_call_us(lambda: fn(*args))}
+            rows.append(row)
+            print(name, {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+            if a.out:
+                a.out.mkdir(parents=True, exist_ok=True)
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(200):
+                    fn(*args)
+                torch.cuda.synchronize()
+                prof.disable()
+                s = io.StringIO()
+                pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(45)
+                (a.out / f"profile_{name}.txt").write_text(s.getvalue())
+    print(f"\n{torch.cuda.get_device_name()}, {a.cost} cost, {a.precision}; µs per call in steady state")
+    print("| model | replay | exe(*inputs) | CompiledModule | torch.compile |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r['model']} | {r['replay']:.1f} | {r['exe(*inputs)']:.1f} | {r['CompiledModule']:.1f} | "
+              f"{r['torch.compile']:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""frontend/fold_bn.py: an inference BatchNormalization after a Conv folds into the Conv's weights,
+and the folded model computes what onnxruntime computes for the unfolded one."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from onnx import helper
+
+from opcheck import Const, graph_model, rand, run_ort
+from tessera.fission import fission
+from tessera.frontend import load
+from tessera.ir import interp
+from tessera.tolerance import rel_l2
+
+
+def _conv_bn(rng: np.random.Generator, cin: int, cout: int, groups: int, bias: bool, dtype: type,
+             share: bool = False) -> tuple:
+    """Conv (3x3, stride 2, pad 1) -> BatchNormalization, both on constants; odd sizes."""
+    vals = {"x": rng.standard_normal((2, cin, 9, 7)).astype(dtype),
+            "W": Const(rng.standard_normal((cout, cin // groups, 3, 3)).astype(dtype))}
+    ins = ["x", "W"]
+    if bias:
+        vals["B"] = Const(rng.standard_normal(cout).astype(dtype))
+        ins.append("B")
+    for name, v in (("s", rng.standard_normal(cout)), ("b", rng.standard_normal(cout)),
+                    ("m", rng.standard_normal(cout)), ("v", rng.random(cout) + 0.25)):
+        vals[name] = Const(v.astype(dtype))
+    nodes = [helper.make_node("Conv", ins, ["c"], name="conv", group=groups, strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["y"], name="bn", epsilon=1e-3)]
+    outs = ["y"]
+    if share:  # the conv's own output is read too: nothing may fold
+        nodes.append(helper.make_node("Relu", ["c"], ["r"], name="relu"))
+        outs.append("r")
+    return graph_model(nodes, vals, outs, opset=17), {"x": vals["x"]}
+
+
+@pytest.mark.parametrize("cin,cout,groups,bias,dtype", [
+    (3, 5, 1, True, np.float32), (4, 6, 2, False, np.float32), (6, 6, 6, True, np.float32),
+    (5, 7, 1, False, np.float16)])
+def test_folded_matches_onnxruntime(cin: int, cout: int, groups: int, bias: bool, dtype: type) -> None:
+    rng = np.random.default_rng(cin * 31 + cout)
+    model, feeds = _conv_bn(rng, cin, cout, groups, bias, dtype)
+    loaded = load(model)
+    assert [n.op for n in loaded.graph.nodes] == ["Conv"]
+    assert loaded.folding.folded_nodes["BatchNormalization into Conv"] == 1
+    assert set(loaded.graph.nodes[0].source) >= {"conv", "bn"}  # kernels still name both ONNX nodes
+    ref = run_ort(model, feeds)[0]
+    pg = fission(loaded.graph).graph
+    got = interp.run(pg, feeds)[pg.outputs[0]]
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    assert rel_l2(got, ref) < (1e-5 if dtype == np.float32 else 2e-3)
+
+
+def test_conv_output_read_elsewhere_is_not_folded() -> None:
+    model, feeds = _conv_bn(np.random.default_rng(1), 3, 4, 1, True, np.float32, share=True)
+    loaded = load(model)
+    assert sorted(n.op for n in loaded.graph.nodes) == ["BatchNormalization", "Conv", "Relu"]
+    pg = fission(loaded.graph).graph
+    got = interp.run(pg, feeds)
+    for name, ref in zip(("y", "r"), run_ort(model, feeds)):
+        assert rel_l2(got[name], ref) < 1e-5
+
+
+def test_batch_norm_of_an_input_is_left_alone() -> None:
+    vals = {"x": rand(2, 3, 5, 5, seed=3), **{n: Const(rand(3, seed=i, lo=0.5, hi=1.5))
+                                               for i, n in enumerate("sbmv")}}
+    model = graph_model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"])], vals, ["y"])
+    assert [n.op for n in load(model).graph.nodes] == ["BatchNormalization"]
+
+
+def test_dynamo_graph_of_conv_bn_relu_folds() -> None:
+    """The PyTorch frontend keeps BatchNorm as its own op; the load folds it, as the ONNX export would."""
+    from tessera.frontend.fx import aten_graph, to_onnx
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8),
+                            torch.nn.ReLU()).eval()
+    with torch.no_grad():  # statistics that are not the identity
+        m[1].running_mean.uniform_(-1, 1)
+        m[1].running_var.uniform_(0.5, 2)
+        m[1].weight.uniform_(0.5, 1.5)
+    x = torch.randn(1, 3, 11, 9)
+    bridge = to_onnx(aten_graph(m, [x]), [x], set(), "conv_bn")
+    loaded = load(bridge.model, checker=False)
+    assert "BatchNormalization" not in {n.op for n in loaded.graph.nodes}
+    pg = fission(loaded.graph).graph
+    got = interp.run(pg, {pg.inputs[0]: x.numpy()})[pg.outputs[0]]
+    with torch.no_grad():
+        ref = m(x).numpy()
+    assert rel_l2(got, ref) < 1e-5
