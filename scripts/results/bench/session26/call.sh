@@ -29,6 +29,16 @@ case $n in
     step 150 python3 scripts/call_overhead.py --models resnet50,gpt2 --out $OUT/overhead
     step 160 python3 scripts/bench_suite.py --solver highs --profile --db /tmp/r.db --code $code --models resnet50 \
         --precisions fp16 --vs tessera-dynamo --strategies optimal-precisionio --out $OUT ;;
+7)  # after KNOWN_FAULTS (chain.py): gpt2's plan kernel by kernel, then the warm recompile of gpt2 and
+    # of resnet50 (BatchNorm folded) through the backend
+    D=scripts/results/bench/session26
+    gunzip -c $D/call2/tuning.jsonl.gz > /tmp/g.jsonl; python3 -m tessera db --db /tmp/g.db import /tmp/g.jsonl
+    gunzip -c $D/call1/tuning.jsonl.gz > /tmp/r.jsonl; python3 -m tessera db --db /tmp/r.db import /tmp/r.jsonl
+    step 200 python3 scripts/fault_probe.py --model gpt2 --db /tmp/g.db --out $OUT/fault
+    step 150 python3 scripts/recompile_time.py --models gpt2 --cost measured --db /tmp/g.db --json $OUT/recompile_gpt2.json
+    step 90 python3 scripts/recompile_time.py --models resnet50 --cost measured --db /tmp/r.db --json $OUT/recompile_resnet50.json
+    step 120 python3 scripts/bench_suite.py --solver highs --profile --db /tmp/g.db --code $code --models gpt2 \
+        --precisions fp16 --vs tessera-dynamo --strategies optimal-precisionio --out $OUT ;;
 esac
 gzip -f $OUT/*.jsonl 2>/dev/null
 tail -n 40 $OUT/call.log
