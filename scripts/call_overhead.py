@@ -11,7 +11,8 @@ then one synchronize; the median of 5 such runs), of:
   output clones);
 - `CompiledModule`: the backend's callable, as dynamo calls it (picks the graph's inputs);
 - `torch.compile`: the whole call, dynamo's guards included.
-Each layer's cost is its difference from the one before. With --out, a cProfile of the last
+Each layer's cost is its difference from the one before. The two latency columns synchronize
+after every call, so host time adds to GPU time as in the bench's wall time per call. With --out, a cProfile of the last
 (`profile_MODEL.txt`, cumulative time) says which Python functions take the rest.
 """
 from __future__ import annotations
@@ -36,7 +37,9 @@ from tessera import zoo  # noqa: E402
 from tessera.torch_backend import tessera_backend  # noqa: E402
 
 
-def per_call_us(fn: Callable[[], Any], calls: int = 200, runs: int = 5) -> float:
+def per_call_us(fn: Callable[[], Any], calls: int = 200, runs: int = 5, sync_each: bool = False) -> float:
+    """Steady state (the host runs ahead of the GPU), or with `sync_each` the latency of one call
+    (host work and GPU work add up, as the bench's wall time per call counts them)."""
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
@@ -45,6 +48,8 @@ def per_call_us(fn: Callable[[], Any], calls: int = 200, runs: int = 5) -> float
         t = time.perf_counter()
         for _ in range(calls):
             fn()
+            if sync_each:
+                torch.cuda.synchronize()
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t) / calls * 1e6)
     return statistics.median(times)
@@ -89,7 +94,9 @@ def main() -> int:
                    "replay": per_call_us(lambda: exe.run_static(bound)),
                    "exe(*inputs)": per_call_us(lambda: exe(*ins)),
                    "CompiledModule": per_call_us(lambda: cm(*example)),
-                   "torch.compile": per_call_us(lambda: fn(*args))}
+                   "torch.compile": per_call_us(lambda: fn(*args)),
+                   "replay, latency": per_call_us(lambda: exe.run_static(bound), sync_each=True),
+                   "torch.compile, latency": per_call_us(lambda: fn(*args), sync_each=True)}
             rows.append(row)
             print(name, {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
             if a.out:
@@ -104,11 +111,11 @@ def main() -> int:
                 pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(45)
                 (a.out / f"profile_{name}.txt").write_text(s.getvalue())
     print(f"\n{torch.cuda.get_device_name()}, {a.cost} cost, {a.precision}; µs per call in steady state")
-    print("| model | replay | exe(*inputs) | CompiledModule | torch.compile |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print("| model | replay | exe(*inputs) | CompiledModule | torch.compile | replay, latency | torch.compile, latency |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(f"| {r['model']} | {r['replay']:.1f} | {r['exe(*inputs)']:.1f} | {r['CompiledModule']:.1f} | "
-              f"{r['torch.compile']:.1f} |")
+              f"{r['torch.compile']:.1f} | {r['replay, latency']:.1f} | {r['torch.compile, latency']:.1f} |")
     return 0
 
 
