@@ -123,6 +123,9 @@ def main() -> int:
     start = time.perf_counter()
 
     from tessera.bench import bench, format_table
+    from tessera.log import configure
+
+    configure()  # TESSERA_LOG=info: each contender's compile and time as it finishes
 
     done = {p.name for p in a.skip_dir.glob("bench_*.json")} if a.skip_dir else set()
     for model in a.models.split(","):

@@ -32,6 +32,7 @@ from tessera.cost import AnalyticalCost
 from tessera.cost import device as device_spec
 from tessera.errors import TesseraError
 from tessera.frontend import load as frontend_load
+from tessera.log import logger
 from tessera.orchestrate.candidates import Candidate
 from tessera.runtime.executable import Executable
 from tessera.runtime.profile import profile_callable, profile_executable
@@ -194,6 +195,9 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
             ms = profile_executable(exe, feeds, GPU_REPS).total_us / 1e3
         else:
             ms = median_ms(lambda: exe.run_static(feeds), dev)
+        # Each contender as it finishes (TESSERA_LOG=info): a run cut off by a time limit still says
+        # how far it got and where the time went.
+        logger.info("bench %s %s: tessera-%s compiled in %.1f s, %.3f ms", name, precision, strategy, compile_s, ms)
         entries.append(Entry(f"tessera-{strategy}", ms, err, ok, extra={
             "kernels": len(exe.steps), "backends": exe.backends, "compile_s": round(compile_s, 2),
             "cost_model": result.plan.cost_model, "tuning": result.tuning,
@@ -249,6 +253,7 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
                 err, ok = _check(out, ref, out_names, precision)
                 ms = profile_callable(lambda: fn(*call), GPU_REPS, dev, peer).total_us / 1e3 \
                     if timing == "gpu" else median_ms(lambda: fn(*call), dev)
+            logger.info("bench %s %s: %s warmed up in %.1f s, %.3f ms", name, precision, peer, warm, ms)
             entries.append(Entry(peer, ms, err, ok, extra={"warmup_s": round(warm, 2), **extra}))
             if run_profile:
                 entries[-1].extra["run_profile"] = profile_callable(lambda: fn(*call), reps, dev, peer).to_json()
