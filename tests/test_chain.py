@@ -607,6 +607,35 @@ def test_tuning_walks_to_the_warps_and_stages_the_model_missed(tmp_path):
     assert len(prof.keys) <= CHAIN_FIRST + CHAIN_STARTS * 9
 
 
+def test_a_schedule_that_faulted_for_another_kernel_is_not_run(tmp_path):
+    """A chain schedule recorded as faulting the GPU for one kernel is neither measured nor chosen
+    for another (a miscompiled schedule faults now and then: one clean timing does not clear it).
+    Here it would be the fastest by far."""
+    from tessera.cost.db import Key, TuningDB
+    from tessera.cost.measured import _schedule_key, template_space, tune_schedules
+
+    g, prims, pro, outputs = tuned_attention()
+    bad = template_space(g, prims, pro, outputs, "fp32", None)[0]
+
+    class Profiler:
+        keys: list = []
+
+        def measure(self, jobs, record) -> None:
+            for i, j in enumerate(jobs):
+                self.keys.append(j.schedule)
+                record(i, 1e-7 if j.schedule == bad else 1e-5 if j.schedule is not None else 1e-3, "")
+
+    for faulted, expect_bad in ((False, True), (True, False)):
+        prof = Profiler()
+        prof.keys = []
+        with TuningDB(tmp_path / f"t{faulted}.db") as db:
+            if faulted:
+                db.put(Key("fake", "v1", "another-kernel", _schedule_key(bad)), float("inf"),
+                       "time: the GPU faulted running it (AcceleratorError: CUDA error: an illegal memory access)")
+            best = tune_schedules(g, [("k_chain", prims, pro, outputs)], db, prof, "fake", "v1")
+        assert (best["k_chain"][0] == bad) == expect_bad and (bad in prof.keys) == expect_bad
+
+
 def test_a_flat_landscape_stops_the_walk(tmp_path):
     """Where every schedule ties, each is near the fastest and the walk could go on while the space
     lasts: it stops after CHAIN_ROUNDS rounds, CHAIN_WALK schedules measured at most."""

@@ -161,6 +161,14 @@ class TuningDB:
             return None
         return Record(Key(device, versions, signature, row[0]), float(row[1]), row[2])
 
+    def faulted(self, device: str, versions: str, prefix: str = "") -> set[str]:
+        """Schedules (keys starting with `prefix`) that faulted the GPU for any kernel on `device`
+        with these versions (`profiler._fail`'s reason)."""
+        cur = self.conn.execute(
+            "SELECT DISTINCT schedule FROM measurements WHERE device=? AND versions=? AND seconds IS NULL "
+            "AND reason LIKE '%the GPU faulted%' AND schedule LIKE ?", (device, versions, prefix + "%"))
+        return {row[0] for row in cur}
+
     def put_features(self, signature: str, features: dict[str, object]) -> None:
         """Record what the chain model knows of a kernel (kept if already there)."""
         self.conn.execute("INSERT OR IGNORE INTO chain_features VALUES (?, ?)", (signature, json.dumps(features)))
