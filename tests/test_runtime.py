@@ -96,3 +96,28 @@ def test_precision_io_drops_the_boundary_casts(tmp_path, capsys, precision):
     assert rel_l2(y.float().numpy(), ref) < 1e-2
     capsys.readouterr()
     assert main(["run", str(out), "--check"]) == 0 and "PASS" in capsys.readouterr().out
+
+
+def test_a_gpu_fault_on_the_first_run_names_its_kernel(monkeypatch):
+    """The capture's warm-up synchronizes after each kernel, so a fault names the kernel that made
+    it (CUDA reports one at the next launch) with its schedule; other errors pass through as they
+    are. The fault is simulated: the CPU has no CUDA to fault."""
+    from tessera.runtime.executable import KernelFaultError
+
+    exe = tessera.compile(MODELS / "attn_s7.onnx", tessera.CompileOptions(cost="analytical"))
+    feeds = exe.prepare_inputs(*[torch.from_numpy(v) for v in
+                                 random_inputs(frontend_load(MODELS / "attn_s7.onnx").graph, seed=3).values()])
+    victim = next(s for s in exe.steps if s.kernel is not None)
+    real = exe.run_step
+
+    def faulty(step, env):
+        if step is victim:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        real(step, env)
+
+    monkeypatch.setattr(exe, "run_step", faulty)
+    with pytest.raises(KernelFaultError, match=victim.impl.name + r".*schedule.*faulted the GPU"):
+        exe._run_steps(range(len(exe.steps)), exe._feed_env(feeds), sync_each=True)
+    monkeypatch.setattr(exe, "run_step", lambda step, env: (_ for _ in ()).throw(ValueError("not a fault")))
+    with pytest.raises(ValueError, match="not a fault"):
+        exe._run_steps(range(len(exe.steps)), exe._feed_env(feeds), sync_each=True)

@@ -36,6 +36,11 @@ class KernelBuildError(TesseraError):
     """A plan kernel could not be generated or compiled; names the kernel and its primitives."""
 
 
+class KernelFaultError(TesseraError):
+    """A plan kernel faulted the GPU on its first run (the capture's warm-up); names the kernel
+    and its schedule."""
+
+
 @dataclass
 class _HostPiece:
     """Steps run on the host between two captured graphs, with the tensors they read (the graph
@@ -287,7 +292,9 @@ class Executable:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            self._launch(self._static_in)  # compiles every kernel before capture
+            # Compiles every kernel before capture; synchronizing after each, once, so a fault
+            # names its own kernel.
+            self._run_steps(range(len(self.steps)), self._feed_env(self._static_in), sync_each=True)
         torch.cuda.current_stream().wait_stream(stream)
         env = self._feed_env(self._static_in)
         pieces: list[torch.cuda.CUDAGraph | _HostPiece] = []
@@ -386,13 +393,37 @@ class Executable:
             except KernelCompileError as e:
                 raise KernelBuildError(str(e)) from None
 
-    def _run_steps(self, steps: Sequence[int], env: dict[str, torch.Tensor]) -> None:
+    def _run_steps(self, steps: Sequence[int], env: dict[str, torch.Tensor], sync_each: bool = False) -> None:
+        """Run steps in order, freeing what each last reads. `sync_each` synchronizes after each
+        step, so a GPU fault is reported by the kernel that made it: CUDA reports a fault at the
+        next call into the driver, which is some later kernel's launch."""
         for i in steps:
             step = self.steps[i]
             with torch.profiler.record_function(step.impl.name) if self.annotate else nullcontext():
-                self.run_step(step, env)
+                if not sync_each:
+                    self.run_step(step, env)
+                else:
+                    try:
+                        self.run_step(step, env)
+                        if self.device.type == "cuda":
+                            torch.cuda.synchronize(self.device)
+                    except Exception as e:  # noqa: BLE001 - a fault surfaces as whatever raised it
+                        if "CUDA" not in str(e) and "illegal" not in str(e):
+                            raise
+                        raise KernelFaultError(self._fault_message(step, e)) from None
             for t in self.free_after[i]:
                 env.pop(t, None)
+
+    def _fault_message(self, step: Step, e: Exception) -> str:
+        ks = step.kernel.ks if step.kernel is not None else None
+        sched = ks.schedule.to_json() if ks is not None and hasattr(ks.schedule, "to_json") else None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return (f"kernel {step.impl.name} ({step.impl.backend}"
+                + (f", schedule {sched}" if sched else "")
+                + f") faulted the GPU on its first run: {first}. This process's CUDA context is lost; "
+                "run the model in a new process. A generated kernel that faults is a tessera or Triton "
+                "bug: please report it with the artifact's plan.json (scripts/fault_probe.py finds the "
+                "kernel and keeps its source).")
 
     def run_step(self, step: Step, env: dict[str, torch.Tensor]) -> None:
         """Run one plan kernel over `env` (tensors by name), adding its outputs to it."""
