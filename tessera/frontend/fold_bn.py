@@ -37,7 +37,8 @@ def fold_batch_norms(g: Graph) -> int:
     replace: dict[str, Node] = {}  # conv name -> the folded conv
     drop: set[str] = set()  # the normalizations folded
     for bn in g.nodes:
-        if bn.op != "BatchNormalization" or bn.domain or int(bn.attrs.get("training_mode", 0)):
+        if bn.op != "BatchNormalization" or bn.domain or int(bn.attrs.get("training_mode", 0)) \
+                or not int(bn.attrs.get("spatial", 1)):  # opset 7's per-element statistics: not per channel
             continue
         if any(o and consumers.get(o) for o in bn.outputs[1:]) or any(o in outputs for o in bn.outputs[1:]):
             continue
