@@ -11,6 +11,9 @@ then one synchronize; the median of 5 such runs), of:
   output clones);
 - `CompiledModule`: the backend's callable, as dynamo calls it (picks the graph's inputs);
 - `torch.compile`: the whole call, dynamo's guards included.
+With --stub-replay (for a CPU: the plan's kernels would run in Triton's interpreter) the replay
+returns the plan's output buffers without running anything, and a `trivial backend` row times
+dynamo and the model's Python around a graph that returns a precomputed output: host time alone.
 Each layer's cost is its difference from the one before. The two latency columns synchronize
 after every call, so host time adds to GPU time as in the bench's wall time per call. With --out, a cProfile of the last
 (`profile_MODEL.txt`, cumulative time) says which Python functions take the rest.
@@ -37,20 +40,25 @@ from tessera import zoo  # noqa: E402
 from tessera.torch_backend import tessera_backend  # noqa: E402
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def per_call_us(fn: Callable[[], Any], calls: int = 200, runs: int = 5, sync_each: bool = False) -> float:
     """Steady state (the host runs ahead of the GPU), or with `sync_each` the latency of one call
     (host work and GPU work add up, as the bench's wall time per call counts them)."""
     for _ in range(10):
         fn()
-    torch.cuda.synchronize()
+    _sync()
     times = []
     for _ in range(runs):
         t = time.perf_counter()
         for _ in range(calls):
             fn()
             if sync_each:
-                torch.cuda.synchronize()
-        torch.cuda.synchronize()
+                _sync()
+        _sync()
         times.append((time.perf_counter() - t) / calls * 1e6)
     return statistics.median(times)
 
@@ -63,7 +71,17 @@ def main() -> int:
     ap.add_argument("--precision", default="fp16")
     ap.add_argument("--solver", default="highs")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--stub-replay", action="store_true", help="time host work only (a CPU)")
     a = ap.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if a.stub_replay:
+        from tessera.runtime.executable import Executable
+
+        def stub(self: Any, feeds: Any) -> Any:  # the plan's outputs, computed by nothing
+            if "_stub" not in self.__dict__:
+                self._stub = {t: torch.zeros(self.graph.types[t].shape, device=self.device) for t in self.graph.outputs}
+            return self._stub
+        Executable.run_static = stub  # type: ignore[method-assign]
     os.environ.setdefault("TESSERA_CACHE", tempfile.mkdtemp(prefix="tessera-cache-"))
     options = {"precision": a.precision, "cost": a.cost, "solver": a.solver, "io": "precision",
                **({"db": a.db} if a.db else {})}
@@ -71,8 +89,8 @@ def main() -> int:
     for name in a.models.split(","):
         torch.manual_seed(0)
         model, args = getattr(zoo, name)()
-        model = model.eval().cuda()
-        args = tuple(x.cuda() for x in args)
+        model = model.eval().to(dev)
+        args = tuple(x.to(dev) for x in args)
         got: list[Any] = []
 
         def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
@@ -97,6 +115,13 @@ def main() -> int:
                    "torch.compile": per_call_us(lambda: fn(*args)),
                    "replay, latency": per_call_us(lambda: exe.run_static(bound), sync_each=True),
                    "torch.compile, latency": per_call_us(lambda: fn(*args), sync_each=True)}
+            if a.stub_replay:
+                torch._dynamo.reset()
+                with torch.no_grad():
+                    out = model(*args)
+                trivial = torch.compile(model, backend=lambda gm, ex: (lambda *x: (out,)))
+                trivial(*args)
+                row["trivial backend"] = per_call_us(lambda: trivial(*args))
             rows.append(row)
             print(name, {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
             if a.out:
@@ -110,12 +135,15 @@ def main() -> int:
                 s = io.StringIO()
                 pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(45)
                 (a.out / f"profile_{name}.txt").write_text(s.getvalue())
-    print(f"\n{torch.cuda.get_device_name()}, {a.cost} cost, {a.precision}; µs per call in steady state")
+    where = torch.cuda.get_device_name() if dev == "cuda" else "CPU"
+    print(f"\n{where}, {a.cost} cost, {a.precision}; µs per call in steady state"
+          + (", the replay stubbed out (host time only)" if a.stub_replay else ""))
     print("| model | replay | exe(*inputs) | CompiledModule | torch.compile | replay, latency | torch.compile, latency |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(f"| {r['model']} | {r['replay']:.1f} | {r['exe(*inputs)']:.1f} | {r['CompiledModule']:.1f} | "
-              f"{r['torch.compile']:.1f} | {r['replay, latency']:.1f} | {r['torch.compile, latency']:.1f} |")
+              f"{r['torch.compile']:.1f} | {r['replay, latency']:.1f} | {r['torch.compile, latency']:.1f} |"
+              + (f" trivial backend {r['trivial backend']:.1f} |" if "trivial backend" in r else ""))
     return 0
 
 
