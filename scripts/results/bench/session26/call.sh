@@ -39,6 +39,19 @@ case $n in
     step 90 python3 scripts/recompile_time.py --models resnet50 --cost measured --db /tmp/r.db --json $OUT/recompile_resnet50.json
     step 120 python3 scripts/bench_suite.py --solver highs --profile --db /tmp/g.db --code $code --models gpt2 \
         --precisions fp16 --vs tessera-dynamo --strategies optimal-precisionio --out $OUT ;;
+# Not run in session 26 (no device time left): the next calls, one per 600 s call, logging each
+# contender as it finishes.
+10) # bert_base's host-bound call through the backend, on the GPU machine's CPU; warm recompiles
+    export TESSERA_LOG=info
+    step 200 python3 scripts/call_overhead.py --models bert_base,gpt2,resnet50 --out $OUT/overhead
+    D=scripts/results/bench/session26
+    gunzip -c $D/call9/tuning.jsonl.gz > /tmp/b.jsonl; python3 -m tessera db --db /tmp/b.db import /tmp/b.jsonl
+    step 300 python3 scripts/recompile_time.py --models bert_base --cost measured --db /tmp/b.db --json $OUT/recompile_bert_base.json ;;
+11|12|13) # issue 14's missing suite rows, one model per call, cold
+    export TESSERA_LOG=info
+    m=$([ $n = 11 ] && echo segformer_b0 || ([ $n = 12 ] && echo efficientvit_b0 || echo segformer_b0))
+    pr=$([ $n = 13 ] && echo tf32 || echo fp16)
+    step 580 $B --models $m --precisions $pr --vs inductor-cudagraphs --strategies optimal-precisionio --out $OUT ;;
 esac
 gzip -f $OUT/*.jsonl 2>/dev/null
 tail -n 40 $OUT/call.log
