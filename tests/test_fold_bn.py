@@ -89,3 +89,50 @@ def test_dynamo_graph_of_conv_bn_relu_folds() -> None:
     with torch.no_grad():
         ref = m(x).numpy()
     assert rel_l2(got, ref) < 1e-5
+
+
+def test_dynamo_bridge_and_onnx_export_give_the_same_primitives():
+    """A ResNet-style block through the PyTorch frontend and through torch.onnx.export splits into
+    the same primitives (BatchNorm folded by both; the export's Gemm reads its weight transposed,
+    a transpose of a constant), and both compute what eager PyTorch does."""
+    import collections
+    import io
+    import warnings
+
+    from tessera.frontend.fx import aten_graph, to_onnx
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.b1 = torch.nn.Conv2d(3, 16, 7, 2, 3, bias=False), torch.nn.BatchNorm2d(16)
+            self.c2, self.b2 = torch.nn.Conv2d(16, 16, 3, 1, 1, bias=False), torch.nn.BatchNorm2d(16)
+            self.c3, self.b3 = torch.nn.Conv2d(16, 16, 1, bias=False), torch.nn.BatchNorm2d(16)
+            self.pool, self.fc = torch.nn.MaxPool2d(3, 2, 1), torch.nn.Linear(16, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.pool(torch.relu(self.b1(self.c1(x))))
+            y = self.b3(self.c3(torch.relu(self.b2(self.c2(x)))))
+            return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(torch.relu(x + y), 1), 1))
+
+    torch.manual_seed(0)
+    m = Block().eval()
+    with torch.no_grad():
+        for b in (m.b1, m.b2, m.b3):
+            b.running_mean.uniform_(-1, 1)
+            b.running_var.uniform_(0.5, 2)
+    x = torch.randn(1, 3, 33, 31)
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        torch.onnx.export(m, (x,), buf, dynamo=False)
+    exported = load(buf.getvalue())
+    bridged = load(to_onnx(aten_graph(m, [x]), [x], set(), "block").model, checker=False)
+    with torch.no_grad():
+        ref = m(x).numpy()
+    prims = []
+    for loaded in (exported, bridged):
+        assert "BatchNormalization" not in {n.op for n in loaded.graph.nodes}
+        pg = fission(loaded.graph).graph
+        prims.append(collections.Counter(n.op for n in pg.nodes if n.op != "transpose"))
+        assert rel_l2(interp.run(pg, {pg.inputs[0]: x.numpy()})[pg.outputs[0]], ref) < 1e-5
+    assert prims[0] == prims[1]
