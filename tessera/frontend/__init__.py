@@ -38,6 +38,8 @@ def load(source: Any, input_shapes: Mapping[str, Sequence[int]] | None = None, c
     folded = fold_batch_norms(graph)  # what torch.onnx.export does; dynamo's graphs keep them
     if folded:
         summary.folded_nodes["BatchNormalization into Conv"] += folded
+        summary.constants = len(graph.constants)
+        summary.constant_bytes = int(sum(v.nbytes for v in graph.constants.values()))
     graph.validate()
     # An empty input makes every kernel empty (grids of zero programs, divisions by a zero
     # extent). Empty constants (Resize's unused roi, ReduceSum's empty axes) and an empty slice
