@@ -136,3 +136,60 @@ def test_dynamo_bridge_and_onnx_export_give_the_same_primitives():
         prims.append(collections.Counter(n.op for n in pg.nodes if n.op != "transpose"))
         assert rel_l2(interp.run(pg, {pg.inputs[0]: x.numpy()})[pg.outputs[0]], ref) < 1e-5
     assert prims[0] == prims[1]
+
+
+def _bn_consts(rng: np.random.Generator, c: int, dtype: type = np.float32) -> dict:
+    return {n: Const(v.astype(dtype)) for n, v in (("s", rng.standard_normal(c)), ("b", rng.standard_normal(c)),
+                                                  ("m", rng.standard_normal(c)), ("v", rng.random(c) + 0.25))}
+
+
+@pytest.mark.parametrize("op,attrs,bias_shape", [
+    ("Gemm", {"transB": 1}, (7,)), ("Gemm", {"transB": 0, "alpha": 2.0, "beta": 0.5}, (1, 7)),
+    ("Gemm", {"transA": 1, "transB": 1}, None), ("Gemm", {"beta": 0.25}, (5, 7)), ("MatMul", {}, None)])
+def test_linear_then_batch_norm_folds(op: str, attrs: dict, bias_shape: tuple | None) -> None:
+    """BatchNorm1d after a linear layer: Gemm in every transpose and scaling, or MatMul by a constant."""
+    rng = np.random.default_rng(len(attrs) * 7 + (len(bias_shape) if bias_shape else 0))
+    m, k, n = 5, 6, 7
+    a = rng.standard_normal((k, m) if attrs.get("transA") else (m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k) if attrs.get("transB") else (k, n)).astype(np.float32)
+    vals = {"x": a, "W": Const(w), **_bn_consts(rng, n)}
+    ins = ["x", "W"]
+    if bias_shape:
+        vals["C"] = Const(rng.standard_normal(bias_shape).astype(np.float32))
+        ins.append("C")
+    nodes = [helper.make_node(op, ins, ["y0"], name="lin", **attrs),
+             helper.make_node("BatchNormalization", ["y0", "s", "b", "m", "v"], ["y"], name="bn", epsilon=1e-3)]
+    model = graph_model(nodes, vals, ["y"], opset=17)
+    loaded = load(model)
+    assert [nd.op for nd in loaded.graph.nodes] == ["Gemm"]
+    pg = fission(loaded.graph).graph
+    got = interp.run(pg, {"x": a})[pg.outputs[0]]
+    assert rel_l2(got, run_ort(model, {"x": a})[0]) < 1e-5
+
+
+def test_matmul_that_is_not_folded() -> None:
+    """A MatMul of two inputs (no constant weight) keeps its BatchNormalization."""
+    rng = np.random.default_rng(5)
+    vals = {"x": rng.standard_normal((4, 3)).astype(np.float32), "w": rng.standard_normal((3, 6)).astype(np.float32),
+            **_bn_consts(rng, 6)}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y0"]),
+             helper.make_node("BatchNormalization", ["y0", "s", "b", "m", "v"], ["y"])]
+    loaded = load(graph_model(nodes, vals, ["y"], opset=17))
+    assert sorted(nd.op for nd in loaded.graph.nodes) == ["BatchNormalization", "MatMul"]
+
+
+def test_dynamo_linear_then_batchnorm1d_folds() -> None:
+    from tessera.frontend.fx import aten_graph, to_onnx
+
+    torch.manual_seed(1)
+    m = torch.nn.Sequential(torch.nn.Linear(12, 9), torch.nn.BatchNorm1d(9), torch.nn.ReLU()).eval()
+    with torch.no_grad():
+        m[1].running_mean.uniform_(-1, 1)
+        m[1].running_var.uniform_(0.5, 2)
+    x = torch.randn(3, 12)
+    loaded = load(to_onnx(aten_graph(m, [x]), [x], set(), "lin_bn").model, checker=False)
+    assert "BatchNormalization" not in {nd.op for nd in loaded.graph.nodes}
+    pg = fission(loaded.graph).graph
+    with torch.no_grad():
+        ref = m(x).numpy()
+    assert rel_l2(interp.run(pg, {pg.inputs[0]: x.numpy()})[pg.outputs[0]], ref) < 1e-5
