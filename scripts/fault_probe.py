@@ -1,6 +1,6 @@
 """Find the kernel of a plan that faults on the GPU, and keep what reproduces it.
 
-    CUDA_LAUNCH_BLOCKING=1 PYTHONPATH=. python3 scripts/fault_probe.py --model gpt2 --db DB --out DIR \
+    PYTHONPATH=. python3 scripts/fault_probe.py --model gpt2 --db DB --out DIR \
         [--precision fp16] [--io model]
 
 Compiles the zoo model's PyTorch module through `torch.compile(backend="tessera")` with the given
@@ -25,29 +25,29 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tessera import zoo  # noqa: E402
+from tessera.runtime.executable import KernelFaultError  # noqa: E402
 from tessera.torch_backend import tessera_backend  # noqa: E402
 
 
 def probe(exe: Any, feeds: dict[str, torch.Tensor], out: Path) -> str | None:
-    """Run `exe`'s steps one at a time; the name of the first that fails, with its files under `out`."""
+    """Run `exe`'s steps once, synchronizing after each (`Executable._run_steps`, as the capture's
+    warm-up does); the name of the kernel that faults, with its files under `out`, or None."""
     env = exe._feed_env({k: v.clone() for k, v in feeds.items()})
-    for step in exe.steps:
-        try:
-            exe.run_step(step, env)
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001 - the point is to record whatever it was
-            name = step.impl.name
-            (out / "error.txt").write_text(f"{name}: {type(e).__name__}: {e}\n")
-            if step.kernel is not None:
-                ks = step.kernel.ks
-                (out / f"{name}.py").write_text(ks.source)
-                args = {t: {"shape": list(v.shape), "stride": list(v.stride()), "dtype": str(v.dtype)}
-                        for t, v in env.items() if t in (step.args or ks.inputs)}
-                (out / f"{name}.json").write_text(json.dumps({
-                    "schedule": ks.schedule.to_json() if hasattr(ks.schedule, "to_json") else str(ks.schedule),
-                    "launches": [str(x) for x in ks.launches], "inputs": args, "outputs": ks.outputs,
-                    "prims": ks.prims}, indent=1))
-            return name
+    try:
+        exe._run_steps(range(len(exe.steps)), env, sync_each=True)
+    except KernelFaultError as e:
+        (out / "error.txt").write_text(f"{e}\n")
+        step = next(s for s in exe.steps if s.impl.name == e.kernel)
+        if step.kernel is not None:  # its inputs are still in env: a step's are freed after it runs
+            ks = step.kernel.ks
+            (out / f"{e.kernel}.py").write_text(ks.source)
+            args = {t: {"shape": list(v.shape), "stride": list(v.stride()), "dtype": str(v.dtype)}
+                    for t, v in env.items() if t in (step.args or ks.inputs)}
+            (out / f"{e.kernel}.json").write_text(json.dumps({
+                "schedule": ks.schedule.to_json() if hasattr(ks.schedule, "to_json") else str(ks.schedule),
+                "launches": [str(x) for x in ks.launches], "inputs": args, "outputs": ks.outputs,
+                "prims": ks.prims}, indent=1))
+        return e.kernel
     return None
 
 

@@ -31,6 +31,13 @@ class UnsupportedError(TesseraError):
     """A feature that tessera does not handle and cannot route to a fallback."""
 
 
+def gpu_fault(e: BaseException) -> bool:
+    """Is `e` the GPU faulting (an illegal address, a device-side error), whatever raised it: torch,
+    Triton's launcher or a library call? After one, the process's CUDA context is lost."""
+    text = f"{type(e).__name__}: {e}"
+    return "CUDA error" in text or "illegal memory access" in text or "AcceleratorError" in text
+
+
 def node_ref(name: str, op_type: str) -> str:
     """How every message names an ONNX node: `node 'conv_3' (Conv)`."""
     return f"node '{name}' ({op_type})"

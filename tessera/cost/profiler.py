@@ -44,6 +44,7 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 from tessera.cost.measured import Job
+from tessera.errors import gpu_fault
 from tessera.cost.worker import Feed, WorkerPool, exit_after_reply
 from tessera.ir.graph import Graph, GraphKind
 
@@ -126,8 +127,7 @@ def _fail(phase: str, e: Exception) -> tuple[float, str]:
     fresh worker, one at a time (segformer_b0's tuning, session 15: 24 such re-runs, about 7 s each,
     of chain kernels that fault on Triton 3.6 / H100)."""
     text = f"{type(e).__name__}: {e}"
-    fault = "CUDA error" in text or "illegal memory access" in text or "AcceleratorError" in text
-    if fault or not _context_ok():
+    if gpu_fault(e) or not _context_ok():
         exit_after_reply(3)
         return math.inf, f"{phase}: the GPU faulted running it ({text.splitlines()[0][:300]})"
     return math.inf, f"{phase}: {text}"[:500]

@@ -6,7 +6,6 @@ from typing import Any, Mapping, Sequence
 
 import onnx
 
-from tessera.frontend.fold_bn import fold_batch_norms
 from tessera.frontend.infer import FoldSummary, fold_and_infer
 from tessera.frontend.reader import check_model, read_model, to_operator_graph
 from tessera.errors import ShapeError
@@ -35,11 +34,6 @@ def load(source: Any, input_shapes: Mapping[str, Sequence[int]] | None = None, c
     model = check_model(model, label, checker, source)
     graph, declared = to_operator_graph(model, label, input_shapes)
     summary = fold_and_infer(graph, declared, label, check_declared=not input_shapes)
-    folded = fold_batch_norms(graph)  # what torch.onnx.export does; dynamo's graphs keep them
-    if folded:
-        summary.folded_nodes["BatchNormalization into Conv"] += folded
-        summary.constants = len(graph.constants)
-        summary.constant_bytes = int(sum(v.nbytes for v in graph.constants.values()))
     graph.validate()
     # An empty input makes every kernel empty (grids of zero programs, divisions by a zero
     # extent). Empty constants (Resize's unused roi, ReduceSum's empty axes) and an empty slice

@@ -22,6 +22,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from tessera.errors import ShapeError, UnsupportedError, node_ref
+from tessera.frontend.fold_bn import fold_batch_norms
 from tessera.ir import aten_call
 from tessera.ir.builder import PrimBuilder
 from tessera.ir.dtype import DType
@@ -196,7 +197,10 @@ def fold_and_infer(graph: Graph, declared: Mapping[str, list], label: str, check
     for o in graph.outputs:
         if o not in graph.types:
             raise ShapeError(f"{label}: graph output '{o}' has no type")
-    summary.dead_nodes = graph.remove_dead()
+    folded = fold_batch_norms(graph)  # what torch.onnx.export does; dynamo's graphs keep them
+    if folded:
+        summary.folded_nodes["BatchNormalization into Conv"] += folded
+    summary.dead_nodes = graph.remove_dead()  # also the weights the folds replaced
     summary.constants = len(graph.constants)
     summary.constant_bytes = int(sum(v.nbytes for v in graph.constants.values()))
     return summary

@@ -23,7 +23,7 @@ from tessera.codegen.kernels import schedule_from_json
 from tessera.codegen.launch import KernelCompileError, TritonKernel, use_interpreter
 from tessera.codegen.select import KernelImpl, implement
 from tessera.codegen.triton_ops import Unsupported
-from tessera.errors import ShapeError, TesseraError
+from tessera.errors import ShapeError, TesseraError, gpu_fault
 from tessera.ir.graph import Graph, Node
 from tessera.ir.indices import check_feeds, index_bounds
 from tessera.ir.prims import Prim
@@ -38,7 +38,11 @@ class KernelBuildError(TesseraError):
 
 class KernelFaultError(TesseraError):
     """A plan kernel faulted the GPU on its first run (the capture's warm-up); names the kernel
-    and its schedule."""
+    (`kernel`) and its schedule."""
+
+    def __init__(self, message: str, kernel: str) -> None:
+        super().__init__(message)
+        self.kernel = kernel
 
 
 @dataclass
@@ -408,9 +412,9 @@ class Executable:
                         if self.device.type == "cuda":
                             torch.cuda.synchronize(self.device)
                     except Exception as e:  # noqa: BLE001 - a fault surfaces as whatever raised it
-                        if "CUDA" not in str(e) and "illegal" not in str(e):
+                        if not gpu_fault(e):
                             raise
-                        raise KernelFaultError(self._fault_message(step, e)) from None
+                        raise KernelFaultError(self._fault_message(step, e), step.impl.name) from None
             for t in self.free_after[i]:
                 env.pop(t, None)
 
