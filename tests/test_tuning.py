@@ -480,3 +480,52 @@ def test_a_view_is_never_measured_and_costs_nothing(tmp_path):
         alone = next(c for c in _candidates(og, 1 << view) if c.nodes == 1 << view)
         cost.prepare([alone])
         assert prof.calls == 0 and cost(alone) == pytest.approx(1e-9) and cost.known(alone)
+
+
+def test_write_variants_of_a_memory_bound_kernel_share_one_measurement(tmp_path):
+    # exp's value is read by two kernels' worth of work: a kernel of exp and neg may write it
+    # (sigmoid reads it) or leave sigmoid to recompute it. Both variants are one measurement: the
+    # one that writes exp's value is timed, the other costs that less the write it skips.
+    from tessera.cost import device
+    from tessera.orchestrate.candidates import Candidate
+
+    model = graph_model([helper.make_node("Exp", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
+                         helper.make_node("Sigmoid", ["a"], ["c"])], {"x": rand(64, 257, seed=3)}, ["b", "c"])
+    og = build_ograph(fission(load(model).graph).graph)
+    exp, neg = (next(i for i, n in enumerate(og.nodes) if n.op == op) for op in ("exp", "neg"))
+    mask = (1 << exp) | (1 << neg)
+    full, part = (Candidate(mask, outs, og.inputs_of(mask)) for outs in (mask, 1 << neg))
+    h100 = device("h100")
+    with TuningDB(tmp_path / "t.db") as db:
+        prof = FakeProfiler()
+        cost = MeasuredCost(og, db, prof, "fake", "v1", gpu=h100)
+        cost.prepare([part, full])
+        assert prof.calls == 1 and cost.stats["variants_derived"] == 1
+        assert cost(part) == pytest.approx(cost(full) - 64 * 257 * 4 / h100.bandwidth)
+        assert cost(part) < cost(full)
+    with TuningDB(tmp_path / "u.db") as db:  # a variant alone: its full variant is measured in its place
+        prof = FakeProfiler()
+        cost = MeasuredCost(og, db, prof, "fake", "v1", gpu=h100)
+        assert not cost.known(part)
+        s = cost(part)
+        assert prof.calls == 1 and db.get(cost.job(full).key) is not None and db.get(cost.job(part).key) is None
+        assert cost.known(full) and cost(full) - s == pytest.approx(64 * 257 * 4 / h100.bandwidth)
+    with TuningDB(tmp_path / "v.db") as db:  # off: each variant is its own measurement
+        prof = FakeProfiler()
+        cost = MeasuredCost(og, db, prof, "fake", "v1", gpu=h100, share_variants=False)
+        cost.prepare([part, full])
+        assert prof.calls == 2 and cost.stats["variants_derived"] == 0
+
+
+def test_write_variants_of_a_linear_kernel_are_measured_each():
+    # A template's epilogue stores are not priced by bytes alone: each variant is timed.
+    from tessera.orchestrate.candidates import Candidate
+
+    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Relu", ["y"], ["z"]),
+                         helper.make_node("Sigmoid", ["y"], ["s"])],
+                        {"x": rand(16, 32, seed=1), "w": Const(rand(32, 24, seed=2))}, ["z", "s"])
+    og = build_ograph(fission(load(model).graph).graph)
+    mm, relu = (next(i for i, n in enumerate(og.nodes) if n.op == op) for op in ("matmul", "max"))
+    mask = (1 << mm) | (1 << relu)
+    cost = MeasuredCost(og, None, None, "fake", "v1")
+    assert cost._variant(Candidate(mask, 1 << relu, og.inputs_of(mask))) is None
