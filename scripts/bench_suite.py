@@ -119,6 +119,8 @@ def main() -> int:
     ap.add_argument("--code", default="", help="the tessera commit measured (the device's copy has no git history)")
     ap.add_argument("--profile", action="store_true", help="also profile each contender's kernels by kind")
     ap.add_argument("--timing", default="wall", choices=["wall", "gpu"], help="gpu: the kernels' GPU time per call")
+    ap.add_argument("--guards", default="all", choices=["all", "skip-modules"],
+                    help="dynamo's guards for every torch.compile contender (tessera.bench.GUARDS)")
     a = ap.parse_args()
     start = time.perf_counter()
 
@@ -146,7 +148,7 @@ def main() -> int:
                 Path(db).unlink(missing_ok=True)
             try:
                 doc = bench(f"zoo:{model}", prec, a.vs.split(","), a.strategies.split(","), a.cost, db,
-                            "cuda", 0, a.solver, a.profile, a.timing)
+                            "cuda", 0, a.solver, a.profile, a.timing, a.guards)
             except Exception as e:  # noqa: BLE001 - record and go on to the next model
                 print(f"{model} {prec}: FAILED {type(e).__name__}: {e}", flush=True)
                 continue

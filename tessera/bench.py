@@ -45,7 +45,37 @@ PEERS = ("eager", "inductor", "inductor-cudagraphs", "inductor-max-autotune", "s
 # the peers (`--vs`), since it needs the module, but never counted as one.
 DYNAMO = "tessera-dynamo"
 TIMINGS = ("wall", "gpu")
+# Dynamo's guards for every torch.compile contender (Inductor's and tessera's alike): "all" keeps
+# them; "skip-modules" drops those on nn.Module state (`torch.compiler.skip_guard_on_all_nn_modules_unsafe`),
+# which frozen inference does not need. BERT-base checks ~200 parameter guards per call: 355 µs of a
+# 435 µs call on a 2-core CPU with a trivial backend (gpt2: 170 of 241), enough to make a 0.5 ms
+# model host-bound.
+GUARDS = ("all", "skip-modules")
+
+
+def guard_options(guards: str) -> dict[str, Any]:
+    """torch.compile options that set dynamo's guards (`GUARDS`); empty for "all"."""
+    if guards not in GUARDS:
+        raise TesseraError(f"unknown guards {guards!r}; choose from {', '.join(GUARDS)}")
+    if guards == "all":
+        return {}
+    skip = getattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe", None)
+    if skip is None:
+        raise TesseraError(f"--guards {guards} needs torch.compiler.skip_guard_on_all_nn_modules_unsafe "
+                           f"(torch {torch.__version__} has none)")
+    return {"guard_filter_fn": skip}
 _MODES = {"inductor": "default", "inductor-cudagraphs": "reduce-overhead", "inductor-max-autotune": "max-autotune"}
+
+
+def _inductor(module: Any, mode: str, guards: str) -> Any:
+    """torch.compile(module, mode=mode) under `guards`. torch.compile refuses a mode beside an
+    options dict, so with guard options the mode is given as the Inductor options it stands for."""
+    extra = guard_options(guards)
+    if not extra:
+        return torch.compile(module, mode=mode)
+    from torch._inductor import list_mode_options
+
+    return torch.compile(module, options={**list_mode_options(mode), **extra})
 
 
 @dataclass
@@ -125,14 +155,16 @@ def _check(out: Any, ref: dict[str, np.ndarray], names: Sequence[str], precision
 def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
           strategies: Sequence[str] = ("optimal", "greedy"), cost: str = "auto", db: str | None = None,
           device: str = "cuda", seed: int = 0, solver: str = "cbc", run_profile: bool = False,
-          timing: str = "wall") -> dict[str, Any]:
+          timing: str = "wall", guards: str = "all") -> dict[str, Any]:
     """Time tessera and its peers on `model`: an ONNX path, zoo:NAME, a user's PyTorch model as
     (module, example_inputs), or FILE.py:FUNC naming a function that returns that pair. Returns
     the JSON document.
 
     `run_profile`: also profile what each contender launches (`runtime/profile.py`) into its
-    entry's `extra["run_profile"]`: GPU µs per call by kernel kind, plan kernel and kernel."""
+    entry's `extra["run_profile"]`: GPU µs per call by kernel kind, plan kernel and kernel.
+    `guards`: dynamo's guards for every torch.compile contender (`GUARDS`)."""
     dev = torch.device(device)
+    guard_options(guards)  # a bad value fails before anything compiles
     if timing not in TIMINGS:
         raise TesseraError(f"unknown timing {timing!r}; choose from {', '.join(TIMINGS)}")
     if timing == "gpu" and dev.type != "cuda":
@@ -229,7 +261,8 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
                 torch._dynamo.reset()
                 fn, compiled = dynamo_compile(fp32_module, CompileOptions(
                     precision=precision, cost=cost, db=db, solver=solver,
-                    io="precision" if any("precisionio" in s.split("-") for s in strategies) else "model"))
+                    io="precision" if any("precisionio" in s.split("-") for s in strategies) else "model"),
+                    guard_options(guards))
             elif peer == "sdpa":
                 from tessera.zoo import sdpa_form
 
@@ -237,7 +270,7 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
                 if fn is None:
                     continue  # only an attention case has a flash form
             else:
-                fn = module if peer == "eager" else torch.compile(module, mode=_MODES[peer])
+                fn = module if peer == "eager" else _inductor(module, _MODES[peer], guards)
             call = fp32_args if peer == DYNAMO else args
             with torch.no_grad():
                 t0 = time.perf_counter()
@@ -265,6 +298,7 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
         "versions": {"torch": torch.__version__, "python": platform.python_version(), **_versions()},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "timing": timing,
+        "guards": guards,
         "entries": [{**asdict(e), "vs_best_peer": (e.ms / best) if best else None} for e in entries],
         **({} if dev.type == "cuda" else {"note": CPU_NOTE}),
     }

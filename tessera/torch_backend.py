@@ -143,17 +143,19 @@ def _stage_line(stages: Mapping[str, float]) -> str:
     return ", ".join(f"{k} {v:.2f} s" for k, v in stages.items())
 
 
-def dynamo_compile(module: Callable[..., Any], options: CompileOptions) -> tuple[Callable[..., Any], list[Any]]:
+def dynamo_compile(module: Callable[..., Any], options: CompileOptions,
+                   dynamo_options: dict[str, Any] | None = None) -> tuple[Callable[..., Any], list[Any]]:
     """`torch.compile(module, backend=tessera)` with `options`, and the list that each graph dynamo
     captures is compiled into (a CompiledModule, a BucketedModule or a PerShape), filled as calls
-    capture them."""
+    capture them. `dynamo_options` are torch.compile's own (its `guard_filter_fn`)."""
     compiled: list[Any] = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         compiled.append(tessera_backend(gm, example_inputs, options=options))
         return compiled[-1]
 
-    return torch.compile(module, backend=backend), compiled
+    return torch.compile(module, backend=backend, **({"options": dict(dynamo_options)} if dynamo_options else {})), \
+        compiled
 
 
 def _through_dynamo(module: Callable[..., Any], example_inputs: Sequence[Any], opt: CompileOptions) -> Any:

@@ -212,3 +212,31 @@ def test_bench_precision_io_strategy_takes_half_inputs(tmp_path, capsys):
     assert plain["passed"] and io["passed"]
     # The input cast fused with a reshape is a generated kernel; without it the reshape is a view.
     assert io["extra"]["backends"].get("triton", 0) < plain["extra"]["backends"]["triton"]
+
+
+def test_guards_skip_modules_drops_dynamo_guards_on_module_state_for_every_torch_compile():
+    """`--guards skip-modules`: a parameter's changed properties no longer recompile (dynamo checks no
+    guard on module state, the per-call cost that made bert_base's backend call host-bound); the bench
+    records the setting; a bad value is named."""
+    from tessera.bench import guard_options
+    from tessera.compiler import CompileOptions
+    from tessera.errors import TesseraError
+    from tessera.torch_backend import dynamo_compile
+
+    counts = {}
+    for guards in ("all", "skip-modules"):
+        torch._dynamo.reset()
+        m = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+        fn, compiled = dynamo_compile(m, CompileOptions(cost="analytical"), guard_options(guards))
+        x = torch.randn(2, 8)
+        with torch.no_grad():
+            fn(x)
+            m[0].weight.requires_grad_(False)  # a guarded property of module state changes
+            fn(x)
+        counts[guards] = len(compiled)
+    assert counts == {"all": 2, "skip-modules": 1}
+    doc = bench("zoo:mlp_tiny", precision="fp32", peers=["eager", "tessera-dynamo"], strategies=["optimal"],
+                cost="analytical", device="cpu", guards="skip-modules")
+    assert doc["guards"] == "skip-modules" and all(e["passed"] for e in doc["entries"])
+    with pytest.raises(TesseraError, match="skip-modules"):
+        guard_options("none")

@@ -193,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "kernels of a few µs that launch overhead would hide")
     p.add_argument("--profile", action="store_true",
                    help="also profile each contender's kernels by kind (extra.run_profile in --json)")
+    p.add_argument("--guards", choices=["all", "skip-modules"], default="all",
+                   help="dynamo's guards for every torch.compile contender: skip-modules drops those on "
+                        "nn.Module state (torch.compiler.skip_guard_on_all_nn_modules_unsafe), as frozen "
+                        "inference may")
     p = sub.add_parser("db", help="move tuning results between machines")
     p.add_argument("action", choices=["export", "import", "stats"])
     p.add_argument("file", nargs="?", type=Path, help="JSON-lines file to write (export) or read (import)")
@@ -618,7 +622,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     doc = bench(args.model, args.precision, [p for p in args.vs.split(",") if p],
                 [s for s in args.strategy.split(",") if s], args.cost, args.db, args.device, args.seed, args.solver,
-                args.profile, args.timing)
+                args.profile, args.timing, args.guards)
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1))
     print(format_table(doc))

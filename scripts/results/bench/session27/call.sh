@@ -17,6 +17,15 @@ case $n in
     D=scripts/results/bench/session26
     gunzip -c $D/call9/tuning.jsonl.gz > /tmp/b.jsonl; python3 -m tessera db --db /tmp/b.db import /tmp/b.jsonl
     step 300 python3 scripts/recompile_time.py --models bert_base --cost measured --db /tmp/b.db --json $OUT/recompile_bert_base.json ;;
+6)  # bert_base fp16 through the backend beside the ONNX path and Inductor, dynamo's guards on module
+    # state kept and dropped (--guards), warm from session 26's call 9 rows (H200)
+    D=scripts/results/bench/session26
+    gunzip -c $D/call9/tuning.jsonl.gz > /tmp/b.jsonl; python3 -m tessera db --db /tmp/b.db import /tmp/b.jsonl
+    for g in all skip-modules; do
+        mkdir -p $OUT/$g
+        step 280 python3 scripts/bench_suite.py --solver highs --profile --db /tmp/b.db --code $code --models bert_base \
+            --precisions fp16 --vs inductor-cudagraphs,tessera-dynamo --strategies optimal-precisionio --guards $g --out $OUT/$g
+    done ;;
 esac
 gzip -f $OUT/*.jsonl 2>/dev/null
 tail -n 40 $OUT/call.log
