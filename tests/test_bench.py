@@ -235,6 +235,13 @@ def test_guards_skip_modules_drops_dynamo_guards_on_module_state_for_every_torch
             fn(x)
         counts[guards] = len(compiled)
     assert counts == {"all": 2, "skip-modules": 1}
+    # A user's spelling: torch takes guard_filter_fn out of the options before tessera reads its own.
+    torch._dynamo.reset()
+    m = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+    fn = torch.compile(m, backend="tessera", options={"cost": "analytical", **guard_options("skip-modules")})
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x), m(x))
     doc = bench("zoo:mlp_tiny", precision="fp32", peers=["eager", "tessera-dynamo"], strategies=["optimal"],
                 cost="analytical", device="cpu", guards="skip-modules")
     assert doc["guards"] == "skip-modules" and all(e["passed"] for e in doc["entries"])
