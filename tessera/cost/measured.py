@@ -221,8 +221,9 @@ class MeasuredCost:
         return Candidate(c.nodes, full, c.inputs), saved / self._bandwidth
 
     def _derived(self, c: Candidate, full_s: float) -> float:
-        """c's cost from its full variant's measured seconds (`_variant`). Measured time is never
-        below the roofline at this bandwidth, so the result stays above c's own traffic time."""
+        """c's cost from its full variant's measured seconds (`_variant`). The bandwidth is the
+        device's achievable one, which a measured kernel does not beat unless L2 serves it, so the
+        result stays near or above c's own traffic time (and positive)."""
         v = self._variant(c)
         assert v is not None
         return max(full_s - v[1], 1e-7) if math.isfinite(full_s) else full_s
