@@ -182,7 +182,6 @@ class MeasuredCost:
         # template core (its linear nodes: one matmul, or a chain's two) -> its first candidate's signature and schedules
         self._cores: dict[frozenset[int], tuple[str, list[TemplateSchedule]]] = {}
         self.share_variants = share_variants
-        self._bandwidth = (gpu or DEVICES["h100"]).bandwidth
         self._written: list[float] | None = None  # bytes each node's outputs take (`_variant`)
         self.stats = {"candidates": 0, "measured": 0, "failed": 0, "seconds": 0.0,
                       "template_candidates": 0, "templates_faster": 0, "variants_derived": 0}
@@ -213,20 +212,20 @@ class MeasuredCost:
         if full == c.outputs or any(Prim(self.og.nodes[i].op).category in (Category.LINEAR, Category.OPAQUE)
                                     for i in bits(c.nodes)):
             return None
+        gpu = self.gpu or DEVICES["h100"]
         if self._written is None:
             from tessera.cost.analytical import AnalyticalCost  # its byte counts follow the precision
 
-            self._written = AnalyticalCost(self.og, self.gpu or DEVICES["h100"], self.precision).out_bytes
+            self._written = AnalyticalCost(self.og, gpu, self.precision).out_bytes
         saved = sum(self._written[i] for i in bits(full & ~c.outputs))
-        return Candidate(c.nodes, full, c.inputs), saved / self._bandwidth
+        return Candidate(c.nodes, full, c.inputs), saved / gpu.bandwidth
 
-    def _derived(self, c: Candidate, full_s: float) -> float:
-        """c's cost from its full variant's measured seconds (`_variant`). The bandwidth is the
-        device's achievable one, which a measured kernel does not beat unless L2 serves it, so the
-        result stays near or above c's own traffic time (and positive)."""
-        v = self._variant(c)
-        assert v is not None
-        return max(full_s - v[1], 1e-7) if math.isfinite(full_s) else full_s
+    def _derived(self, full: Candidate, saved_s: float) -> float:
+        """A variant's cost: its full variant's measured seconds less `saved_s` (`_variant`). The
+        bandwidth is the device's achievable one, which a measured kernel does not beat unless L2
+        serves it, so the result stays near or above the variant's own traffic time (and positive)."""
+        full_s = self._cache[(full.nodes, full.outputs)]
+        return max(full_s - saved_s, 1e-7) if math.isfinite(full_s) else full_s
 
     def library_job(self, c: Candidate) -> Job | None:
         """The candidate as the library call or a generated kernel (`job`); None for a candidate
@@ -316,12 +315,12 @@ class MeasuredCost:
                 self._cache[(c.nodes, c.outputs)] = v
         new = [c for c in new if (c.nodes, c.outputs) not in self._cache]
         # A variant that writes less is priced from its full variant, measured in its place.
-        full = {(c.nodes, c.outputs): v[0] for c in new if (v := self._variant(c)) is not None}
-        derived = [c for c in new if (c.nodes, c.outputs) in full]
-        new = [c for c in new if (c.nodes, c.outputs) not in full]
-        known = {(c.nodes, c.outputs) for c in new}
-        new += [f for f in {(f.nodes, f.outputs): f for f in full.values()}.values()
-                if (f.nodes, f.outputs) not in known and (f.nodes, f.outputs) not in self._cache]
+        variants = {(c.nodes, c.outputs): v for c in new if (v := self._variant(c)) is not None}
+        derived = [c for c in new if (c.nodes, c.outputs) in variants]
+        new = [c for c in new if (c.nodes, c.outputs) not in variants]
+        queued = {(c.nodes, c.outputs) for c in new}
+        new += [f for f in {(f.nodes, f.outputs): f for f, _ in variants.values()}.values()
+                if (f.nodes, f.outputs) not in queued and (f.nodes, f.outputs) not in self._cache]
         jobs = [self.library_job(c) for c in new]
         tjobs = [self.template_jobs(c) for c in new]
         before = len(self.db)
@@ -339,8 +338,7 @@ class MeasuredCost:
             self.stats["template_candidates"] += bool(ts)
             self.stats["templates_faster"] += tpl < lib
         for c in derived:
-            f = full[(c.nodes, c.outputs)]
-            self._cache[(c.nodes, c.outputs)] = self._derived(c, self._cache[(f.nodes, f.outputs)])
+            self._cache[(c.nodes, c.outputs)] = self._derived(*variants[(c.nodes, c.outputs)])
         self.stats["variants_derived"] += len(derived)
         self.stats["candidates"] += len(new) + len(derived)
         self.stats["measured"] += len(self.db) - before
@@ -362,7 +360,7 @@ class MeasuredCost:
         if variant is not None:
             if not self.known(variant[0]):
                 return False
-            self._cache[k] = self._derived(c, self._cache[(variant[0].nodes, variant[0].outputs)])
+            self._cache[k] = self._derived(*variant)
             return True
         tjobs = self.template_jobs(c)
         if tjobs is None:
