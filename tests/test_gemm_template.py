@@ -228,6 +228,26 @@ def test_narrow_and_tf32_math(precision):
     assert 'input_precision="ieee"' in ks.source and err < 1e-6
 
 
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])
+def test_a_tf32_constant_weight_is_read_k_major(precision):
+    # Hopper's wgmma reads tf32 operands only K-major, so a tf32 template reads a constant B that
+    # only its dot reads from a copy stored [..., N, K]; other precisions keep the graph's order.
+    tf32 = precision == "tf32"
+    ks, _ = check_template(*dense(31, 67, 64, "gelu", seed=40), GemmSchedule(16, 32, 16, 2, 2, 1, 1),
+                           precision=precision)
+    assert ks.input_layouts == ({"w": (1, 0)} if tf32 else {})
+    x = rand(3, 5, 131, seed=41)  # a batched constant weight, split-K over ragged K slices
+    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["out"])], {"x": x, "w": Const(rand(3, 131, 9, seed=42))},
+                        ["out"])
+    ks, _ = check_template(model, {"x": x}, GemmSchedule(16, 16, 32, 2, 2, 1, 3), precision=precision)
+    assert ks.input_layouts == ({"w": (0, 2, 1)} if tf32 else {})
+    x = rand(13, 13, seed=43)  # a weight the epilogue reads too stays as the graph stores it
+    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "w"], ["out"])],
+                        {"x": x, "w": Const(rand(13, 13, seed=44))}, ["out"])
+    ks, _ = check_template(model, {"x": x}, GemmSchedule(16, 16, 16, 2, 2, 1, 1), precision=precision)
+    assert ks.input_layouts == {}
+
+
 def test_an_elementwise_prologue_is_computed_at_the_operand():
     # The ground a prologue candidate needs (the orchestrator does not form them yet): relu(x * s + t)
     # computed at A's tile indices inside the K loop, s (constant along K) loaded once before it.
@@ -513,15 +533,19 @@ def test_tf32_constant_operands_are_rounded_once_at_load():
     # A tf32 template rounds an activation operand in its K loop. A constant that only its dot
     # reads is rounded once, at load, into a copy that replaces the original (the weight is held
     # once). The same bits reach the dot: the output equals the one with the weights fed as inputs,
-    # which the loop rounds.
+    # which the loop rounds. The copy of a B operand is also stored K-major ([N, K]), the order
+    # Hopper's wgmma reads tf32 operands in.
     opts = CompileOptions(cost="analytical", templates="force", precision="tf32", chains=False)
     model, feeds = mlp()
     exe = tessera.compile(model, opts, DEVICE)
     tmpl = [s.kernel.ks for s in exe.steps if s.impl.backend == "template"]
     assert [ks.rounded_inputs for ks in tmpl] == [("w1",), ("w2",)]
-    assert all(ks.source.count("& -8192") == 1 and "(rounded to tf32 once, at load)" in ks.source for ks in tmpl)
-    assert {"w1@tf32", "w2@tf32"} <= set(exe.constants) and not {"w1", "w2"} & set(exe.constants)
-    assert torch.equal(exe.constants["w1@tf32"].cpu(), round_tf32(torch.from_numpy(np.array(exe.graph.constants["w1"]))))
+    assert [ks.input_layouts for ks in tmpl] == [{"w1": (1, 0)}, {"w2": (1, 0)}]
+    assert all(ks.source.count("& -8192") == 1 and "(stored in dim order 10, rounded to tf32 once, at load)"
+               in ks.source for ks in tmpl)
+    assert {"w1@10@tf32", "w2@10@tf32"} <= set(exe.constants) and not {"w1", "w2"} & set(exe.constants)
+    w1 = exe.constants["w1@10@tf32"].cpu()
+    assert w1.stride() == (1, 31) and torch.equal(w1, round_tf32(torch.from_numpy(np.array(exe.graph.constants["w1"]))))
     fed_model, fed = mlp(weights_as_inputs=True)
     fed_exe = tessera.compile(fed_model, opts, DEVICE)
     assert all(s.kernel.ks.rounded_inputs == () and s.kernel.ks.source.count("& -8192") == 2

@@ -258,6 +258,7 @@ class KernelBody:
         self.inputs = list(reads)
         self.outputs = list(outputs)
         self.rounded: set[str] = set()  # constants read pre-rounded to tf32 (KernelSource.rounded_inputs)
+        self.layouts: dict[str, tuple[int, ...]] = {}  # constants read in another storage order (input_layouts)
         for t in self.inputs + self.outputs:
             if self.graph.types[t].dtype not in STORAGE:
                 raise Unsupported(f"tensor {t} has type {self.graph.types[t].dtype.value}")

@@ -138,11 +138,13 @@ class Tile:
 
 
 def dot_operand(t: Tile, graph: Graph, math: DotMath, tensor: str, coords: list[Ix], mask: frozenset[str],
-                zero: frozenset[str], shape: str, axes: set[str] | frozenset[str], pointer: Ix | None = None) -> str:
+                zero: frozenset[str], shape: str, axes: set[str] | frozenset[str], pointer: Ix | None = None,
+                layout: tuple[int, ...] | None = None) -> str:
     """An operand tile in the dot's input type (`shape`, over the loop tags `axes`).
 
     A tensor from memory is loaded as stored (through `pointer` when the caller has built its
-    addresses, else at `coords` in its storage order), under the conditions of `mask` that its
+    addresses, else at `coords` in its storage order: `layout` where the runtime stores this
+    kernel's copy in another, `KernelSource.input_layouts`), under the conditions of `mask` that its
     address depends on; one a free prologue computes is computed at `coords`. Lanes where a
     condition of `zero` fails are zeroed (lanes past K, a convolution's padding): a masked load
     gives 0 there, but 1/0 or log(0) of a computed value would not. A value constant along an
@@ -153,7 +155,7 @@ def dot_operand(t: Tile, graph: Graph, math: DotMath, tensor: str, coords: list[
     need = frozenset(axes)
     if tensor in em.inputs:
         if pointer is None:
-            off = em.index_var(ix.ravel_stored(coords, ty.shape, ty.layout))
+            off = em.index_var(ix.ravel_stored(coords, ty.shape, ty.layout if layout is None else layout))
             pointer = Ix(f"{em.inputs[tensor]} + {off.expr}", None, None, off.deps)
         m = em.mask_expr(mask, pointer.deps)
         v = em.emit(f"tl.load({pointer.expr}" + (f", mask={m}, other=0.0)" if m else ")"), pointer.deps, "a")
@@ -318,6 +320,13 @@ def jit_function(fn: str, params: str, t: Tile, consts: Sequence[str], extra: Se
         [f"    {h}" for h in [*t.header, *extra]] + body
 
 
+def _stored_note(k: KernelBody, t: str) -> str:
+    """How the runtime stores a constant argument for this kernel, where not as the graph does."""
+    notes = ([f"stored in dim order {''.join(map(str, k.layouts[t]))}"] if t in k.layouts else []) \
+        + (["rounded to tf32"] if t in k.rounded else [])
+    return f" ({', '.join(notes)} once, at load)" if notes else ""
+
+
 def describe(graph: Graph, nodes: Sequence[Node], root: Node, k: KernelBody, sources: Sequence[str],
              workspace: int = 0) -> list[str]:
     """Header lines shared by templates: the epilogue and prologue primitives, the ONNX nodes,
@@ -336,8 +345,7 @@ def describe(graph: Graph, nodes: Sequence[Node], root: Node, k: KernelBody, sou
     if sources:
         doc += textwrap.wrap("ONNX nodes: " + ", ".join(sources), 100, initial_indent="# ",
                              subsequent_indent="#   ")
-    doc += [f"# in{i}: {t} {graph.types[t]}" + (" (rounded to tf32 once, at load)" if t in k.rounded else "")
-            for i, t in enumerate(k.inputs)]
+    doc += [f"# in{i}: {t} {graph.types[t]}" + _stored_note(k, t) for i, t in enumerate(k.inputs)]
     if workspace:
         doc.append(f"# ws: float32[{workspace}] split-K partial sums")
     doc += [f"# {arg}: {t} {graph.types[t]}" for t, arg in k.out_args.items()]

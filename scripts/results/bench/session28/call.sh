@@ -1,0 +1,18 @@
+#!/bin/bash
+# Session 28's device calls: `bash scripts/results/bench/session28/call.sh N SHA` on the GPU machine,
+# after the wheels are installed (PYTHONPATH holds them and the repo). Each step has its own time
+# limit, so what finished comes back under $OUT even when a later step runs long.
+# (Call 1 ran `scripts/tf32_operand_probe.py --out $OUT/tf32_operand_probe.json` directly.)
+n=$1; code=$2
+export TESSERA_LOG=info
+B="python3 scripts/bench_suite.py --solver highs --profile --fresh-db --keep-db /tmp/dbs --code $code"
+step() { local t=$1; shift; echo "== $(date +%T) $*" >> $OUT/call.log; timeout -k 5 $t "$@" >> $OUT/call.log 2>&1; echo "== rc $?" >> $OUT/call.log; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $OUT/gpu.txt
+case $n in
+2)  # tf32 transformers with K-major constant weights: without templates (the profile target's
+    # "before") and with them, one database per model
+    step 285 $B --models bert_base --precisions tf32 --vs eager --strategies optimal-precisionio-notemplates,optimal-precisionio --out $OUT
+    step 285 $B --models gpt2 --precisions tf32 --vs eager --strategies optimal-precisionio-notemplates,optimal-precisionio --out $OUT ;;
+esac
+gzip -f $OUT/*.jsonl 2>/dev/null
+tail -n 40 $OUT/call.log
