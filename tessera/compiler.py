@@ -38,6 +38,7 @@ from tessera.orchestrate.report import write_report
 from tessera.rewrite import convert_precision
 from tessera.rewrite.precision import check_precision
 from tessera.rewrite.deferred import DEFERRED, defer_normalization
+from tessera.rewrite.rules.merge_matmul import merge_weight_matmuls
 from tessera.rewrite.search import GAIN, MEASURED_GAIN, search
 from tessera.runtime.artifact import save_artifact
 from tessera.runtime.executable import Executable
@@ -63,6 +64,10 @@ class CompileOptions:
     # GEMM chains (codegen/chain.py): two matmuls joined through memory-bound primitives (attention,
     # MLPs) may form one kernel, where templates are measured ("auto") or forced. The solver decides.
     chains: bool = True
+    # Matmuls that read one left operand through constant weights become one matmul over the
+    # weights side by side (BERT's QKV projections), where templates are measured or forced
+    # (rewrite/rules/merge_matmul.py `merge_weight_matmuls`)
+    merge_matmuls: bool = True
     # Primitive-graph rewrites chosen by cost before orchestration (rewrite/search.py): "off" or "on"
     rewrites: str = "off"
     rewrite_budget_s: float = 60.0  # the search starts no new site after this long
@@ -148,6 +153,11 @@ def compile_model(source: Any, options: CompileOptions | None = None,
     done("fission")
     graph = fis.graph
     rewrites: list[str | dict[str, Any]] = []
+    if opt.merge_matmuls and templates_enabled(opt, cost_kind):
+        graph, merged = merge_weight_matmuls(graph)
+        if merged:
+            rewrites += merged
+            logger.info("rewrite: %d matmul pair(s) sharing a left operand merged over their weights", len(merged))
     if chains_enabled(opt, cost_kind):  # softmax's division after the product: attention then chains in one pass
         graph, moved = defer_normalization(graph)
         if moved:
@@ -232,9 +242,14 @@ def measured_or_analytical(opt: CompileOptions) -> str:
     return opt.cost if opt.cost != "auto" else ("measured" if torch.cuda.is_available() else "analytical")
 
 
+def templates_enabled(opt: CompileOptions, cost_kind: str) -> bool:
+    """Do templates compete for kernels? Where they are measured (their cost decides) or forced."""
+    return opt.templates == "force" or (opt.templates == "auto" and cost_kind == "measured")
+
+
 def chains_enabled(opt: CompileOptions, cost_kind: str) -> bool:
     """May GEMM chains form kernels? Where templates are measured (their cost decides) or forced."""
-    return opt.chains and (opt.templates == "force" or (opt.templates == "auto" and cost_kind == "measured"))
+    return opt.chains and templates_enabled(opt, cost_kind)
 
 
 def new_profiler(opt: CompileOptions) -> Profiler:
