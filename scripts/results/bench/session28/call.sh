@@ -13,6 +13,11 @@ case $n in
     # "before") and with them, one database per model
     step 285 $B --models bert_base --precisions tf32 --vs eager --strategies optimal-precisionio-notemplates,optimal-precisionio --out $OUT
     step 285 $B --models gpt2 --precisions tf32 --vs eager --strategies optimal-precisionio-notemplates,optimal-precisionio --out $OUT ;;
+3)  # the GEMM probe in tf32 with K-major weights; bert_base with its QKV merged, tf32 (both sides of the
+    # profile target) and fp16 beside Inductor
+    step 120 python3 scripts/gemm_probe.py --precisions tf32 --out $OUT/gemm_probe_tf32.json
+    step 260 $B --models bert_base --precisions tf32 --vs eager --strategies optimal-precisionio-notemplates,optimal-precisionio --out $OUT
+    step 195 $B --models bert_base --precisions fp16 --vs inductor-cudagraphs --strategies optimal-precisionio --out $OUT ;;
 esac
 gzip -f $OUT/*.jsonl 2>/dev/null
 tail -n 40 $OUT/call.log
