@@ -39,7 +39,7 @@ from tessera.runtime.profile import profile_callable, profile_executable
 from tessera.tolerance import TOLERANCE, rel_l2
 from tessera.verify import random_inputs, run_onnxruntime
 
-STRATEGY_SUFFIXES = ("notemplates", "noprologues", "precisionio", "nochains", "rewrites")
+STRATEGY_SUFFIXES = ("notemplates", "noprologues", "precisionio", "nochains", "nomerge", "rewrites")
 PEERS = ("eager", "inductor", "inductor-cudagraphs", "inductor-max-autotune", "sdpa")
 # tessera itself through torch.compile(backend="tessera") on the PyTorch model (issue 16): listed with
 # the peers (`--vs`), since it needs the module, but never counted as one.
@@ -201,7 +201,8 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
         # to show what the templates add; "-noprologues", with templates but no operand prologues;
         # "-precisionio", taking and returning the precision's type as the half peers do (no boundary
         # casts; its inputs are converted once, outside the timed calls); "-nochains", with no GEMM
-        # chains (codegen/chain.py); "-rewrites", with the rewrite search on (rewrite/search.py).
+        # chains (codegen/chain.py); "-nomerge", with matmuls sharing a left operand through constant
+        # weights left apart (merge_weight_matmuls); "-rewrites", with the rewrite search on (rewrite/search.py).
         # Suffixes combine (optimal-precisionio-rewrites). Each reuses the database the plain strategy filled.
         base, *suffixes = strategy.split("-")
         unknown = set(suffixes) - set(STRATEGY_SUFFIXES)
@@ -214,6 +215,7 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
                                                     templates="off" if "notemplates" in suffixes else "auto",
                                                     prologues="noprologues" not in suffixes,
                                                     chains="nochains" not in suffixes,
+                                                    merge_matmuls="nomerge" not in suffixes,
                                                     rewrites="on" if "rewrites" in suffixes else "off",
                                                     io="precision" if "precisionio" in suffixes else "model"))
         exe = Executable(result.graph, plan_document(result), dev)

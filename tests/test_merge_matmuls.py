@@ -43,12 +43,13 @@ def test_constant_weights_merge_into_one_matmul_with_the_same_values():
     assert merge_weight_matmuls(merged)[1] == []  # nothing is left to merge
 
 
-def test_merged_only_where_templates_compete():
+def test_merged_only_where_templates_compete_and_not_when_turned_off(tmp_path):
     model = MODELS / "bert_tiny.onnx"
     auto = compile_model(model, CompileOptions(cost="analytical"))  # templates unmeasured: the library path
     assert not any(isinstance(r, dict) for r in auto.rewrites)
-    off = compile_model(model, CompileOptions(cost="analytical", templates="force", merge_matmuls=False))
-    assert not any(isinstance(r, dict) for r in off.rewrites)
+    out = tmp_path / "off"
+    assert main(["compile", str(model), "--templates", "force", "--merge-matmuls", "off", "-o", str(out)]) == 0
+    assert not any(isinstance(r, dict) for r in json.loads((out / "artifact.json").read_text())["rewrites"])
 
 
 def test_bert_qkv_merges_and_the_artifact_replays(tmp_path):

@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chains", choices=["on", "off"], default="on",
                    help="with measured or forced templates, let two matmuls joined through memory-bound "
                         "primitives (attention, MLPs) form one GEMM-chain kernel (codegen/chain.py)")
+    p.add_argument("--merge-matmuls", choices=["on", "off"], default="on",
+                   help="with measured or forced templates, merge matmuls that read one left operand through "
+                        "constant weights into one over the weights side by side (BERT's QKV projections)")
     p.add_argument("--rewrites", choices=["off", "on"], default="off",
                    help="primitive-graph rewrites before orchestration (rewrite/rules/), each kept only where "
                         "the cost model prices its window's plan cheaper (rewrite/search.py)")
@@ -418,7 +421,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
                           max_kernel_nodes=args.max_kernel_nodes, input_shapes=parse_input_shapes(args.input_shape),
                           db=args.db, tune_workers=args.tune_workers, tune=args.tune, layout=args.layout,
                           templates=args.templates, prologues=args.prologues == "on",
-                          chains=args.chains == "on", rewrites=args.rewrites, rewrite_budget_s=args.rewrite_budget)
+                          chains=args.chains == "on", merge_matmuls=args.merge_matmuls == "on",
+                          rewrites=args.rewrites, rewrite_budget_s=args.rewrite_budget)
     quiet = not sys.stderr.isatty()
     if args.dynamic:
         return _compile_buckets(args, opts, quiet)
