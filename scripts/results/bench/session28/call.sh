@@ -18,6 +18,13 @@ case $n in
     step 120 python3 scripts/gemm_probe.py --precisions tf32 --out $OUT/gemm_probe_tf32.json
     step 260 $B --models bert_base --precisions tf32 --vs eager --strategies optimal-precisionio-notemplates,optimal-precisionio --out $OUT
     step 195 $B --models bert_base --precisions fp16 --vs inductor-cudagraphs --strategies optimal-precisionio --out $OUT ;;
+# Not run in session 28 (no device time left): the next calls, one per 600 s call.
+5)  # bert_base fp16 with and without the QKV merge, beside Inductor, cold (the compile alone took 155 s)
+    step 580 $B --models bert_base --precisions fp16 --vs inductor-cudagraphs \
+        --strategies optimal-precisionio,optimal-precisionio-nomerge --out $OUT ;;
+6)  # gpt2 fp16 with K-major tf32 weights in place (fp16 is unaffected by them; the profile target's
+    # fp16 row was -21% in session 23, H100)
+    step 580 $B --models gpt2 --precisions fp16 --vs inductor-cudagraphs --strategies optimal-precisionio --out $OUT ;;
 esac
 gzip -f $OUT/*.jsonl 2>/dev/null
 tail -n 40 $OUT/call.log
