@@ -21,12 +21,11 @@ H100 measurements of the same kernels under several schedules
 Post-scheduling measures the top of the ranking and stops when it converges
 (`cost/measured.py`, `tune_schedules`).
 
-GEMM templates (`codegen/gemm.py`) are ranked by `predict_gemm`: compute in whole waves of
-resident programs, against memory at the rate the bytes in flight sustain (few programs with
-shallow pipelines cannot keep DRAM busy: the small-M GEMMs of a transformer at batch 1), fitted
-to the H100 probe of session 21 (`scripts/gemm_probe.py`). Since the model still misjudges
-which tile shape suits a problem (tf32 most), the ranking leads with the best schedule of each
-of its first `GEMM_FAMILIES` tile shapes, and those are measured. Convolution templates
+GEMM templates (`codegen/gemm.py`) are ranked by `predict_gemm`, which prices a GEMM as the 1x1
+convolution with the same tiles under the convolution model below (one model for both
+implicit-GEMM forms; `scripts/gemm_rank_check.py` checks it on the GEMM probes' timings). The
+ranking leads with the best schedule of each of its first `GEMM_FAMILIES` tile shapes, and those
+are measured. Convolution templates
 (`codegen/conv.py`) are ranked by `predict_conv`: for the implicit GEMM, a weighted sum of time
 terms (`conv_terms`) whose weights were fitted to the H100 probe of session 24
 (`scripts/conv_sweep_probe.py`, `scripts/conv_fit.py`); the direct (depthwise) form keeps an
@@ -121,46 +120,28 @@ def _waves(programs: int, resident: int, dev: Device) -> tuple[int, int]:
     return math.ceil(programs / (dev.sms * resident)), math.ceil(min(programs, dev.sms * resident) / dev.sms)
 
 
-@dataclass(frozen=True)
-class GemmParams:
-    """Constants of `predict_gemm`, grid-fitted to 1,100 timed schedules of the 128-row linear
-    layers of BERT-base and GPT-2 on the H100 (fp16 and tf32; `scripts/gemm_probe.py`, session 21).
-    In-sample: no other shapes were timed."""
-
-    smem_bytes: int = 227 << 10
-    max_warps_per_sm: int = 64
-    latency_s: float = 1.2e-6  # a load's round trip under load: the bytes in flight over it is the rate they sustain
-    l2_factor: float = 8.0  # L2 bandwidth over DRAM's, for operand tiles re-read by other programs
-    split_sum_s: float = 5.0e-7  # a split-K tile's last program: waiting on the counter, reading the slices back
-
-
-GEMM_PARAMS = GemmParams()
 GEMM_FAMILIES = 4  # tile shapes (block_m x block_n) whose best-ranked schedule is measured first
 
 
+def gemm_as_conv(batch: int, m: int, n: int, k: int) -> ConvProblem:
+    """A (batched) GEMM as the 1x1 convolution with the same tiles: M pixels, K input and N
+    output channels per group, one group per batch entry."""
+    return ConvProblem(1, k * batch, m, 1, n * batch, m, 1, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), batch)
+
+
 def predict_gemm(s: GemmSchedule, batch: int, m: int, n: int, k: int, itemsize: int, operand_bytes: float,
-                 epilogue_bytes: float, rate: float, dev: Device, p: GemmParams = GEMM_PARAMS) -> float:
+                 epilogue_bytes: float, rate: float, dev: Device) -> float:
     """Predicted seconds of a GEMM template launch (only the ranking is meant to be right).
 
-    The larger of compute (each SM's programs' tile work at its share of the rate, in whole waves
-    of resident programs) and memory: the operands and epilogue from DRAM, and every program's
-    operand stream (L2 hits mostly), each at the lesser of its bandwidth and the rate the bytes
-    in flight sustain (each resident program keeps stages - 1 operand tiles loading). Split-K
-    adds the workspace written and read back, and the last program's wait."""
-    tiles = batch * math.ceil(m / s.block_m) * math.ceil(n / s.block_n)
-    programs = tiles * s.split_k
-    chunk = math.ceil(math.ceil(k / s.split_k) / s.block_k) * s.block_k
-    tile_bytes = (s.block_m + s.block_n) * s.block_k * itemsize
-    resident = max(1, min(p.smem_bytes // max(s.num_stages * tile_bytes, 1), p.max_warps_per_sm // s.num_warps))
-    active = min(programs, dev.sms * resident)
-    waves, per_sm = _waves(programs, resident, dev)
-    sustained = active * max(1, s.num_stages - 1) * tile_bytes / p.latency_s
-    streamed = programs * (s.block_m + s.block_n) * chunk * itemsize
-    memory = max((operand_bytes + epilogue_bytes) / min(dev.bandwidth, sustained),
-                 streamed / min(dev.bandwidth * p.l2_factor, sustained))
-    compute = waves * per_sm * 2.0 * s.block_m * s.block_n * chunk / (rate / dev.sms)
-    split = 8.0 * s.split_k * batch * m * n / dev.bandwidth + p.split_sum_s if s.split_k > 1 else 0.0
-    return max(memory, compute) + split
+    A GEMM template walks the same tiles as the implicit-GEMM convolution template of a 1x1
+    convolution, so it is priced by that model: `conv_terms` weighed by `CONV_PARAMS`, fitted to
+    convolutions alone (session 24). On the two GEMM probes, BERT's and GPT-2's 128-row linear
+    layers in fp16 (H100, session 21) and tf32 with K-major weights (H200, session 28), the best of
+    its first four family heads is within 1.1% of the space's best (geomean, worst 9%), against
+    6.9% (worst 16%) for session 21's own GEMM model, which was fitted to those very timings when
+    tf32 dots ran on mma.sync (`scripts/gemm_rank_check.py`)."""
+    terms = conv_terms(s, gemm_as_conv(batch, m, n, k), itemsize, operand_bytes, epilogue_bytes, rate, dev)
+    return sum(getattr(CONV_PARAMS, name) * v for name, v in terms.items()) + CONV_PARAMS.launch_s
 
 
 def family_heads(ranked: Sequence[GemmSchedule], families: int = GEMM_FAMILIES) -> list[GemmSchedule]:
