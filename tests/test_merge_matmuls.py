@@ -6,7 +6,10 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import helper
+from opcheck import Const, graph_model, rand
 
 from tessera.cli.main import main
 from tessera.compiler import CompileOptions, compile_model
@@ -48,11 +51,20 @@ def test_constant_weights_merge_into_one_matmul_with_the_same_values():
 
 
 def test_merged_only_where_templates_compete_and_not_when_turned_off(tmp_path):
-    model = MODELS / "bert_tiny.onnx"
-    auto = compile_model(model, CompileOptions(cost="analytical"))  # templates unmeasured: the library path
-    assert not any(isinstance(r, dict) for r in auto.rewrites)
+    x = rand(5, 13, seed=8)
+    model = graph_model([helper.make_node("MatMul", ["x", "w1"], ["y1"]), helper.make_node("MatMul", ["x", "w2"], ["y2"])],
+                        {"x": x, "w1": Const(rand(13, 7, seed=9)), "w2": Const(rand(13, 3, seed=10))}, ["y1", "y2"])
+    path = tmp_path / "two.onnx"
+    onnx.save(model, path)
+
+    def merges(opts: CompileOptions) -> int:
+        return sum(isinstance(r, dict) for r in compile_model(path, opts).rewrites)
+
+    assert merges(CompileOptions(cost="analytical")) == 0  # templates unmeasured: the library path
+    assert merges(CompileOptions(cost="analytical", templates="force")) == 1
+    assert merges(CompileOptions(cost="analytical", templates="force", merge_matmuls=False)) == 0
     out = tmp_path / "off"
-    assert main(["compile", str(model), "--templates", "force", "--merge-matmuls", "off", "-o", str(out)]) == 0
+    assert main(["compile", str(path), "--templates", "force", "--merge-matmuls", "off", "-o", str(out)]) == 0
     assert not any(isinstance(r, dict) for r in json.loads((out / "artifact.json").read_text())["rewrites"])
 
 
