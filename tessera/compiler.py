@@ -107,6 +107,7 @@ class CompileResult:
     # (`search.Applied.to_json`); an artifact replays them (`runtime/artifact.rebuild_graph`)
     rewrites: list[str | dict[str, Any]] = field(default_factory=list)
     rewrite_search: dict[str, Any] = field(default_factory=dict)  # `SearchResult.summary()`, when on
+    merged: int = 0  # matmul pairs merged over their constant weights (merge_weight_matmuls), among `rewrites`
 
 
 PASSES = ("load", "fission", "rewrites", "precision", "layout", "ograph", "cost", "orchestrate", "schedules", "codegen")
@@ -153,6 +154,7 @@ def compile_model(source: Any, options: CompileOptions | None = None,
     done("fission")
     graph = fis.graph
     rewrites: list[str | dict[str, Any]] = []
+    merged: list[dict[str, Any]] = []
     if opt.merge_matmuls and templates_enabled(opt, cost_kind):
         graph, merged = merge_weight_matmuls(graph)
         if merged:
@@ -192,6 +194,7 @@ def compile_model(source: Any, options: CompileOptions | None = None,
         done("precision")
         result = _plan(loaded, fis, graph, opt, cost_kind, dev, db, profiler, timings, done, progress, tune_progress)
         result.rewrites = rewrites
+        result.merged = len(merged)
         if found is not None:
             result.rewrite_search = result.plan.rewrites = found.summary()
         return result

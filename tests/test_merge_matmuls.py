@@ -68,9 +68,10 @@ def test_merged_only_where_templates_compete_and_not_when_turned_off(tmp_path):
     assert not any(isinstance(r, dict) for r in json.loads((out / "artifact.json").read_text())["rewrites"])
 
 
-def test_bert_qkv_merges_and_the_artifact_replays(tmp_path):
+def test_bert_qkv_merges_and_the_artifact_replays(tmp_path, capsys):
     out = tmp_path / "a"
     assert main(["compile", str(MODELS / "bert_tiny.onnx"), "--templates", "force", "-o", str(out)]) == 0
+    assert "merged: 4 pair(s) of matmuls" in capsys.readouterr().out
     meta = json.loads((out / "artifact.json").read_text())
     merges = [r for r in meta["rewrites"] if isinstance(r, dict)]
     assert [r["rule"] for r in merges] == ["matmuls_sharing_left"] * 4  # q, k, v of two layers: two steps each

@@ -478,6 +478,9 @@ def _print_compile(result: Any) -> None:
         stages = t.get("profiler_stages_s") or {}
         if stages:
             print("  profiler seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()))
+    if result.merged:
+        print(f"  merged: {result.merged} pair(s) of matmuls reading one left operand through constant weights "
+              "(one matmul over the weights side by side; --merge-matmuls off keeps them apart)")
     if result.rewrite_search:
         r = result.rewrite_search
         kept: dict[str, int] = {}
