@@ -38,7 +38,7 @@ from tessera.orchestrate.report import write_report
 from tessera.rewrite import convert_precision
 from tessera.rewrite.precision import check_precision
 from tessera.rewrite.deferred import DEFERRED, defer_normalization
-from tessera.rewrite.rules.merge_matmul import merge_weight_matmuls
+from tessera.rewrite.merged import merge_weight_matmuls
 from tessera.rewrite.search import GAIN, MEASURED_GAIN, search
 from tessera.runtime.artifact import save_artifact
 from tessera.runtime.executable import Executable
@@ -66,7 +66,7 @@ class CompileOptions:
     chains: bool = True
     # Matmuls that read one left operand through constant weights become one matmul over the
     # weights side by side (BERT's QKV projections), where templates are measured or forced
-    # (rewrite/rules/merge_matmul.py `merge_weight_matmuls`)
+    # (rewrite/merged.py `merge_weight_matmuls`)
     merge_matmuls: bool = True
     # Primitive-graph rewrites chosen by cost before orchestration (rewrite/search.py): "off" or "on"
     rewrites: str = "off"

@@ -1,4 +1,4 @@
-"""Matmuls sharing a left operand through constant weights merge into one (rewrite/rules/merge_matmul.py
+"""Matmuls sharing a left operand through constant weights merge into one (rewrite/merged.py
 `merge_weight_matmuls`): the same values, a step record an artifact replays, only where templates run."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tessera.frontend import load
 from tessera.ir.interp import run
 from tessera.ir.prims import Prim
 from tessera.rewrite.rules.base import new_graph
-from tessera.rewrite.rules.merge_matmul import merge_weight_matmuls
+from tessera.rewrite.merged import merge_weight_matmuls
 from tessera.rewrite.search import replay
 from tessera.runtime.artifact import graph_digest
 from tessera.verify import random_inputs

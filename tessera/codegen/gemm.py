@@ -123,16 +123,15 @@ class _Template:
             if name < MIN_BLOCK or name & (name - 1):
                 raise Unsupported(f"GEMM blocks must be powers of two >= {MIN_BLOCK}: {s}")
         check_outputs(graph, nodes, outputs, root.outputs[0], "matmul", "GEMM")
-        self.b_layout: tuple[int, ...] | None = None
+        self.b_layout = self.weight_layout()
 
     def kernel(self) -> KernelBody:
         k = KernelBody(self.graph, self.nodes, self.outputs)
-        self.b_layout = self.weight_layout(k)
         if self.b_layout is not None:
             k.layouts[self.root.inputs[1]] = self.b_layout
         return k
 
-    def weight_layout(self, k: KernelBody) -> tuple[int, ...] | None:
+    def weight_layout(self) -> tuple[int, ...] | None:
         """The storage order this kernel reads its constant B operand in, where that is not the
         graph's, else None. Hopper's wgmma reads 32-bit (tf32) operands from shared memory only
         K-major. A B stored [K, N] with N contiguous (how the ONNX export stores a Linear's weight)
@@ -141,7 +140,7 @@ class _Template:
         the dot reads is stored [..., N, K] once, at load, as convolution weights are."""
         a, b = self.root.inputs
         tb = self.graph.types[b]
-        if not self.math.tf32 or b == a or b not in k.em.inputs or b not in self.graph.constants \
+        if not self.math.tf32 or b == a or b not in self.graph.constants \
                 or any(b in n.inputs for n in self.nodes if n is not self.root) \
                 or tb.rank < 2 or not tb.plain or 1 in tb.shape[-2:]:
             return None

@@ -16,7 +16,7 @@ import numpy as np
 from tessera.ir.builder import PrimBuilder
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import Prim
-from tessera.rewrite.rules.base import Match, Rule, View, apply, is_float, new_graph, odd_shape
+from tessera.rewrite.rules.base import Match, Rule, View, is_float, new_graph, odd_shape
 
 
 def depends_on(view: View, t: str, node: Node) -> bool:
@@ -87,29 +87,3 @@ MATMULS_SHARING_LEFT = Rule("matmuls_sharing_left", "x @ w1, x @ w2 = slices of 
 
 RULES = (MATMULS_SHARING_LEFT,)
 
-
-def merge_weight_matmuls(graph: Graph) -> tuple[Graph, list[dict]]:
-    """`graph` with every group of matmuls that read one left operand through constant right
-    operands merged into one matmul (the QKV projections of BERT's attention: three 768 x 768
-    GEMMs become one 768 x 2304 GEMM), and the steps applied, as the rewrite search records them
-    (`search.Applied.to_json`), so an artifact replays them.
-
-    Not left to the search: the merged product has the same work and bytes, the weights are joined
-    once at compile time, and a small-M GEMM fills the GPU better as one launch than as several
-    (on the H100 one 128 x 768 x 2304 tf32 template takes 8.5 µs, three 768-wide ones 6.8 µs each;
-    `scripts/tf32_operand_probe.py`, session 28). The search's budget reached only BERT's first
-    layer (session 23)."""
-    steps: list[dict] = []
-    while True:
-        view = View(graph)
-        found = None
-        for n in graph.nodes:
-            m = _match(view, n)
-            if m is not None and all(w in graph.constants for w in m.data["w"]):
-                found = m
-                break
-        if found is None:
-            return graph, steps
-        graph = apply(graph, MATMULS_SHARING_LEFT, found)
-        steps.append({"rule": MATMULS_SHARING_LEFT.name, "roots": list(found.roots), "gain_s": 0.0,
-                      "window_nodes": 0})
