@@ -15,6 +15,7 @@ import tessera
 from tessera.cli.main import main
 from tessera.codegen.select import TritonLegality, implement
 from tessera.codegen.triton_ops import Unsupported
+from tessera.cost.measured import kernel_signature
 from tessera.fission import fission
 from tessera.frontend import load
 from tessera.ir.graph import Graph
@@ -58,20 +59,38 @@ def test_legality_verdicts_are_shared_by_kernels_of_one_signature(monkeypatch):
     def model(scale: float) -> Graph:
         x = rand(3, 5, seed=1)
         return prims(graph_model([helper.make_node("Mul", ["x", "k"], ["y"]), helper.make_node("Relu", ["y"], ["out"])],
-                                 {"x": x, "k": Const(np.array(scale, np.float32))}, ["out"]))
+                                 {"x": x, "k": Const(np.full(5, scale, np.float32))}, ["out"]))
 
     built: list[str] = []
     real = select.implement
     monkeypatch.setattr(select, "implement", lambda g, prims, *a, **k: built.append(g.name) or real(g, prims, *a, **k))
     shared: dict[str, str | None] = {}
     verdicts = []
-    for scale in (2.0, 2.0, 3.0):  # the third differs in a constant's value only: one signature
+    for scale in (2.0, 2.0, 3.0):  # the third differs in a vector constant's value only: one signature
         og = build_ograph(model(scale))
         verdicts.append(TritonLegality(shared=shared).check(og, og.all))
     assert verdicts == [None, None, None]
     assert len(built) == 1 and len(shared) == 1
     og = build_ograph(model(2.0))
     assert TritonLegality().check(og, og.all) is None and len(built) == 2  # unshared: built again
+
+
+def test_a_scalar_constant_is_a_literal_and_part_of_the_signature():
+    """A one-element float constant is written into the kernel (no load; x**3 as products), so two
+    kernels that differ in its value generate different code and must not share a measurement."""
+    def model(p: float) -> Graph:
+        return prims(graph_model([helper.make_node("Pow", ["x", "p"], ["out"])],
+                                 {"x": rand(3, 5, seed=1), "p": Const(np.array(p, np.float32))}, ["out"]))
+
+    srcs, sigs = [], []
+    for p in (3.0, 2.5):
+        g = model(p)
+        ks = implement(g, g.nodes, [], list(g.outputs), "k1").triton
+        srcs.append(ks.source)
+        sigs.append(kernel_signature(g, g.nodes, [], list(g.outputs)))
+    assert srcs[0].count("tl.load(") == 1
+    assert "tl.log" not in srcs[0] and "tl.log" in srcs[1]  # 3.0: products; 2.5: e**(y ln|x|)
+    assert sigs[0] != sigs[1]
 
 
 def test_reduction_outputs_must_fit_the_row_domain():

@@ -149,6 +149,9 @@ class Emitter:
         if node is None:
             if tensor not in self.inputs:
                 raise Unsupported(f"tensor {tensor} is neither computed nor read by the kernel")
+            one = self.graph.scalar_constant(tensor)
+            if one is not None:  # written into the source: no load, and x**3.0 becomes two products
+                return literal(one, self.graph.types[tensor].dtype)
             return self.load(tensor, index, mask)
         prim = Prim(node.op)
         out = self.graph.types[tensor]

@@ -35,7 +35,7 @@ from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import REDUCTIONS, Prim
 
 # Bump when generated code changes: it is part of every tuning-database key.
-CODEGEN_VERSION = 12  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts;
+CODEGEN_VERSION = 13  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts;
 # 4: reduction rows numbered in storage order; 5: GEMM templates with fused epilogues (codegen/gemm.py);
 # 6: convolution templates (codegen/conv.py), the template tile shared in codegen/tile.py;
 # 7: convolution templates read their constant weight from a K-contiguous copy;
@@ -48,6 +48,7 @@ CODEGEN_VERSION = 12  # 2: tiled pointwise schedules; trailing runs of one flat 
 # power-of-two piece (80: 64 + 16), not one padded to 128 (split walks came with new keys, "-p<n>")
 # 12: a tf32 GEMM template reads a constant B operand from a K-major copy (wgmma; session 28)
 # (split-K GEMM templates in one launch came without a bump: their keys end in "-1l")
+# 13: one-element float constants are literals in the source (Graph.scalar_constant; GELU's x**3 as products)
 
 # Elements one program holds in registers per value (fp32: 16 KiB).
 BLOCK_ELEMENTS = 4096

@@ -185,6 +185,14 @@ class Graph:
     def opset(self) -> int:
         return self.opsets.get("", 20)
 
+    def scalar_constant(self, tensor: str) -> float | None:
+        """The value of a one-element float constant, which generated kernels write into their
+        source (no load, and `pow(x, 3.0)` as products), and kernel signatures therefore include."""
+        c = self.constants.get(tensor)
+        if c is None or c.size != 1 or not self.types[tensor].dtype.is_float:
+            return None
+        return float(c.reshape(-1)[0])
+
     def producers(self) -> dict[str, Node]:
         """Tensor name -> the node that writes it."""
         return {o: n for n in self.nodes for o in n.outputs if o}

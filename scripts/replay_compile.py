@@ -1,0 +1,139 @@
+"""Replay a measured compile on a CPU from tuning rows the GPU machine returned.
+
+    python scripts/replay_compile.py MODEL.onnx ROWS.jsonl[.gz] --device "NVIDIA H200" --precision tf32 \
+        [--grep matmul_reshape_mul] [--no-templates]
+
+The rows' software versions are rewritten to this machine's, so the measured compile finds them.
+Jobs with no row are recorded as failed ("not in the rows"), which is what keeps the replay honest:
+a candidate that the GPU never timed cannot win here. The script prints how many jobs were missing
+(a code change since the rows were taken changes signatures), the plan's kernels with their costs,
+and for every kernel whose name matches --grep the candidates over the same primitives that the
+database priced, by backend. Why: to ask "why did the plan not fuse X" without device time.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from tessera.cost.db import TuningDB, software_versions  # noqa: E402
+from tessera.cost.measured import Job, Record  # noqa: E402
+
+
+class MissingRows:
+    """A profiler that measures nothing: every job the rows lack fails."""
+
+    def __init__(self) -> None:
+        self.missing: list[Job] = []
+
+    def measure(self, jobs: Sequence[Job], record: Record) -> None:
+        for i, j in enumerate(jobs):
+            self.missing.append(j)
+            record(i, math.inf, "not in the rows")
+
+
+def load_rows(src: Path, db: TuningDB, device: str) -> int:
+    opener = gzip.open if src.suffix == ".gz" else open
+    here = software_versions()
+    n = 0
+    with opener(src, "rt") as f, tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as out:
+        for line in f:
+            row = json.loads(line)
+            if "device" in row:  # a measurement (other rows: the chain model's features)
+                if row["device"] != device:
+                    continue
+                row["versions"] = here
+            out.write(json.dumps(row) + "\n")
+            n += 1
+    db.import_(out.name)
+    return n
+
+
+def show(cost: object, db: TuningDB, grep: str, at: str, args_limit: int = 400) -> None:
+    """Every priced candidate holding a node whose name holds `at` and whose op list holds `grep`:
+    its library and template seconds as the database has them."""
+    from tessera.orchestrate.candidates import bits
+
+    og = cost.og  # type: ignore[attr-defined]
+    rows = []
+    for (nodes, outs), s in cost._cache.items():  # type: ignore[attr-defined]
+        prims = [og.nodes[i] for i in bits(nodes)]
+        if at and not any(at in n.name for n in prims):
+            continue
+        ops = "_".join(n.op for n in prims)
+        if grep and grep not in ops:
+            continue
+        lib = cost._jobs.get((nodes, outs))  # type: ignore[attr-defined]
+        tjobs = cost._tjobs.get((nodes, outs)) or []  # type: ignore[attr-defined]
+        got = lambda j: (r.seconds * 1e6 if (r := db.get(j.key)) is not None else math.nan)  # noqa: E731
+        lib_us = got(lib) if lib is not None else math.nan
+        tpl = [(got(j), j.key.schedule) for j in tjobs]
+        rows.append((s * 1e6, ops, len(bits(outs)), lib_us, tpl))
+    for s, ops, nout, lib_us, tpl in sorted(rows)[:args_limit]:
+        t = ", ".join(f"{u:.2f} {k}" for u, k in tpl)
+        print(f"{s:8.2f}  lib {lib_us:7.2f}  outs {nout}  {ops[:70]}  | {t}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("rows", type=Path)
+    ap.add_argument("--device", required=True, help="the rows' device name, e.g. 'NVIDIA H200'")
+    ap.add_argument("--precision", default="fp16")
+    ap.add_argument("--gpu", default="h100", help="the cost model's preset (h100 or h200)")
+    ap.add_argument("--grep", default="", help="show the priced candidates of kernels whose name holds this")
+    ap.add_argument("--at", default="", help="with --grep: only candidates holding a node named like this")
+    ap.add_argument("--no-templates", action="store_true")
+    ap.add_argument("--no-merge", action="store_true")
+    args = ap.parse_args()
+
+    from tessera import compiler
+    from tessera.compiler import CompileOptions, compile_model
+
+    torch.cuda.is_available = lambda: True  # type: ignore[assignment]
+    torch.cuda.get_device_name = lambda *a: args.device  # type: ignore[assignment]
+    tmp = Path(tempfile.mkdtemp())
+    db_path = tmp / "tuning.db"
+    with TuningDB(db_path) as db:
+        print(f"{load_rows(args.rows, db, args.device)} rows of {args.device}")
+    prof = MissingRows()
+    opt = CompileOptions(cost="measured", db=str(db_path), precision=args.precision, io="precision",
+                         gpu=args.gpu, templates="off" if args.no_templates else "auto",
+                         merge_matmuls=not args.no_merge, solver="highs")
+    compiler.GpuProfiler = None  # never start the real one
+    costs: list = []
+    made = compiler.measured_cost
+
+    def keep(*a, **k):  # the compile's cost function, kept to list its priced candidates
+        costs.append(made(*a, **k))
+        return costs[-1]
+
+    compiler.measured_cost = keep
+    res = compile_model(args.model, opt, profiler=prof)
+    sigs = {j.key.signature for j in prof.missing}
+    print(f"jobs without a row: {len(prof.missing)} ({len(sigs)} signatures)")
+    plan = res.plan
+    total = 0.0
+    for k in plan.kernels:
+        total += k.cost_s
+    print(f"plan: {len(plan.kernels)} kernels, {total * 1e6:.1f} us")
+    if args.grep:
+        for k in plan.kernels:
+            if args.grep in k.name:
+                print(f"  {k.name}: {k.cost_s * 1e6:.2f} us")
+        with TuningDB(db_path) as db:  # the compile closed its handle
+            show(costs[-1], db, args.grep, args.at)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
