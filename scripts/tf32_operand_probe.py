@@ -14,6 +14,9 @@ one plain Triton kernel over a small schedule sweep, the weight rotated over cop
 - `kn16`, `nk16`: w stored in fp16, widened to fp32 in registers before the tf32 dot. tf32 keeps
   10 mantissa bits, as fp16 does, so a weight inside fp16's normal range reaches the MMA unchanged
   up to rounding mode;
+- `nk32r`: as `nk32`, with the activation rounded to tf32 in the K loop as tessera's templates round it
+  (`codegen/tile.py` TF32_ROUND; session 29: what that costs, since rounding feeds the MMA from
+  registers, not from shared memory);
 (a split-K schedule zeroes y first and adds its slices atomically,
 so it carries one memset) beside cuBLAS (`torch.addmm`, tf32) and, for scale, the fp16 GEMM. It also records which MMA
 version Triton chose for each variant (from the kernel's TTGIR).
@@ -37,7 +40,7 @@ sys.path.insert(0, "scripts")
 from conv_template_probe import gpu_us  # noqa: E402 - the same CUDA-graph timer
 
 SHAPES = [("qkv 768->2304", 128, 768, 2304), ("attn out 768->768", 128, 768, 768),
-          ("mlp down 3072->768", 128, 3072, 768)]
+          ("mlp up 768->3072", 128, 768, 3072), ("mlp down 3072->768", 128, 3072, 768)]
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 
 
@@ -56,6 +59,9 @@ def linear(x, w, b, y, M, N, K, sxm, sxk, swk, swn, CHUNK: tl.constexpr, BM: tl.
         rk = k0 + tl.arange(0, BK)
         a = tl.load(x + rm[:, None] * sxm + rk[None, :] * sxk, mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
         bw = tl.load(w + rk[:, None] * swk + rn[None, :] * swn, mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        if PREC == "tf32r":  # round to nearest, as tessera's TF32_ROUND
+            a = tl.where(tl.abs(a) < float("inf"),
+                         ((a.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True), a)
         if PREC == "ieee16":
             acc = tl.dot(a.to(tl.float16), bw.to(tl.float16), acc)
         else:
@@ -99,7 +105,7 @@ def variant_us(m: int, k: int, n: int, kind: str, sched) -> tuple[float, str]:
         strides = (n, 1)
     chunk = math.ceil(math.ceil(k / split) / bk) * bk
     grid = (math.ceil(m / bm) * math.ceil(n / bn), split)
-    prec = "ieee16" if kind == "fp16" else "tf32"
+    prec = "ieee16" if kind == "fp16" else "tf32r" if kind.endswith("r") else "tf32"
     turn = [0]
 
     def call():
@@ -139,9 +145,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--kinds", default="kn32,nk32,kn16,nk16,fp16")
+    ap.add_argument("--shapes", default="", help="comma-separated substrings of shape labels (default: all)")
     args = ap.parse_args()
     rows, t0 = [], time.time()
     for label, m, k, n in SHAPES:
+        if args.shapes and not any(x in label for x in args.shapes.split(",")):
+            continue
         row = {"shape": label, "m": m, "k": k, "n": n, "cublas_tf32_us": cublas_us(m, k, n, torch.float32),
                "cublas_fp16_us": cublas_us(m, k, n, torch.float16), "variants": {}}
         for kind in args.kinds.split(","):

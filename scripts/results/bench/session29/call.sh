@@ -15,6 +15,8 @@ case $n in
     step 560 $B --models gpt2 --precisions fp16 --vs inductor-cudagraphs --strategies optimal-precisionio --out $OUT ;;
 3)  # inception_v3 tf32: both sides of the profile target, cold
     step 560 $B --models inception_v3 --precisions tf32 --vs eager --strategies optimal-precisionio-notemplates,optimal-precisionio --out $OUT ;;
+4)  # what rounding the activation to tf32 in the K loop costs a GEMM (A from registers, not shared memory)
+    step 300 python3 scripts/tf32_operand_probe.py --kinds nk32,nk32r --out $OUT/tf32_round_probe.json ;;
 esac
 gzip -f $OUT/*.jsonl 2>/dev/null
 tail -n 40 $OUT/call.log
