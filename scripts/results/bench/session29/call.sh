@@ -17,6 +17,9 @@ case $n in
     step 560 $B --models inception_v3 --precisions tf32 --vs eager --strategies optimal-precisionio-notemplates,optimal-precisionio --out $OUT ;;
 4)  # what rounding the activation to tf32 in the K loop costs a GEMM (A from registers, not shared memory)
     step 300 python3 scripts/tf32_operand_probe.py --kinds nk32,nk32r --out $OUT/tf32_round_probe.json ;;
+5)  # bert_base fp16 with and without the QKV merge, beside Inductor, cold (session 28's call 5)
+    step 580 $B --models bert_base --precisions fp16 --vs inductor-cudagraphs \
+        --strategies optimal-precisionio,optimal-precisionio-nomerge --out $OUT ;;
 esac
 gzip -f $OUT/*.jsonl 2>/dev/null
 tail -n 40 $OUT/call.log
