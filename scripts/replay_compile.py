@@ -41,11 +41,12 @@ class MissingRows:
             record(i, math.inf, "not in the rows")
 
 
-def load_rows(src: Path, db: TuningDB, device: str) -> int:
+def load_rows(src: Path, db: TuningDB, device: str, scratch: Path) -> int:
+    """Import `src`'s rows of `device` into `db`, with this machine's software versions."""
     opener = gzip.open if src.suffix == ".gz" else open
     here = software_versions()
     n = 0
-    with opener(src, "rt") as f, tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as out:
+    with opener(src, "rt") as f, open(scratch / "rows.jsonl", "w") as out:
         for line in f:
             row = json.loads(line)
             if "device" in row:  # a measurement (other rows: the chain model's features)
@@ -58,7 +59,7 @@ def load_rows(src: Path, db: TuningDB, device: str) -> int:
     return n
 
 
-def show(cost: object, db: TuningDB, grep: str, at: str, args_limit: int = 400) -> None:
+def show(cost: object, db: TuningDB, grep: str, at: str, limit: int = 400) -> None:
     """Every priced candidate holding a node whose name holds `at` and whose op list holds `grep`:
     its library and template seconds as the database has them."""
     from tessera.orchestrate.candidates import bits
@@ -78,7 +79,7 @@ def show(cost: object, db: TuningDB, grep: str, at: str, args_limit: int = 400) 
         lib_us = got(lib) if lib is not None else math.nan
         tpl = [(got(j), j.key.schedule) for j in tjobs]
         rows.append((s * 1e6, ops, len(bits(outs)), lib_us, tpl))
-    for s, ops, nout, lib_us, tpl in sorted(rows)[:args_limit]:
+    for s, ops, nout, lib_us, tpl in sorted(rows)[:limit]:
         t = ", ".join(f"{u:.2f} {k}" for u, k in tpl)
         print(f"{s:8.2f}  lib {lib_us:7.2f}  outs {nout}  {ops[:70]}  | {t}")
 
@@ -90,7 +91,8 @@ def main() -> int:
     ap.add_argument("--device", required=True, help="the rows' device name, e.g. 'NVIDIA H200'")
     ap.add_argument("--precision", default="fp16")
     ap.add_argument("--gpu", default="h100", help="the cost model's preset (h100 or h200)")
-    ap.add_argument("--grep", default="", help="show the priced candidates of kernels whose name holds this")
+    ap.add_argument("--grep", default="", help="list the plan's kernels whose name holds this, and the priced "
+                    "candidates whose ops hold it")
     ap.add_argument("--at", default="", help="with --grep: only candidates holding a node named like this")
     ap.add_argument("--no-templates", action="store_true")
     ap.add_argument("--no-merge", action="store_true")
@@ -104,12 +106,11 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp())
     db_path = tmp / "tuning.db"
     with TuningDB(db_path) as db:
-        print(f"{load_rows(args.rows, db, args.device)} rows of {args.device}")
+        print(f"{load_rows(args.rows, db, args.device, tmp)} rows of {args.device}")
     prof = MissingRows()
     opt = CompileOptions(cost="measured", db=str(db_path), precision=args.precision, io="precision",
                          gpu=args.gpu, templates="off" if args.no_templates else "auto",
                          merge_matmuls=not args.no_merge, solver="highs")
-    compiler.GpuProfiler = None  # never start the real one
     costs: list = []
     made = compiler.measured_cost
 
@@ -122,10 +123,7 @@ def main() -> int:
     sigs = {j.key.signature for j in prof.missing}
     print(f"jobs without a row: {len(prof.missing)} ({len(sigs)} signatures)")
     plan = res.plan
-    total = 0.0
-    for k in plan.kernels:
-        total += k.cost_s
-    print(f"plan: {len(plan.kernels)} kernels, {total * 1e6:.1f} us")
+    print(f"plan: {len(plan.kernels)} kernels, {sum(k.cost_s for k in plan.kernels) * 1e6:.1f} us")
     if args.grep:
         for k in plan.kernels:
             if args.grep in k.name:

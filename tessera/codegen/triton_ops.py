@@ -111,14 +111,15 @@ def _pow(x: Val, y: Val, emit: Emit, deps: frozenset[str]) -> str:
                    -0.5: f"1.0 / tl.sqrt({x.expr})", 0.0: f"{x.expr} * 0.0 + 1.0"}
         if k in special:
             return special[k]
-        if math.isfinite(k):  # the sign rule below, decided here
-            r = emit(f"tl.exp({y.expr} * tl.log(tl.abs({x.expr})))", deps)
-            if k.is_integer():
-                return f"tl.where({x.expr} < 0, -{r}, {r})" if int(k) % 2 else r
-            return f"tl.where({x.expr} < 0, float(\"nan\"), {r})"
-        y = Val(f"tl.full([1], {y.expr}, tl.float32)", y.dtype)
+        if not math.isfinite(k):  # the general rule below needs a tensor
+            y = Val(f"tl.full([1], {y.expr}, tl.float32)", y.dtype)
     # x**y = e**(y ln|x|), negative only for x < 0 and odd integer y, NaN for x < 0 and fractional y.
     r = emit(f"tl.exp({y.expr} * tl.log(tl.abs({x.expr})))", deps)
+    if y.is_literal:  # a finite literal: the sign rule decided here
+        k = float(y.literal)
+        if k.is_integer():
+            return f"tl.where({x.expr} < 0, -{r}, {r})" if int(k) % 2 else r
+        return f"tl.where({x.expr} < 0, float(\"nan\"), {r})"
     yi = emit(f"({y.expr}).to(tl.int64)", deps)
     whole = emit(f"({yi}).to(tl.float32) == {y.expr}", deps)
     signed = f"tl.where({whole}, tl.where({yi} % 2 != 0, -{r}, {r}), float(\"nan\"))"

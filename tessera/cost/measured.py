@@ -49,9 +49,10 @@ def kernel_signature(graph: Graph, prims: Sequence[Node], prologue: Sequence[Nod
     ids: dict[str, str] = {}
 
     def tid(t: str) -> str:
-        if t not in ids:  # a scalar constant's value is in the generated source (Graph.scalar_constant)
+        if t not in ids:
+            # A scalar constant's value is in the generated source (Graph.scalar_constant).
             one = graph.scalar_constant(t) if t else None
-            ids[t] = (f"t{len(ids)}:{graph.types[t]}" + ("" if one is None else f"={one!r}")) if t else ""
+            ids[t] = f"t{len(ids)}:{graph.types[t]}" + (f"={one!r}" if one is not None else "") if t else ""
         return ids[t].split(":")[0] if ids[t] else ""
 
     parts = []
