@@ -36,7 +36,7 @@ from tessera.orchestrate.candidates import MAX_KERNEL_NODES
 from tessera.orchestrate.layout import NHWC, LayoutResult, assign_layouts, regions
 from tessera.orchestrate.report import write_report
 from tessera.rewrite import convert_precision
-from tessera.rewrite.precision import check_precision
+from tessera.rewrite.precision import check_precision, mark_tf32_operands
 from tessera.rewrite.deferred import DEFERRED, defer_normalization
 from tessera.rewrite.merged import merge_weight_matmuls
 from tessera.rewrite.search import GAIN, MEASURED_GAIN, search
@@ -277,7 +277,7 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
         lay = assign_layouts(graph, pricer, opt.layout)
     except ValueError as e:
         raise TesseraError(str(e)) from None
-    graph = lay.graph
+    graph = mark_tf32_operands(lay.graph, opt.precision)  # after layouts: it reads the final graph
     if lay.regions:
         logger.info("layout: %s", {k: v for k, v in lay.summary().items() if k != "detail"})
     done("layout")

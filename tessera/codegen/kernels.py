@@ -30,7 +30,7 @@ from typing import Sequence
 from tessera.codegen import index as ix
 from tessera.codegen.emitter import Emitter, Scope
 from tessera.codegen.index import Ix
-from tessera.codegen.triton_ops import COMPUTE, STORAGE, Unsupported, Val
+from tessera.codegen.triton_ops import COMPUTE, STORAGE, TF32_ROUND, Unsupported, Val
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import REDUCTIONS, Prim
 
@@ -279,7 +279,10 @@ class KernelBody:
     def store(self, tensor: str, offset: Ix, v: Val, mask: frozenset[str], shape: str,
               need: frozenset[str]) -> None:
         m = self.em.mask_expr(mask)
-        self.em.stmt(f"tl.store({self.out_args[tensor]} + {offset.expr}, {self.block(v, shape, need)}"
+        value = self.block(v, shape, need)
+        if tensor in self.graph.tf32_rounded:  # only tf32 products read it: rounded once, here
+            value = self.em.emit(TF32_ROUND.format(x=value), need | v.deps)
+        self.em.stmt(f"tl.store({self.out_args[tensor]} + {offset.expr}, {value}"
                      + (f", mask={m})" if m else ")"))
 
 

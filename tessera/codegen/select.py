@@ -228,13 +228,19 @@ def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[No
             or any(n != 1 for d, n in enumerate(src_shape) if d != axis):
         return None, [], None
     fused = views + [add]
+    # A library call cannot round what it writes to tf32: a tensor stored rounded (Graph.tf32_rounded)
+    # comes from the generated epilogue kernel.
+    if any(o in graph.tf32_rounded for n in fused for o in n.outputs):
+        return None, [], None
     a = add.outputs[0]
     nxt = readers.get(a, [])
     if a not in outputs and len(nxt) == 1 and nxt[0].op == Prim.MAX.value:
         mx = nxt[0]
         zero = producer.get(mx.inputs[1] if mx.inputs[0] == a else mx.inputs[0])
         if zero is not None and zero.op == Prim.FILL.value and float(zero.attrs["value"]) == 0.0:
-            return src, fused + [mx], "relu"
+            if mx.outputs[0] not in graph.tf32_rounded:
+                return src, fused + [mx], "relu"
+            return src, fused, None
     if not matmul:
         return src, fused, None
     # Views of the sum may come before the GELU (GPT-2 adds in 2-D, then views it in 3-D), and
@@ -243,7 +249,10 @@ def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[No
     gelu = gelu_tanh_nodes(graph, nodes, prologue, pre[-1].outputs[0] if pre else a, outputs)
     if not gelu:
         return src, fused, None
-    return src, fused + pre + gelu + _views(graph, readers, gelu[-1].outputs[0], outputs), GELU_TANH
+    after = pre + gelu + _views(graph, readers, gelu[-1].outputs[0], outputs)
+    if any(o in graph.tf32_rounded for n in after for o in n.outputs):
+        return src, fused, None
+    return src, fused + after, GELU_TANH
 
 
 def _views(graph: Graph, readers: dict[str, list[Node]], t: str, outputs: Sequence[str],

@@ -16,24 +16,17 @@ from math import prod
 from typing import Protocol, Sequence
 
 from tessera.codegen import index as ix
+from tessera.codegen.emitter import Emitter
 from tessera.codegen.index import Ix
 from tessera.codegen.kernels import KernelBody, render
-from tessera.codegen.triton_ops import STORAGE, Unsupported, Val
+from tessera.codegen.triton_ops import STORAGE, TF32_ROUND, Unsupported, Val
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node
-from tessera.ir.prims import Category, Prim
+from tessera.ir.prims import PASS_THROUGH, Category, Prim
 
 MIN_BLOCK = 16  # tl.dot's smallest block on every GPU Triton supports
 GRID_Y_MAX = 65535  # CUDA's grid limit on the batch axis
 DOT_TYPES = (DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16)
-
-# fp32 -> tf32, rounding to nearest (ties away, as cvt.rna.tf32.f32 does). The tensor cores read
-# only the top 19 bits of an fp32 operand, so unrounded operands are truncated: a bias toward zero
-# of ~1e-3 relative, the whole tf32 tolerance. Rounded operands err without bias, and their
-# products are exact in fp32, so the CPU interpreter computes what the GPU does. Infinities and
-# NaN pass unchanged.
-TF32_ROUND = ("tl.where(tl.abs({x}) < float(\"inf\"), "
-              "((({x}).to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True), {x})")
 
 
 def pow2(n: int) -> int:
@@ -137,6 +130,18 @@ class Tile:
         return f"{base} + rm * {self.n} + rn"
 
 
+def stored_rounded(graph: Graph, em: Emitter, tensor: str) -> bool:
+    """Does `tensor`, as this kernel computes it, hold bits its writer rounded to tf32: a tensor the
+    kernel loads from `Graph.tf32_rounded`, or views of one computed here? A value computed here
+    from anything else (an operand prologue) is not rounded yet."""
+    while tensor not in em.inputs:
+        p = em.producer.get(tensor)
+        if p is None or p.op not in PASS_THROUGH:
+            return False
+        tensor = p.inputs[0]
+    return tensor in graph.tf32_rounded
+
+
 def dot_operand(t: Tile, graph: Graph, math: DotMath, tensor: str, coords: list[Ix], mask: frozenset[str],
                 zero: frozenset[str], shape: str, axes: set[str] | frozenset[str], pointer: Ix | None = None,
                 layout: tuple[int, ...] | None = None) -> str:
@@ -179,6 +184,8 @@ def dot_operand(t: Tile, graph: Graph, math: DotMath, tensor: str, coords: list[
             # A constant only the dot reads: the runtime stores it rounded (the same bits), so the
             # loop spends no ALU work on it and the tensor cores read it exactly.
             t.k.rounded.add(tensor)
+        elif stored_rounded(graph, em, tensor):
+            pass  # its writer stored it rounded (Graph.tf32_rounded): wgmma reads it from shared memory
         else:
             v = em.emit(TF32_ROUND.format(x=v), deps)
     if not need <= deps:

@@ -21,6 +21,15 @@ class Unsupported(Exception):
     """The generator cannot produce this kernel; the message says why."""
 
 
+# fp32 -> tf32, rounding to nearest (ties away, as cvt.rna.tf32.f32 does). The tensor cores read
+# only the top 19 bits of an fp32 operand, so unrounded operands are truncated: a bias toward zero
+# of ~1e-3 relative, the whole tf32 tolerance. Rounded operands err without bias, and their
+# products are exact in fp32, so the CPU interpreter computes what the GPU does. Infinities and
+# NaN pass unchanged.
+TF32_ROUND = ("tl.where(tl.abs({x}) < float(\"inf\"), "
+              "((({x}).to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True), {x})")
+
+
 # Triton element types as the pointer of a tensor of this dtype holds them.
 STORAGE: dict[DType, str] = {
     DType.FLOAT32: "tl.float32", DType.FLOAT16: "tl.float16", DType.BFLOAT16: "tl.bfloat16",

@@ -52,7 +52,9 @@ def kernel_signature(graph: Graph, prims: Sequence[Node], prologue: Sequence[Nod
         if t not in ids:
             # A scalar constant's value is in the generated source (Graph.scalar_constant).
             one = graph.scalar_constant(t) if t else None
-            ids[t] = f"t{len(ids)}:{graph.types[t]}" + (f"={one!r}" if one is not None else "") if t else ""
+            # A tensor stored rounded to tf32 is written or read differently (Graph.tf32_rounded).
+            mark = (f"={one!r}" if one is not None else "") + ("~tf32" if t in graph.tf32_rounded else "")
+            ids[t] = f"t{len(ids)}:{graph.types[t]}{mark}" if t else ""
         return ids[t].split(":")[0] if ids[t] else ""
 
     parts = []

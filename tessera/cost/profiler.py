@@ -93,7 +93,8 @@ def kernel_graph(job: Job) -> tuple[Graph, dict[str, Any]]:
     tensors = set(reads) | produced
     mini = Graph(name="kernel", kind=GraphKind.PRIMITIVE, inputs=[t for t in reads if t not in g.constants],
                  outputs=list(job.outputs), nodes=nodes, types={t: g.types[t] for t in tensors},
-                 constants={t: g.constants[t] for t in reads if t in g.constants}, opsets=dict(g.opsets))
+                 constants={t: g.constants[t] for t in reads if t in g.constants}, opsets=dict(g.opsets),
+                 tf32_rounded=g.tf32_rounded & tensors)
     plan = {"precision": job.precision, "kernels": [{
         "name": "tune", "prims": [n.name for n in job.prims], "prologue": [n.name for n in job.prologue],
         "outputs": list(job.outputs), **({"schedule": job.schedule.to_json()} if job.schedule else {})}]}

@@ -179,6 +179,9 @@ class Graph:
     types: dict[str, TensorType] = field(default_factory=dict)
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     opsets: dict[str, int] = field(default_factory=lambda: {"": 20})
+    # tf32 plans: activations that only tf32 products read, which their writer stores rounded to
+    # tf32 so the products' kernels need not round them (rewrite/precision.py `mark_tf32_operands`)
+    tf32_rounded: frozenset[str] = frozenset()
 
     # ---- queries -----------------------------------------------------------
     @property
@@ -292,13 +295,13 @@ class Graph:
             name=self.name, kind=self.kind, inputs=list(self.inputs), outputs=list(self.outputs),
             nodes=list(self.nodes), types=dict(self.types),
             constants={k: v.copy() if copy_constants else v for k, v in self.constants.items()},
-            opsets=dict(self.opsets),
+            opsets=dict(self.opsets), tf32_rounded=self.tf32_rounded,
         )
 
     def same_as(self, other: "Graph") -> bool:
         """Structural equality: same nodes in the same order, types and constant values."""
-        if (self.kind, self.inputs, self.outputs, self.nodes, self.types, self.opsets) != (
-                other.kind, other.inputs, other.outputs, other.nodes, other.types, other.opsets):
+        if (self.kind, self.inputs, self.outputs, self.nodes, self.types, self.opsets, self.tf32_rounded) != (
+                other.kind, other.inputs, other.outputs, other.nodes, other.types, other.opsets, other.tf32_rounded):
             return False
         if self.constants.keys() != other.constants.keys():
             return False

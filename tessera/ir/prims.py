@@ -133,3 +133,8 @@ for _p in Prim:
         _CATEGORY[_p] = Category.OPAQUE
     else:
         _CATEGORY[_p] = Category.LAYOUT
+
+
+# Primitives whose output holds some of their first input's values unchanged (a view of rounded
+# bits is rounded bits: Graph.tf32_rounded), by op name.
+PASS_THROUGH = frozenset({Prim.RESHAPE.value, Prim.TRANSPOSE.value, Prim.SLICE.value, Prim.BROADCAST.value})

@@ -17,7 +17,7 @@ import torch
 
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node, TensorType
-from tessera.ir.prims import Prim
+from tessera.ir.prims import PASS_THROUGH, Category, Prim
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 _NARROW = {"fp16": DType.FLOAT16, "bf16": DType.BFLOAT16}
@@ -159,3 +159,53 @@ def narrow_dtype(precision: str) -> DType | None:
     """The dtype float32 tensors become under `precision` (None: they stay float32)."""
     return _NARROW.get(precision)
 
+
+
+def mark_tf32_operands(graph: Graph, precision: str) -> Graph:
+    """In a tf32 plan, the float32 activations that only matrix products read (directly or through
+    reshapes, transposes, slices and broadcasts), with those views: `Graph.tf32_rounded`.
+
+    A GEMM or convolution template rounds each operand to tf32 before its product. Rounding an
+    activation in the K loop made wgmma read it from registers, not shared memory: 1.2-2.5 µs per
+    GEMM at BERT's and GPT-2's layers on the H100 (session 29, `scripts/tf32_operand_probe.py`).
+    Where every reader rounds anyway, the writer stores the rounded bits instead
+    (`KernelBody.store`) and the templates read them as they are (`tile.dot_operand`): the same
+    values, rounded once. Only tensors a generated kernel writes qualify (an elementwise or
+    reduction producer), never a graph input or output, a constant, or what a library or opaque
+    call writes; `codegen/select.py` keeps cuBLASLt's and cuDNN's epilogues from writing one.
+    Deterministic in the graph, so an artifact's rebuild repeats it (`runtime/artifact.py`)."""
+    if precision != "tf32":
+        return graph
+    readers = graph.consumers()
+    producers = graph.producers()
+    ends = set(graph.outputs) | set(graph.inputs) | set(graph.constants)
+
+    def views_if_only_products(t: str) -> list[str] | None:
+        """t and its pass-through views, if every reader of them is a matrix product; else None."""
+        out, todo = [t], [t]
+        while todo:
+            u = todo.pop()
+            if not readers.get(u):
+                return None
+            for n in readers[u]:
+                if Prim(n.op).category is Category.LINEAR:
+                    continue
+                if n.op not in PASS_THROUGH or n.inputs[0] != u or n.outputs[0] in ends:
+                    return None
+                out.append(n.outputs[0])
+                todo.append(n.outputs[0])
+        return out
+
+    marked: set[str] = set()
+    for t, p in producers.items():
+        if (t in ends or graph.types[t].dtype is not DType.FLOAT32 or not p.inputs
+                or Prim(p.op).category not in (Category.ELEMENTWISE, Category.REDUCE) or p.op in PASS_THROUGH):
+            continue
+        views = views_if_only_products(t)
+        if views is not None:
+            marked.update(views)
+    if not marked:
+        return graph
+    g = graph.clone(copy_constants=False)
+    g.tf32_rounded = frozenset(marked)
+    return g

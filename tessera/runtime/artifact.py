@@ -28,7 +28,7 @@ from tessera.fission import fission
 from tessera.frontend import LoadedModel, load as frontend_load
 from tessera.ir.graph import Graph
 from tessera.orchestrate.layout import assign_layouts
-from tessera.rewrite import convert_precision
+from tessera.rewrite import convert_precision, mark_tf32_operands
 from tessera.rewrite.deferred import DEFERRED, defer_normalization
 from tessera.rewrite.search import replay
 from tessera.runtime.executable import Executable
@@ -45,6 +45,8 @@ def graph_digest(graph: Graph) -> str:
         h.update(f"{n.name}|{n.op}|{n.inputs}|{n.outputs}|{sorted((k, repr(v)) for k, v in n.attrs.items())}".encode())
     for t in sorted(graph.types):
         h.update(f"{t}:{graph.types[t]}".encode())
+    if graph.tf32_rounded:  # absent from graphs without it, whose digests stay as they were
+        h.update(json.dumps(sorted(graph.tf32_rounded)).encode())
     for t in sorted(graph.constants):
         v = graph.constants[t]
         h.update(f"{t}:{v.dtype}:{v.shape}".encode())
@@ -81,8 +83,9 @@ def rebuild_graph(model: Path | bytes | LoadedModel, meta: dict[str, Any]) -> Gr
         else:
             raise ModelLoadError(f"the artifact was compiled with the rewrite {rule!r}, which this tessera lacks")
     graph = convert_precision(graph, meta["precision"], meta.get("io", "model"))
-    return assign_layouts(graph, None, "nchw", replay=list(meta["layout_choices"]),
-                          unpadded=list(meta.get("layout_unpadded", []))).graph
+    graph = assign_layouts(graph, None, "nchw", replay=list(meta["layout_choices"]),
+                           unpadded=list(meta.get("layout_unpadded", []))).graph
+    return mark_tf32_operands(graph, meta["precision"])
 
 
 def save_artifact(out: Path, graph: Graph, model: onnx.ModelProto, meta: dict[str, Any],

@@ -122,7 +122,7 @@ def as_layout(x: torch.Tensor, layout: Sequence[int]) -> torch.Tensor:
 
 def round_tf32(x: torch.Tensor) -> torch.Tensor:
     """fp32 values rounded to tf32 (to nearest, ties away), bit for bit as a template's in-loop
-    rounding (`codegen.tile.TF32_ROUND`) would round them; infinities and NaN unchanged."""
+    rounding (`codegen.triton_ops.TF32_ROUND`) would round them; infinities and NaN unchanged."""
     r = ((x.view(torch.int32) + 4096) & -8192).view(torch.float32)
     return torch.where(x.abs() < float("inf"), r, x)
 

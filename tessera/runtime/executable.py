@@ -27,7 +27,7 @@ from tessera.errors import ShapeError, TesseraError, gpu_fault
 from tessera.ir.graph import Graph, Node
 from tessera.ir.indices import check_feeds, index_bounds
 from tessera.ir.prims import Prim
-from tessera.runtime.buffers import BufferPool, Lifetime, as_layout, device_constant, stored_constant
+from tessera.runtime.buffers import BufferPool, Lifetime, as_layout, device_constant, round_tf32, stored_constant
 from tessera.runtime.graphs import quiet_capture
 from tessera.runtime.torch_prims import TORCH_DTYPES, pointwise_conv_as_gemm, run_linear_fused, run_node
 
@@ -441,8 +441,9 @@ class Executable:
             self._linear(impl, env)
             if step.kernel is not None:
                 self._triton(step, env)
-        else:
-            env.update({t: v for t, v in self._torch(impl.prims, env).items() if t in impl.outputs})
+        else:  # a tensor stored rounded to tf32 (Graph.tf32_rounded) is rounded as a kernel would store it
+            env.update({t: round_tf32(v) if t in self.graph.tf32_rounded else v
+                        for t, v in self._torch(impl.prims, env).items() if t in impl.outputs})
 
     def _linear(self, impl: KernelImpl, env: dict[str, torch.Tensor]) -> None:
         """The library call of a linear kernel (with the bias and activation it absorbs)."""

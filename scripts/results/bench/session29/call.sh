@@ -20,6 +20,13 @@ case $n in
 5)  # bert_base fp16 with and without the QKV merge, beside Inductor, cold (session 28's call 5)
     step 580 $B --models bert_base --precisions fp16 --vs inductor-cudagraphs \
         --strategies optimal-precisionio,optimal-precisionio-nomerge --out $OUT ;;
+6)  # tf32 activations rounded by their writer, not in the K loop (mark_tf32_operands): gpt2 tf32, both
+    # sides of the profile target
+    step 560 $B --models gpt2 --precisions tf32 --vs eager --strategies optimal-precisionio-notemplates,optimal-precisionio --out $OUT ;;
+7)  # the same for inception_v3 tf32 (convolution templates round their activation too)
+    step 560 $B --models inception_v3 --precisions tf32 --vs eager --strategies optimal-precisionio-notemplates,optimal-precisionio --out $OUT ;;
+8)  # the same for bert_base tf32 (session 28 met the target on the H200 at -33%)
+    step 560 $B --models bert_base --precisions tf32 --vs eager --strategies optimal-precisionio-notemplates,optimal-precisionio --out $OUT ;;
 esac
 gzip -f $OUT/*.jsonl 2>/dev/null
 tail -n 40 $OUT/call.log
