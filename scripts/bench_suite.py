@@ -8,9 +8,10 @@
 --profile adds each contender's run profile (`tessera/runtime/profile.py`: GPU µs per call by
 kernel kind, plan kernel and kernel) to its entry's extra["run_profile"]; --kinds tabulates them.
 
-Each (model, precision) writes `bench_MODEL_PRECISION.json` under --out as soon
-as it finishes, and a rerun skips those already in --skip-dir, so the suite
-can be split across device calls (30 minutes of device time per session).
+Each (model, precision) writes `bench_MODEL_PRECISION.json` under --out after
+every contender (with `"partial": true` until the pair ends, so a pair cut off
+by a time limit keeps what ran), and a rerun skips the finished ones in
+--skip-dir, so the suite can be split across device calls.
 The tuning database (--db) carries measurements from one call to the next;
 with --fresh-db each pair tunes into an empty database instead (so its tuning
 time is a cold start) and the rows are appended to OUT/tuning.jsonl, the
@@ -64,7 +65,8 @@ def table(files: list[Path]) -> str:
         out.append(f"| {d['model']} | {d['precision']} | " + " | ".join(cells)
                    + f" | {ratio} | {'-' if tuning is None else f'{tuning:.0f}'}"
                    + f" | {'-' if compile_s is None else f'{compile_s:.0f}'} | {d['device']}, {d['date'][:10]}"
-                   + (f", {d['code']}" if d.get("code") else "") + " |")
+                   + (f", {d['code']}" if d.get("code") else "")
+                   + (", cut off after the last contender shown" if d.get("partial") else "") + " |")
     return "\n".join(out)
 
 
@@ -129,7 +131,8 @@ def main() -> int:
 
     configure()  # TESSERA_LOG=info: each contender's compile and time as it finishes
 
-    done = {p.name for p in a.skip_dir.glob("bench_*.json")} if a.skip_dir else set()
+    done = {p.name for p in a.skip_dir.glob("bench_*.json") if not json.loads(p.read_text()).get("partial")} \
+        if a.skip_dir else set()
     for model in a.models.split(","):
         for prec in a.precisions.split(","):
             name = f"bench_{model}_{prec}.json"
@@ -146,21 +149,25 @@ def main() -> int:
                 keep.mkdir(parents=True, exist_ok=True)
                 db = str(keep / f"{model}_{prec}.db")
                 Path(db).unlink(missing_ok=True)
+
+            def save(doc: dict, name: str = name, t: float = t) -> None:
+                # Written after every contender (`"partial": true` until the row ends), so a row cut
+                # off by the call's time limit, or by a peer that crashes the process, keeps what ran.
+                doc.update(wall_s=round(time.perf_counter() - t, 1), fresh_db=a.fresh_db, code=a.code)
+                (a.out / name).write_text(json.dumps(doc, indent=1))
+
             try:
                 doc = bench(f"zoo:{model}", prec, a.vs.split(","), a.strategies.split(","), a.cost, db,
-                            "cuda", 0, a.solver, a.profile, a.timing, a.guards)
+                            "cuda", 0, a.solver, a.profile, a.timing, a.guards, on_entry=save)
             except Exception as e:  # noqa: BLE001 - record and go on to the next model
                 print(f"{model} {prec}: FAILED {type(e).__name__}: {e}", flush=True)
                 continue
-            doc["wall_s"] = round(time.perf_counter() - t, 1)
-            doc["fresh_db"] = a.fresh_db
-            doc["code"] = a.code
             if a.fresh_db:
                 from tessera.cost.db import TuningDB
 
                 with TuningDB(db) as d:
                     d.export(a.out / "tuning.jsonl", append=True)
-            (a.out / name).write_text(json.dumps(doc, indent=1))
+            save(doc)
             print(format_table(doc), flush=True)
     return 0
 

@@ -155,10 +155,15 @@ def _check(out: Any, ref: dict[str, np.ndarray], names: Sequence[str], precision
 def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
           strategies: Sequence[str] = ("optimal", "greedy"), cost: str = "auto", db: str | None = None,
           device: str = "cuda", seed: int = 0, solver: str = "cbc", run_profile: bool = False,
-          timing: str = "wall", guards: str = "all") -> dict[str, Any]:
+          timing: str = "wall", guards: str = "all",
+          on_entry: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Time tessera and its peers on `model`: an ONNX path, zoo:NAME, a user's PyTorch model as
     (module, example_inputs), or FILE.py:FUNC naming a function that returns that pair. Returns
     the JSON document.
+
+    `on_entry`: called with the document so far (`"partial": True`) after each contender, so a
+    caller can save what finished before a later contender runs past a time limit or crashes the
+    process (max-autotune's own kernel benchmarks have faulted on the GPU).
 
     `run_profile`: also profile what each contender launches (`runtime/profile.py`) into its
     entry's `extra["run_profile"]`: GPU µs per call by kernel kind, plan kernel and kernel.
@@ -245,6 +250,8 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
                       hasattr(k.triton.schedule, "to_json") else None} for k in result.kernels]}))
         if run_profile:
             entries[-1].extra["run_profile"] = profile_executable(exe, feeds, reps).to_json()
+        if on_entry is not None:
+            on_entry({**_document(name, precision, dev, timing, guards, entries), "partial": True})
     if module is not None:
         module = module.to(dev)
         fp32_module = module
@@ -292,6 +299,14 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
             entries.append(Entry(peer, ms, err, ok, extra={"warmup_s": round(warm, 2), **extra}))
             if run_profile:
                 entries[-1].extra["run_profile"] = profile_callable(lambda: fn(*call), reps, dev, peer).to_json()
+            if on_entry is not None:
+                on_entry({**_document(name, precision, dev, timing, guards, entries), "partial": True})
+    return _document(name, precision, dev, timing, guards, entries)
+
+
+def _document(name: str, precision: str, dev: torch.device, timing: str, guards: str,
+              entries: Sequence[Entry]) -> dict[str, Any]:
+    """The JSON document of a bench run over `entries`; ratios are against the fastest peer."""
     peers_ms = [e.ms for e in entries if not e.name.startswith("tessera")]
     best = min(peers_ms) if peers_ms else None
     return {

@@ -12,10 +12,14 @@ from tessera.cli.main import main
 
 @pytest.mark.slow
 def test_bench_zoo_model_against_eager(tmp_path, capsys):
+    saved: list[dict] = []  # what a caller could save after each contender (a cut-off run keeps these)
     doc = bench("zoo:mlp_tiny", precision="fp32", peers=["eager"], strategies=["optimal", "greedy"],
-                cost="analytical", device="cpu")
+                cost="analytical", device="cpu", on_entry=saved.append)
     names = [e["name"] for e in doc["entries"]]
     assert names == ["tessera-optimal", "tessera-greedy", "eager"]
+    assert [[e["name"] for e in d["entries"]] for d in saved] == [names[:1], names[:2], names]
+    assert all(d["partial"] for d in saved) and "partial" not in doc
+    assert saved[-1]["entries"] == doc["entries"]
     assert all(e["passed"] and e["ms"] > 0 for e in doc["entries"])
     assert doc["entries"][-1]["vs_best_peer"] == 1.0
     assert {"torch", "onnxruntime"} <= set(doc["versions"]) and doc["date"]

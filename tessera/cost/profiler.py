@@ -76,8 +76,10 @@ def available_memory() -> int | None:
 
 
 def build_workers(requested: int | None = None) -> int:
-    """Parallel build workers: all cores but two, capped so that each has WORKER_MEMORY of host memory."""
-    n = requested or max(1, (os.cpu_count() or 2) - 2)
+    """Parallel build workers: all cores but two that this process may run on (its affinity, so a
+    process confined to some cores spawns no more), capped so that each has WORKER_MEMORY of host memory."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+    n = requested or max(1, cores - 2)
     mem = available_memory()
     if mem is not None:
         n = min(n, max(1, mem // WORKER_MEMORY))

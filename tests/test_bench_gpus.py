@@ -1,0 +1,56 @@
+"""scripts/bench_gpus.py: rows side by side, one per GPU, stopped at the deadline (a stand-in suite)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Stands in for bench_suite.py: records the GPU it saw, then sleeps the seconds its model names.
+STAND_IN = """
+import os, sys, time
+from pathlib import Path
+args = sys.argv[1:]
+model, out = args[args.index("--models") + 1], Path(args[args.index("--out") + 1])
+(out / "gpu.txt").write_text(os.environ["CUDA_VISIBLE_DEVICES"] + " " + " ".join(args))
+(out / "cores.txt").write_text(" ".join(map(str, sorted(os.sched_getaffinity(0)))))
+time.sleep(float(model.split("_s")[1]))
+(out / "done.txt").write_text("ok")
+"""
+
+
+def test_rows_share_gpus_and_stop_at_the_deadline(tmp_path: Path) -> None:
+    suite = tmp_path / "suite.py"
+    suite.write_text(STAND_IN)
+    # GPU 0 takes a_s1, then d_s1; GPU 1 takes b_s30, stopped at the 6 s deadline; c_s2 (estimate 50)
+    # never fits, and d_s1 passes it in the queue.
+    rows = "a_s1:fp16=1,b_s30:tf32=2,c_s2:fp16=50,d_s1:fp16=1"
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_gpus.py"), "--rows", rows,
+                          "--deadline-s", "6", "--gpus", "2", "--out", str(out), "--suite", str(suite),
+                          "--", "--fresh-db", "--code", "abc"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    tail = res.stdout.splitlines()
+    assert "a_s1_fp16: exit 0" in tail and "d_s1_fp16: exit 0" in tail
+    assert "b_s30_tf32: stopped at the deadline" in tail
+    assert "c_s2_fp16: not started" in tail
+    assert (out / "d_s1_fp16" / "done.txt").exists() and not (out / "b_s30_tf32" / "done.txt").exists()
+    assert (out / "d_s1_fp16" / "gpu.txt").read_text().split()[0] == "0"
+    c0 = set((out / "a_s1_fp16" / "cores.txt").read_text().split())
+    c1 = set((out / "b_s30_tf32" / "cores.txt").read_text().split())
+    assert c0 and c1 and not c0 & c1  # the two GPUs' rows run on separate cores
+    seen = (out / "b_s30_tf32" / "gpu.txt").read_text().split()
+    assert seen[0] == "1" and seen[-3:] == ["--fresh-db", "--code", "abc"]  # its own GPU; the suite's args pass through
+
+
+def test_each_row_gets_its_share_of_the_cores() -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_gpus import share
+
+    cores = sorted(os.sched_getaffinity(0))
+    parts = [share(g, 2) for g in range(2)]
+    if len(cores) >= 2:
+        assert parts[0] and parts[1] and not parts[0] & parts[1] and parts[0] | parts[1] <= set(cores)
+    assert share(0, len(cores) + 1) == set()  # more GPUs than cores: no confinement
