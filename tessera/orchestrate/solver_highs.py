@@ -23,8 +23,8 @@ def solve_problem(p: Problem, warm: list[int] | None, time_limit: float) -> tupl
     # HiGHS 1.16's presolve lost the optimum of a BERT-base tf32 subgraph: it answered "optimal" at
     # 55.07 us where CBC, and HiGHS without presolve, find 47.36 (the attention as one chain kernel).
     # tests/test_solver_presolve.py keeps that instance. HiGHS has had such presolve defects before
-    # (ERGO-Code/HiGHS#2961, #3094); without presolve, the solves of
-    # segformer_b0, bert_base and efficientvit_b0 took 0.5-2.4 s in all, as with it (docs/benchmarks.md, session 30).
+    # (ERGO-Code/HiGHS#2961, #3094). Without presolve, the solves of segformer_b0, bert_base and
+    # efficientvit_b0 took 0.5-2.4 s per model, as with it.
     h.setOptionValue("presolve", "off")
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = ncol, rows.count
