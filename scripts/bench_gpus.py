@@ -7,9 +7,9 @@
 Each (model, precision) row is one `bench_suite.py` process that sees one GPU (CUDA_VISIBLE_DEVICES),
 so every contender of a row still runs in one process on one GPU, as DESIGN.md's measuring rules ask.
 Each row's process is also confined to its GPU's share of the host's cores (64 cores and 4 GPUs: 16
-each, as on the one-GPU machine), so its compile workers and Inductor's do not crowd the other rows. Whenever a GPU is free, the first row in the given order
-whose estimate (`=SECONDS`, default --default-s) fits in the seconds left before --deadline-s starts
-on it. A row still running at the deadline is stopped; bench_suite.py has by then saved the
+each, as on the one-GPU machine), so its compile workers and Inductor's do not crowd the other rows.
+Whenever a GPU is free, the first row in the given order whose estimate (`=SECONDS`, default
+--default-s) fits in the seconds left before --deadline-s starts on it. A row still running at the deadline is stopped; bench_suite.py has by then saved the
 contenders that finished (`"partial": true`). Each row writes under OUT/MODEL_PREC/ (its JSON, tuning
 rows and log); the last lines printed say which rows finished, which were cut off and which never
 started.
