@@ -18,8 +18,9 @@ The first three are monotone (no superset of an illegal set is legal), so the
 enumeration prunes on them; the code generator's verdict is asked last. Then a
 legal set that stops one free node short of another legal set (`stops_short`: a
 lone reshape of its value, a bias add after a slice of its product) is dropped,
-with what could only read the value it wrote. Without that, segformer_b0's
-merged key and value projections alone took 4300 more timings per cold compile.
+with what could only read the value it wrote. A cold compile of segformer_b0,
+whose merged key and value projections have such tails, timed 8976 kernels
+without this and 4672 with it.
 
 One exception to the size rule: a GEMM chain also comes grown (`grow_chain`) by
 its operands' layout prologue and by the elementwise nodes computed from its
