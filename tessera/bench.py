@@ -199,6 +199,11 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
     ref = run_onnxruntime(loaded.model, feeds_np)
     out_names = list(loaded.graph.outputs)
     entries: list[Entry] = []
+
+    def checkpoint() -> None:  # the document so far, after each contender
+        if on_entry is not None:
+            on_entry({**_document(name, precision, dev, timing, guards, entries), "partial": True})
+
     reps = 30 if dev.type == "cuda" else 1  # a CPU profile runs Triton's interpreter: one call is plenty
     _set_precision(precision)
     for strategy in strategies:
@@ -250,8 +255,7 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
                       hasattr(k.triton.schedule, "to_json") else None} for k in result.kernels]}))
         if run_profile:
             entries[-1].extra["run_profile"] = profile_executable(exe, feeds, reps).to_json()
-        if on_entry is not None:
-            on_entry({**_document(name, precision, dev, timing, guards, entries), "partial": True})
+        checkpoint()
     if module is not None:
         module = module.to(dev)
         fp32_module = module
@@ -299,8 +303,7 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
             entries.append(Entry(peer, ms, err, ok, extra={"warmup_s": round(warm, 2), **extra}))
             if run_profile:
                 entries[-1].extra["run_profile"] = profile_callable(lambda: fn(*call), reps, dev, peer).to_json()
-            if on_entry is not None:
-                on_entry({**_document(name, precision, dev, timing, guards, entries), "partial": True})
+            checkpoint()
     return _document(name, precision, dev, timing, guards, entries)
 
 

@@ -71,6 +71,13 @@ class OGraph:
                 out |= 1 << i
         return out
 
+    def readers_of(self, mask: int) -> int:
+        """Nodes that read a value of `mask` (inside it too)."""
+        out = 0
+        for i in bits(mask):
+            out |= self.succs[i]
+        return out
+
     def inputs_of(self, mask: int) -> int:
         """Orchestrated nodes outside `mask` that nodes inside read."""
         inp = 0
