@@ -9,8 +9,10 @@ so every contender of a row still runs in one process on one GPU, as DESIGN.md's
 Each row's process is also confined to its GPU's share of the host's cores (64 cores and 4 GPUs: 16
 each, as on the one-GPU machine), so its compile workers and Inductor's do not crowd the other rows.
 Whenever a GPU is free, the first row in the given order whose estimate (`=SECONDS`, default
---default-s) fits in the seconds left before --deadline-s starts on it. A row still running at the deadline is stopped; bench_suite.py has by then saved the
-contenders that finished (`"partial": true`). Each row writes under OUT/MODEL_PREC/ (its JSON, tuning
+--default-s) fits in the seconds left before --deadline-s starts on it. A row still running at the deadline
+is stopped, and with --cap so is a row that has run for its estimate (a contender that would not finish
+in any call, such as max-autotune on a model with a hundred convolutions, then frees its GPU for the next
+row). bench_suite.py has by then saved the contenders that finished (`"partial": true`). Each row writes under OUT/MODEL_PREC/ (its JSON, tuning
 rows and log); the last lines printed say which rows finished, which were cut off and which never
 started.
 """
@@ -71,6 +73,7 @@ def main() -> int:
     ap.add_argument("--rows", required=True, help="MODEL:PREC[=SECONDS],... in the order to start them")
     ap.add_argument("--deadline-s", type=float, required=True, help="stop every row this long after the start")
     ap.add_argument("--default-s", type=float, default=300.0, help="a row's estimate when it names none")
+    ap.add_argument("--cap", action="store_true", help="stop a row once it has run for its estimate")
     ap.add_argument("--gpus", type=int, default=0, help="GPUs to use (default: all that nvidia-smi lists)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--suite", type=Path, default=SUITE, help=argparse.SUPPRESS)  # tests run a stand-in
@@ -79,15 +82,16 @@ def main() -> int:
     queue = parse_rows(a.rows, a.default_s)
     n_gpus = a.gpus or gpu_count()
     free = list(range(n_gpus))
-    running: dict[int, tuple[subprocess.Popen, str, object]] = {}
+    running: dict[int, tuple[subprocess.Popen, str, object, float]] = {}  # gpu -> (proc, row, log, stop at)
     status: dict[str, str] = {f"{m}_{p}": "not started" for m, p, _ in queue}
     while queue or running:
         left = a.deadline_s - (time.monotonic() - start)
-        for gpu, (proc, row, log) in list(running.items()):
-            if proc.poll() is not None or left <= 0:
+        now = time.monotonic()
+        for gpu, (proc, row, log, until) in list(running.items()):
+            if proc.poll() is not None or left <= 0 or now >= until:
                 if proc.poll() is None:
                     stop(proc)
-                    status[row] = "stopped at the deadline"
+                    status[row] = "stopped at the deadline" if left <= 0 else "stopped at its cap"
                 else:
                     status[row] = f"exit {proc.returncode}"
                 log.close()
@@ -110,7 +114,7 @@ def main() -> int:
             cores = share(gpu, n_gpus)
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                     preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
-            running[gpu] = (proc, row, log)
+            running[gpu] = (proc, row, log, time.monotonic() + est if a.cap else float("inf"))
             status[row] = "running"
         if not running and all(est > left for _, _, est in queue):
             break  # nothing runs and no row left fits

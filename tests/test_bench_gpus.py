@@ -54,3 +54,17 @@ def test_each_row_gets_its_share_of_the_cores() -> None:
     if len(cores) >= 2:
         assert parts[0] and parts[1] and not parts[0] & parts[1] and parts[0] | parts[1] <= set(cores)
     assert share(0, len(cores) + 1) == set()  # more GPUs than cores: no confinement
+
+
+def test_cap_stops_a_row_at_its_estimate_and_frees_its_gpu(tmp_path: Path) -> None:
+    suite = tmp_path / "suite.py"
+    suite.write_text(STAND_IN)
+    # One GPU: a_s30 (estimate 2) is stopped at its cap, so b_s1 still runs before the 8 s deadline.
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_gpus.py"), "--rows", "a_s30:fp16=2,b_s1:fp16=3",
+                          "--deadline-s", "8", "--gpus", "1", "--cap", "--out", str(out), "--suite", str(suite)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    tail = res.stdout.splitlines()
+    assert "a_s30_fp16: stopped at its cap" in tail and "b_s1_fp16: exit 0" in tail
+    assert (out / "b_s1_fp16" / "done.txt").exists() and not (out / "a_s30_fp16" / "done.txt").exists()
