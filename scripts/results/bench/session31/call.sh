@@ -2,7 +2,7 @@
 # Session 31's device calls: issue 14's 16-row suite at one pinned commit, rows side by side on a
 # four-GPU machine (scripts/bench_gpus.py: one row per GPU, each confined to its GPU's 16 cores;
 # --cap: a row is stopped once it has run for its estimate, so a max-autotune that cannot finish frees its GPU).
-#   bash scripts/results/bench/session30/call.sh ROWS DEADLINE_S CODE
+#   bash scripts/results/bench/session31/call.sh ROWS DEADLINE_S CODE
 # run from the repo root on the GPU machine, after the wheels are installed (PYTHONPATH holds
 # them). The measured code is the pinned copy in .pin/ (`git archive CODE tessera scripts`), so
 # work in the tree after CODE does not travel into the numbers.
