@@ -12,7 +12,10 @@ Whenever a GPU is free, the first row in the given order whose estimate (`=SECON
 --default-s) fits in the seconds left before --deadline-s starts on it. A row still running at the deadline
 is stopped, and with --cap so is a row that has run for its estimate (a contender that would not finish
 in any call, such as max-autotune on a model with a hundred convolutions, then frees its GPU for the next
-row). bench_suite.py has by then saved the contenders that finished (`"partial": true`). Each row writes under OUT/MODEL_PREC/ (its JSON, tuning
+row). bench_suite.py has by then saved the contenders that finished (`"partial": true`). With
+--cold-caches each row gets empty caches of its own (tessera's kernels, Triton's binaries, Inductor's
+artifacts), removed when it ends, so a row's compile times are cold even on a machine warm from
+earlier rows or calls. Each row writes under OUT/MODEL_PREC/ (its JSON, tuning
 rows and log); the last lines printed say which rows finished, which were cut off and which never
 started.
 """
@@ -20,9 +23,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,6 +60,15 @@ def share(gpu: int, n_gpus: int) -> set[int]:
     return set(cores[gpu * k:(gpu + 1) * k]) if k else set()
 
 
+COLD_CACHE_VARS = ("TESSERA_CACHE", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+
+
+def cold_caches(row: str) -> tuple[dict[str, str], str]:
+    """Empty cache folders for one row: (the environment that points at them, their root to remove)."""
+    root = tempfile.mkdtemp(prefix=f"cold-{row}-")
+    return {var: os.path.join(root, var.lower()) for var in COLD_CACHE_VARS}, root
+
+
 def stop(proc: subprocess.Popen) -> None:
     """Stop a row's process group (its compile workers too): TERM, then KILL after 10 s."""
     for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
@@ -74,6 +88,8 @@ def main() -> int:
     ap.add_argument("--deadline-s", type=float, required=True, help="stop every row this long after the start")
     ap.add_argument("--default-s", type=float, default=300.0, help="a row's estimate when it names none")
     ap.add_argument("--cap", action="store_true", help="stop a row once it has run for its estimate")
+    ap.add_argument("--cold-caches", action="store_true",
+                    help="give each row empty kernel caches of its own (cold compile times on a warm machine)")
     ap.add_argument("--gpus", type=int, default=0, help="GPUs to use (default: all that nvidia-smi lists)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--suite", type=Path, default=SUITE, help=argparse.SUPPRESS)  # tests run a stand-in
@@ -82,12 +98,12 @@ def main() -> int:
     queue = parse_rows(a.rows, a.default_s)
     n_gpus = a.gpus or gpu_count()
     free = list(range(n_gpus))
-    running: dict[int, tuple[subprocess.Popen, str, object, float]] = {}  # gpu -> (proc, row, log, stop at)
+    running: dict[int, tuple[subprocess.Popen, str, object, float, str]] = {}  # gpu -> (proc, row, log, stop at, caches)
     status: dict[str, str] = {f"{m}_{p}": "not started" for m, p, _ in queue}
     while queue or running:
         left = a.deadline_s - (time.monotonic() - start)
         now = time.monotonic()
-        for gpu, (proc, row, log, until) in list(running.items()):
+        for gpu, (proc, row, log, until, caches) in list(running.items()):
             if proc.poll() is not None or left <= 0 or now >= until:
                 if proc.poll() is None:
                     stop(proc)
@@ -95,6 +111,8 @@ def main() -> int:
                 else:
                     status[row] = f"exit {proc.returncode}"
                 log.close()
+                if caches:
+                    shutil.rmtree(caches, ignore_errors=True)
                 del running[gpu]
                 free.append(gpu)
         while free and left > 0:
@@ -108,13 +126,17 @@ def main() -> int:
             out.mkdir(parents=True, exist_ok=True)
             log = open(out / "log.txt", "w")
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+            caches = ""
+            if a.cold_caches:
+                cold, caches = cold_caches(row)
+                env.update(cold)
             cmd = [sys.executable, str(a.suite), "--models", model, "--precisions", prec, "--out", str(out),
                    *suite_args]
             print(f"{time.monotonic() - start:6.0f} s  start {row} on GPU {gpu}", flush=True)
             cores = share(gpu, n_gpus)
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                     preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
-            running[gpu] = (proc, row, log, time.monotonic() + est if a.cap else float("inf"))
+            running[gpu] = (proc, row, log, time.monotonic() + est if a.cap else float("inf"), caches)
             status[row] = "running"
         if not running and all(est > left for _, _, est in queue):
             break  # nothing runs and no row left fits

@@ -16,6 +16,7 @@ args = sys.argv[1:]
 model, out = args[args.index("--models") + 1], Path(args[args.index("--out") + 1])
 (out / "gpu.txt").write_text(os.environ["CUDA_VISIBLE_DEVICES"] + " " + " ".join(args))
 (out / "cores.txt").write_text(" ".join(map(str, sorted(os.sched_getaffinity(0)))))
+(out / "caches.txt").write_text(" ".join(os.environ.get(v, "-") for v in ("TESSERA_CACHE", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")))
 time.sleep(float(model.split("_s")[1]))
 (out / "done.txt").write_text("ok")
 """
@@ -68,3 +69,16 @@ def test_cap_stops_a_row_at_its_estimate_and_frees_its_gpu(tmp_path: Path) -> No
     tail = res.stdout.splitlines()
     assert "a_s30_fp16: stopped at its cap" in tail and "b_s1_fp16: exit 0" in tail
     assert (out / "b_s1_fp16" / "done.txt").exists() and not (out / "a_s30_fp16" / "done.txt").exists()
+
+
+def test_cold_caches_are_per_row_and_removed_after(tmp_path: Path) -> None:
+    suite = tmp_path / "suite.py"
+    suite.write_text(STAND_IN)
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_gpus.py"), "--rows", "a_s0:fp16=5,b_s0:tf32=5",
+                          "--deadline-s", "20", "--gpus", "1", "--cold-caches", "--out", str(out), "--suite", str(suite)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    a, b = ((out / r / "caches.txt").read_text().split() for r in ("a_s0_fp16", "b_s0_tf32"))
+    assert "-" not in a + b and len(set(a)) == 3 and not set(a) & set(b)  # three caches each, none shared
+    assert not any(Path(p).parent.exists() for p in a + b)  # removed when the row ended
