@@ -124,6 +124,9 @@ def main() -> int:
     print(f"jobs without a row: {len(prof.missing)} ({len(sigs)} signatures)")
     plan = res.plan
     print(f"plan: {len(plan.kernels)} kernels, {sum(k.cost_s for k in plan.kernels) * 1e6:.1f} us")
+    unpriced = [k.name for k in plan.kernels if k.cost_s >= 1.0]  # no candidate of theirs had a row
+    if unpriced:
+        print(f"  {len(unpriced)} kernels without a measured candidate (1 s each above): {', '.join(unpriced[:6])}")
     if args.grep:
         for k in plan.kernels:
             if args.grep in k.name:

@@ -59,10 +59,42 @@ def test_module_compiles_directly_against_eager() -> None:
     x = torch.randn(5, 16)
     c = tessera.compile(mlp, (x,))
     assert isinstance(c, CompiledModule) and not c.bridge.opaque
-    assert {n.op_type for n in c.bridge.model.graph.node} >= {"Gemm", "Gelu", "Tanh"}
+    assert {n.op_type for n in c.bridge.model.graph.node} >= {"MatMul", "Add", "Gelu", "Tanh"}
     fresh = torch.randn(5, 16)
     with torch.no_grad():
         close(c(fresh), mlp(fresh))
+
+
+class _AttentionBlock(nn.Module):
+    def __init__(self, d: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads, self.qkv, self.out = heads, nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, s, d))
+
+
+def test_linear_and_attention_products_bridge_as_the_onnx_export_writes_them() -> None:
+    # A linear layer on a 3-D input is one MatMul by the transposed weight and an Add, and SDPA's
+    # products are 4-D MatMuls: no flattening views and no addmm/bmm, so fission gives the ONNX
+    # path's primitives and the two plans share kernel signatures (issue 16).
+    torch.manual_seed(3)
+    block = _AttentionBlock().eval()
+    x = torch.randn(1, 7, 32)
+    c = tessera.compile(block, (x,))
+    g = c.bridge.model.graph
+    assert not c.bridge.opaque and not any(n.op_type == "Gemm" for n in g.node)
+    ranks = {i.name: len(i.dims) for i in g.initializer}
+    inferred = onnx.shape_inference.infer_shapes(c.bridge.model).graph
+    ranks.update({v.name: len(v.type.tensor_type.shape.dim) for v in [*inferred.value_info, *inferred.input]})
+    products = sorted((ranks[n.input[0]], ranks[n.input[1]]) for n in g.node if n.op_type == "MatMul")
+    assert products == [(3, 2), (3, 2), (4, 4), (4, 4)]  # qkv and out projections, then QK^T and PV
+    fresh = torch.randn(1, 7, 32)
+    with torch.no_grad():
+        close(c(fresh), block(fresh))
 
 
 def test_backend_by_name_conv_batchnorm_relu() -> None:

@@ -348,7 +348,21 @@ def _addmm(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> A
                  alpha=float(kwargs.get("alpha", 1.0)), beta=float(kwargs.get("beta", 1.0)))
 
 
-@convert("aten.mm.default", "aten.bmm.default", "aten.matmul.default")
+@convert("tessera.linear.default")
+def _linear(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
+    """F.linear as the ONNX export writes it: MatMul by the transposed weight, then Add of the bias."""
+    x, w = args[:2]
+    b = args[2] if len(args) > 2 else kwargs.get("bias")
+    dt = out.dtype
+    if w.const:  # a frozen weight: transposed once, into the initializer
+        wt = em.const(w.value.t(), dt, hint="weight_t")
+    else:
+        wt = em.op("Transpose", [em.tensor(w, dt)], perm=[1, 0])
+    y = em.op("MatMul", [em.tensor(x, dt), wt])
+    return y if b is None else em.op("Add", [y, em.tensor(b, dt)])
+
+
+@convert("aten.mm.default", "aten.bmm.default", "aten.matmul.default", "tessera.matmul.default")
 def _matmul(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
     return em.op("MatMul", [em.tensor(args[0], out.dtype), em.tensor(args[1], out.dtype)])
 

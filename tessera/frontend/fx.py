@@ -216,13 +216,50 @@ def fold_static(gm: fx.GraphModule, args: Sequence[Any], static: set[int]) -> fx
 
 
 class _OwnAttention(torch.overrides.TorchFunctionMode):
-    """Calls of F.scaled_dot_product_attention traced as `_attention` (SDPA is decomposed inside
-    the dispatcher, before a decomposition table is consulted)."""
+    """Calls of F.scaled_dot_product_attention traced as `_attention`, and of F.linear as one
+    `tessera::linear` node. Both are decomposed inside the dispatcher, before a decomposition table
+    is consulted: a linear layer on a 3-D input would reach the bridge as a flattening view, an
+    addmm and a view back, which fission splits into other primitives than the ONNX export's
+    MatMul and Add. The same primitives give the backend's plan the ONNX path's kernel signatures,
+    so one tuning database serves both and the solver sees the same choices."""
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if func is torch.nn.functional.scaled_dot_product_attention:
             return _attention(*args, **(kwargs or {}))
+        if func is torch.nn.functional.linear:
+            return _linear_op()(*args, **(kwargs or {}))
         return func(*args, **(kwargs or {}))
+
+
+@functools.cache
+def _linear_op() -> Any:
+    """torch.ops.tessera.linear: F.linear as one traced node (registered on first use)."""
+
+    @torch.library.custom_op("tessera::linear", mutates_args=())
+    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.nn.functional.linear(x, weight, bias)
+
+    @linear.register_fake
+    def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+    return torch.ops.tessera.linear
+
+
+@functools.cache
+def _matmul_op() -> Any:
+    """torch.ops.tessera.matmul: torch.matmul as one traced node (registered on first use)."""
+
+    @torch.library.custom_op("tessera::matmul", mutates_args=())
+    def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(a, b)
+
+    @matmul.register_fake
+    def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(torch.matmul(torch.empty_like(a, device="meta"), torch.empty_like(b, device="meta")),
+                                device=a.device)
+
+    return torch.ops.tessera.matmul
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
@@ -240,7 +277,10 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
         v = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3)
     # The scale on q, before the product: a chain kernel scales its q tile once, not every score tile.
-    w = torch.matmul(q * (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])), k.transpose(-2, -1))
+    # The products as one traced node each (`tessera::matmul`): torch.matmul would reach the bridge
+    # as 3-D bmm between reshapes, where the ONNX export has 4-D MatMul nodes.
+    matmul = _matmul_op()
+    w = matmul(q * (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])), k.transpose(-2, -1))
     hidden = None
     if is_causal:
         hidden = ~torch.ones(n, s, dtype=torch.bool, device=q.device).tril()
@@ -253,7 +293,7 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
     p = torch.softmax(w, -1)
     if attn_mask is not None:
         p = torch.where(torch.isnan(p), torch.zeros((), dtype=p.dtype, device=p.device), p)
-    return torch.matmul(p, v)
+    return matmul(p, v)
 
 
 def to_onnx(gm: fx.GraphModule, example_inputs: Sequence[Any], frozen: set[int], name: str,
