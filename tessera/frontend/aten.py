@@ -350,7 +350,8 @@ def _addmm(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> A
 
 @convert("tessera.linear.default")
 def _linear(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
-    """F.linear as the ONNX export writes it: MatMul by the transposed weight, then Add of the bias."""
+    """F.linear as the ONNX export writes it: on a 2-D input a Gemm (what fold_bn folds a
+    BatchNorm1d into), else MatMul by the transposed weight, then Add of the bias."""
     x, w = args[:2]
     b = args[2] if len(args) > 2 else kwargs.get("bias")
     dt = out.dtype
@@ -358,6 +359,8 @@ def _linear(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> 
         wt = em.const(w.value.t(), dt, hint="weight_t")
     else:
         wt = em.op("Transpose", [em.tensor(w, dt)], perm=[1, 0])
+    if x.rank == 2 and w.rank == 2:
+        return em.op("Gemm", [em.tensor(x, dt), wt] + ([] if b is None else [em.tensor(b, dt)]))
     y = em.op("MatMul", [em.tensor(x, dt), wt])
     return y if b is None else em.op("Add", [y, em.tensor(b, dt)])
 
