@@ -22,18 +22,25 @@ time.sleep(float(model.split("_s")[1]))
 """
 
 
-def test_rows_share_gpus_and_stop_at_the_deadline(tmp_path: Path) -> None:
+def run_rows(tmp_path: Path, rows: str, deadline_s: int, gpus: int, *flags: str) -> tuple[Path, list[str]]:
+    """bench_gpus.py over `rows` with the stand-in suite: (its out folder, the lines it printed)."""
     suite = tmp_path / "suite.py"
     suite.write_text(STAND_IN)
+    out = tmp_path / "out"
+    mine = list(flags[:flags.index("--")]) if "--" in flags else list(flags)
+    passed = list(flags[flags.index("--"):]) if "--" in flags else []
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_gpus.py"), "--rows", rows,
+                          "--deadline-s", str(deadline_s), "--gpus", str(gpus), *mine, "--out", str(out),
+                          "--suite", str(suite), *passed], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return out, res.stdout.splitlines()
+
+
+def test_rows_share_gpus_and_stop_at_the_deadline(tmp_path: Path) -> None:
     # GPU 0 takes a_s1, then d_s1; GPU 1 takes b_s30, stopped at the 6 s deadline; c_s2 (estimate 50)
     # never fits, and d_s1 passes it in the queue.
-    rows = "a_s1:fp16=1,b_s30:tf32=2,c_s2:fp16=50,d_s1:fp16=1"
-    out = tmp_path / "out"
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_gpus.py"), "--rows", rows,
-                          "--deadline-s", "6", "--gpus", "2", "--out", str(out), "--suite", str(suite),
-                          "--", "--fresh-db", "--code", "abc"], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    tail = res.stdout.splitlines()
+    out, tail = run_rows(tmp_path, "a_s1:fp16=1,b_s30:tf32=2,c_s2:fp16=50,d_s1:fp16=1", 6, 2,
+                         "--", "--fresh-db", "--code", "abc")
     assert "a_s1_fp16: exit 0" in tail and "d_s1_fp16: exit 0" in tail
     assert "b_s30_tf32: stopped at the deadline" in tail
     assert "c_s2_fp16: not started" in tail
@@ -58,27 +65,14 @@ def test_each_row_gets_its_share_of_the_cores() -> None:
 
 
 def test_cap_stops_a_row_at_its_estimate_and_frees_its_gpu(tmp_path: Path) -> None:
-    suite = tmp_path / "suite.py"
-    suite.write_text(STAND_IN)
     # One GPU: a_s30 (estimate 2) is stopped at its cap, so b_s1 still runs before the 8 s deadline.
-    out = tmp_path / "out"
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_gpus.py"), "--rows", "a_s30:fp16=2,b_s1:fp16=3",
-                          "--deadline-s", "8", "--gpus", "1", "--cap", "--out", str(out), "--suite", str(suite)],
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    tail = res.stdout.splitlines()
+    out, tail = run_rows(tmp_path, "a_s30:fp16=2,b_s1:fp16=3", 8, 1, "--cap")
     assert "a_s30_fp16: stopped at its cap" in tail and "b_s1_fp16: exit 0" in tail
     assert (out / "b_s1_fp16" / "done.txt").exists() and not (out / "a_s30_fp16" / "done.txt").exists()
 
 
 def test_cold_caches_are_per_row_and_removed_after(tmp_path: Path) -> None:
-    suite = tmp_path / "suite.py"
-    suite.write_text(STAND_IN)
-    out = tmp_path / "out"
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_gpus.py"), "--rows", "a_s0:fp16=5,b_s0:tf32=5",
-                          "--deadline-s", "20", "--gpus", "1", "--cold-caches", "--out", str(out), "--suite", str(suite)],
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
+    out, _ = run_rows(tmp_path, "a_s0:fp16=5,b_s0:tf32=5", 20, 1, "--cold-caches")
     a, b = ((out / r / "caches.txt").read_text().split() for r in ("a_s0_fp16", "b_s0_tf32"))
     assert "-" not in a + b and len(set(a)) == 3 and not set(a) & set(b)  # three caches each, none shared
     assert not any(Path(p).parent.exists() for p in a + b)  # removed when the row ended
