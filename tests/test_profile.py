@@ -188,3 +188,36 @@ def test_bound_feeds_copy_nothing_before_a_replay():
     assert not copies_before_replay(exe, {"x": a, "y": b})
     assert copies_before_replay(exe, {"x": a, "y": b.clone()})
     assert not copies_before_replay(SimpleNamespace(cuda_graph=False, _static_in={}), {"x": a})
+
+
+class _Ev:
+    """A stand-in for a profiler's device event: a name and a duration."""
+
+    def __init__(self, name: str, us: float) -> None:
+        from types import SimpleNamespace
+
+        self.name, self.time_range = name, SimpleNamespace(elapsed_us=lambda: us)
+
+
+def test_attribution_lines_up_sequences_that_differ_a_little():
+    from tessera.runtime.profile import _attribute
+
+    # The eager run launched gemm for k1 and k3 (one name, two plan kernels); under capture k2's
+    # library call picked another kernel, and a memset appeared after k4. By position, k1's gemm
+    # and k3's gemm keep their own times; by name they would be averaged.
+    expected = [("k0", "a"), ("k1", "gemm"), ("k2", "conv_x"), ("k3", "gemm"), ("k4", "b"),
+                ("k5", "c"), ("k6", "d"), ("k7", "e"), ("k8", "f"), ("k9", "g")]
+    one = [("a", 1.0), ("gemm", 10.0), ("conv_y", 3.0), ("gemm", 30.0), ("b", 1.0), ("memset", 0.5),
+           ("c", 1.0), ("d", 1.0), ("e", 1.0), ("f", 1.0), ("g", 1.0)]
+    replay = [_Ev(n, us) for _ in range(2) for n, us in one]
+    rows, how = _attribute(expected, replay, 2)
+    assert how == "aligned"
+    got = {(pk, name): us for pk, name, us, _ in rows}
+    assert got[("k1", "gemm")] == 10.0 and got[("k3", "gemm")] == 30.0
+    assert got[("k2", "conv_y")] == 3.0  # k2's slot: what its library call launched under capture
+    assert got[(None, "memset")] == 0.5  # inserted: no eager kernel launched it
+    assert sum(us for *_, us, _ in rows) == pytest.approx(sum(us for _, us in one))
+    # Exact repeats are matched by order; replays that differ from each other fall back to names.
+    exact = [_Ev(n, 1.0) for _ in range(2) for _, n in expected]
+    assert _attribute(expected, exact, 2)[1] == "order"
+    assert _attribute(expected, replay[:-1] + [_Ev("h", 1.0)], 2)[1] == "name"

@@ -7,8 +7,8 @@ every library kernel cuBLAS or cuDNN picks at run time. This profile measures wh
 - on a GPU, one eager run of the annotated steps (`Executable.annotate`: each step inside
   `record_function(plan kernel name)`) says which CUDA kernels each plan kernel launches; then
   `reps` replays of the CUDA graph give each kernel's GPU time. A graph on one stream runs its
-  kernels in capture order, so replay kernels map to plan kernels by position, or by name when the
-  counts differ;
+  kernels in capture order, so replay kernels map to plan kernels by position; where the
+  sequences differ a little, by the positions that line up (the rest by name); else by name;
 - on a CPU there are no CUDA kernels: the same ranges attribute host time to plan kernels, with
   generated kernels running in Triton's interpreter. That is a CPU profile, not GPU time and not
   a benchmark, and the result says so (`device: "cpu"`).
@@ -22,6 +22,7 @@ Triton kernels are launched outside any ATen op, so the CPU op a kernel links to
 """
 from __future__ import annotations
 
+import difflib
 import re
 import time
 from bisect import bisect_right
@@ -115,7 +116,7 @@ class Profile:
     kernels: list[KernelTime]  # most expensive first
     plan: list[PlanKernelTime] = field(default_factory=list)  # tessera: in plan order
     unattributed_us: float = 0.0
-    attribution: str = "none"  # "order", "name", "range" (CPU) or "none" (peer)
+    attribution: str = "none"  # "order", "aligned", "name", "range" (CPU) or "none" (peer)
     note: str = ""
 
     @property
@@ -214,27 +215,70 @@ def _eager_sequence(exe: Executable, feeds: Mapping[str, torch.Tensor]) -> list[
 
 def _attribute(expected: list[tuple[str | None, str]], replay: list[Any], reps: int
                ) -> tuple[list[tuple[str | None, str, float, float]], str]:
-    """Replay kernels -> (plan kernel, name, µs per call, calls per call), and how they were matched."""
+    """Replay kernels -> (plan kernel, name, µs per call, calls per call), and how they were matched:
+    "order" when each replay repeats the eager sequence exactly; "aligned" when every replay
+    launches the same sequence and most of it lines up with the eager one (a library that picked
+    another kernel under capture, an extra memset): the kernels that line up keep their plan kernel
+    by position, the rest go by name; "name" otherwise."""
     n = len(expected)
     if n and len(replay) == n * reps and all(replay[r * n + i].name == expected[i][1]
                                              for r in range(reps) for i in range(n)):
         return [(pk, name, sum(replay[r * n + i].time_range.elapsed_us() for r in range(reps)) / reps, 1.0)
                 for i, (pk, name) in enumerate(expected)], "order"
-    # Counts differ (a library picked another algorithm under capture, say): split each name's time
-    # among the plan kernels that launched it in the eager run, by their launch counts.
+    aligned = _aligned(expected, replay, reps)
+    if aligned is not None:
+        return aligned, "aligned"
+    return _by_name(expected, [(e.name, e.time_range.elapsed_us()) for e in replay], reps), "name"
+
+
+def _aligned(expected: list[tuple[str | None, str]], replay: list[Any], reps: int
+             ) -> list[tuple[str | None, str, float, float]] | None:
+    """Attribution by lining up the eager sequence's names with one replay's (difflib's opcodes),
+    when every replay launches the same names and at least 90% of the eager sequence lines up;
+    None otherwise. Equal runs keep their plan kernels by position; a replaced run goes to its
+    eager run's plan kernel when that is one kernel, else by name within it; an inserted kernel
+    (no eager counterpart, such as a memset only the capture makes) is nobody's."""
+    if not expected or not replay or len(replay) % reps:
+        return None
+    m = len(replay) // reps
+    names = [e.name for e in replay[:m]]
+    if any(replay[r * m + j].name != names[j] for r in range(1, reps) for j in range(m)):
+        return None
+    ops = difflib.SequenceMatcher(None, [x for _, x in expected], names, autojunk=False).get_opcodes()
+    if sum(i2 - i1 for tag, i1, i2, _, _ in ops if tag == "equal") < 0.9 * len(expected):
+        return None
+    us = [sum(replay[r * m + j].time_range.elapsed_us() for r in range(reps)) / reps for j in range(m)]
+    rows: list[tuple[str | None, str, float, float]] = []
+    for tag, i1, i2, j1, j2 in ops:
+        if tag == "equal":
+            rows += [(expected[i1 + k][0], names[j1 + k], us[j1 + k], 1.0) for k in range(j2 - j1)]
+            continue
+        owners = {pk for pk, _ in expected[i1:i2]}
+        if len(owners) == 1:
+            (pk,) = owners
+            rows += [(pk, names[j], us[j], 1.0) for j in range(j1, j2)]
+        else:
+            rows += _by_name(expected[i1:i2], [(names[j], us[j]) for j in range(j1, j2)], 1)
+    return rows
+
+
+def _by_name(expected: list[tuple[str | None, str]], replay: list[tuple[str, float]], reps: int
+             ) -> list[tuple[str | None, str, float, float]]:
+    """Each name's time split among the plan kernels that launched it in the eager run, by their
+    launch counts ((name, µs) rows over `reps` calls); a name no plan kernel launched is nobody's."""
     launches: dict[str, dict[str | None, int]] = defaultdict(lambda: defaultdict(int))
     for pk, name in expected:
         launches[name][pk] += 1
     per_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for e in replay:
-        per_name[e.name][0] += e.time_range.elapsed_us() / reps
-        per_name[e.name][1] += 1 / reps
+    for name, us in replay:
+        per_name[name][0] += us / reps
+        per_name[name][1] += 1 / reps
     rows = []
     for name, (us, calls) in per_name.items():
         owners = launches.get(name) or {None: 1}
         total = sum(owners.values())
         rows += [(pk, name, us * c / total, calls * c / total) for pk, c in owners.items()]
-    return rows, "name"
+    return rows
 
 
 def _wall_us(fn: Callable[[], Any], reps: int, device: torch.device) -> float:
