@@ -97,6 +97,35 @@ def test_linear_and_attention_products_bridge_as_the_onnx_export_writes_them() -
         close(c(fresh), block(fresh))
 
 
+def test_a_zero_bias_of_addmm_is_dropped_as_the_export_drops_it() -> None:
+    # transformers initializes biases to zero. The ONNX export writes GPT-2's Conv1D (addmm) with a
+    # zero bias as a Gemm without C, and so does the bridge (frozen weights); F.linear keeps its Add,
+    # as the export keeps it.
+    torch.manual_seed(4)
+
+    class Conv1D(nn.Module):  # GPT-2's linear layer: addmm on the flattened input
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight, self.bias = nn.Parameter(torch.randn(16, 8)), nn.Parameter(torch.zeros(8))
+
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            return torch.addmm(self.bias, h.view(-1, 16), self.weight).view(*h.shape[:-1], 8)
+
+    m, h = Conv1D().eval(), torch.randn(2, 5, 16)
+    c = tessera.compile(m, (h,))
+    gemms = [n for n in c.bridge.model.graph.node if n.op_type == "Gemm"]
+    assert len(gemms) == 1 and len(gemms[0].input) == 2
+    with torch.no_grad():
+        close(c(h), m(h))
+    lin = nn.Linear(16, 8).eval()
+    with torch.no_grad():
+        lin.bias.zero_()
+    c = tessera.compile(lin, (h,))
+    assert [n.op_type for n in c.bridge.model.graph.node] == ["MatMul", "Add"]
+    with torch.no_grad():
+        close(c(h), lin(h))
+
+
 def test_backend_by_name_conv_batchnorm_relu() -> None:
     torch.manual_seed(1)
     net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),

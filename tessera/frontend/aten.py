@@ -340,11 +340,20 @@ def _any(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> Any
 
 
 # ---- neural-network operators --------------------------------------------------------------
+def _zero_bias(b: Any) -> bool:
+    """A frozen bias of zeros. The ONNX export writes an addmm with one as a Gemm without C
+    (transformers initializes biases to zero, so the zoo's random-weight GPT-2 exports its Conv1D
+    layers so), while it keeps the Add of F.linear's; the bridge does the same, so the backend gets
+    the export's primitives. Weights are frozen at compile time, so this is exact."""
+    return isinstance(b, Ref) and b.const and not bool(b.value.any())
+
+
 @convert("aten.addmm.default")
 def _addmm(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
     bias, a, b = args[:3]
     dt = out.dtype
-    return em.op("Gemm", [em.tensor(a, dt), em.tensor(b, dt), em.tensor(bias, dt)],
+    c = [] if _zero_bias(bias) else [em.tensor(bias, dt)]
+    return em.op("Gemm", [em.tensor(a, dt), em.tensor(b, dt), *c],
                  alpha=float(kwargs.get("alpha", 1.0)), beta=float(kwargs.get("beta", 1.0)))
 
 

@@ -276,11 +276,13 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
     if enable_gqa and k.shape[-3] != q.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
         v = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3)
-    # The scale on q, before the product: a chain kernel scales its q tile once, not every score tile.
+    # The scale before the product, as the ONNX export writes it: its square root on q and on k's
+    # transpose (a chain kernel scales its operand tiles as it loads them, not every score tile).
     # The products as one traced node each (`tessera::matmul`): torch.matmul would reach the bridge
     # as 3-D bmm between reshapes, where the ONNX export has 4-D MatMul nodes.
     matmul = _matmul_op()
-    w = matmul(q * (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])), k.transpose(-2, -1))
+    root = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    w = matmul(q * root, k.transpose(-2, -1) * root)
     hidden = None
     if is_causal:
         hidden = ~torch.ones(n, s, dtype=torch.bool, device=q.device).tril()
