@@ -350,6 +350,21 @@ def test_sdpa_decomposes_into_primitives() -> None:
         close(c(q, k, v), attn(q, k, v))
 
 
+@pytest.mark.parametrize("scale", [0.5, -0.3])
+def test_sdpa_with_an_explicit_scale(scale: float) -> None:
+    """The scale's square root goes on q and on k's transpose, as the export writes it; a negative
+    scale has no real root and goes on q alone."""
+    torch.manual_seed(6)
+
+    def attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+
+    q, k, v = (torch.randn(1, 2, 5, 8) for _ in range(3))
+    c = tessera.compile(attn, (q, k, v))
+    with torch.no_grad():
+        close(c(q, k, v), attn(q, k, v))
+
+
 @pytest.mark.parametrize("kind", ["causal", "bool", "additive", "gqa"])
 def test_sdpa_forms_in_half_keep_their_dtype(kind: str) -> None:
     """Every SDPA form traces to products in the inputs' dtype (no float32 casts to stop a chain),

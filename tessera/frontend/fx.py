@@ -281,8 +281,11 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
     # The products as one traced node each (`tessera::matmul`): torch.matmul would reach the bridge
     # as 3-D bmm between reshapes, where the ONNX export has 4-D MatMul nodes.
     matmul = _matmul_op()
-    root = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
-    w = matmul(q * root, k.transpose(-2, -1) * root)
+    factor = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    if factor > 0:
+        w = matmul(q * math.sqrt(factor), k.transpose(-2, -1) * math.sqrt(factor))
+    else:  # a zero or negative scale (legal, if odd) has no real root: all of it on q
+        w = matmul(q * factor, k.transpose(-2, -1))
     hidden = None
     if is_causal:
         hidden = ~torch.ones(n, s, dtype=torch.bool, device=q.device).tril()
