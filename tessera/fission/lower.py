@@ -5,6 +5,7 @@ from dataclasses import dataclass, field, replace
 
 from tessera.errors import ShapeError, node_ref
 from tessera.fission.cse import eliminate_common
+from tessera.fission.views import collapse_reshapes
 from tessera.ir.builder import PrimBuilder
 from tessera.ir.graph import Graph, GraphKind, Node, TensorType
 from tessera.ir.prims import Prim
@@ -72,6 +73,7 @@ def fission(opg: Graph) -> FissionResult:
             alias[o] = p
     _name_outputs(pg, b, opg.outputs, alias)
     pg.remove_dead()
+    collapse_reshapes(pg)
     eliminate_common(pg)
     return FissionResult(pg, opaque)
 
