@@ -40,6 +40,7 @@ OPSET = 20  # Gelu is an ONNX operator from 20 on
 # A node computed only from constants is folded unless its value is this large and larger than
 # its inputs (an expand of a weight would store the expanded copy).
 FOLD_LIMIT_BYTES = 1 << 20
+SMALL_CONST = 1024  # elements: constants up to this size get one initializer per distinct value
 # ATen ops whose value is not a function of their inputs: never folded.
 _RANDOM = {"rand", "randn", "randint", "rand_like", "randn_like", "bernoulli", "native_dropout", "normal",
            "uniform", "exponential", "multinomial", "randperm"}
@@ -89,6 +90,10 @@ class Emitter:
     model: onnx.ModelProto = field(default_factory=onnx.ModelProto)
     _count: int = 0
     current: str = ""  # the FX node being converted: names its ONNX nodes
+    # Small constants by value -> their initializer: one name for one value, as the ONNX export
+    # deduplicates them, so fission's primitives that read them (a scalar's reshape and broadcast)
+    # are shared as in the ONNX path, not one copy per use.
+    _small: dict[tuple, str] = field(default_factory=dict)
 
     def fresh(self, hint: str) -> str:
         self._count += 1
@@ -100,7 +105,14 @@ class Emitter:
         if dtype is not None:
             t = t.to(dtype)
         t = t.detach().cpu().contiguous()
+        key = None
+        if t.numel() <= SMALL_CONST:
+            key = (str(t.dtype), tuple(t.shape), t.reshape(-1).view(torch.uint8).numpy().tobytes())
+            if key in self._small:
+                return self._small[key]
         name = self.fresh(hint)
+        if key is not None:
+            self._small[key] = name
         proto = self.model.graph.initializer.add()
         proto.name = name
         proto.dims.extend(t.shape)
