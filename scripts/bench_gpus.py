@@ -101,8 +101,8 @@ def main() -> int:
     running: dict[int, tuple[subprocess.Popen, str, object, float, str]] = {}  # gpu -> (proc, row, log, stop at, caches)
     status: dict[str, str] = {f"{m}_{p}": "not started" for m, p, _ in queue}
     while queue or running:
-        left = a.deadline_s - (time.monotonic() - start)
         now = time.monotonic()
+        left = a.deadline_s - (now - start)
         for gpu, (proc, row, log, until, caches) in list(running.items()):
             if proc.poll() is not None or left <= 0 or now >= until:
                 if proc.poll() is None:

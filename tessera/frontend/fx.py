@@ -239,39 +239,25 @@ class _OwnAttention(torch.overrides.TorchFunctionMode):
         if func is torch.nn.functional.scaled_dot_product_attention:
             return _attention(*args, **(kwargs or {}))
         if func is torch.nn.functional.linear:
-            return _linear_op()(*args, **(kwargs or {}))
+            return _traced_ops().linear(*args, **(kwargs or {}))
         return func(*args, **(kwargs or {}))
 
 
 @functools.cache
-def _linear_op() -> Any:
-    """torch.ops.tessera.linear: F.linear as one traced node (registered on first use)."""
+def _traced_ops() -> Any:
+    """torch.ops.tessera: F.linear and torch.matmul as one traced node each (registered on first use)."""
 
     @torch.library.custom_op("tessera::linear", mutates_args=())
     def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return torch.nn.functional.linear(x, weight, bias)
 
-    @linear.register_fake
-    def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-    return torch.ops.tessera.linear
-
-
-@functools.cache
-def _matmul_op() -> Any:
-    """torch.ops.tessera.matmul: torch.matmul as one traced node (registered on first use)."""
-
     @torch.library.custom_op("tessera::matmul", mutates_args=())
     def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.matmul(a, b)
 
-    @matmul.register_fake
-    def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(torch.matmul(torch.empty_like(a, device="meta"), torch.empty_like(b, device="meta")),
-                                device=a.device)
-
-    return torch.ops.tessera.matmul
+    linear.register_fake(lambda x, weight, bias=None: x.new_empty((*x.shape[:-1], weight.shape[0])))
+    matmul.register_fake(lambda a, b: torch.matmul(a, b))  # on fake tensors: the shape, no data
+    return torch.ops.tessera
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
@@ -292,7 +278,7 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
     # transpose (a chain kernel scales its operand tiles as it loads them, not every score tile).
     # The products as one traced node each (`tessera::matmul`): torch.matmul would reach the bridge
     # as 3-D bmm between reshapes, where the ONNX export has 4-D MatMul nodes.
-    matmul = _matmul_op()
+    matmul = _traced_ops().matmul
     factor = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     if factor > 0:
         w = matmul(q * math.sqrt(factor), k.transpose(-2, -1) * math.sqrt(factor))

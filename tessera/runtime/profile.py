@@ -220,24 +220,20 @@ def _attribute(expected: list[tuple[str | None, str]], replay: list[Any], reps: 
     launches the same sequence and most of it lines up with the eager one (a library that picked
     another kernel under capture, an extra memset): the kernels that line up keep their plan kernel
     by position, the rest go by name; "name" otherwise."""
-    n = len(expected)
-    if n and len(replay) == n * reps and all(replay[r * n + i].name == expected[i][1]
-                                             for r in range(reps) for i in range(n)):
-        return [(pk, name, sum(replay[r * n + i].time_range.elapsed_us() for r in range(reps)) / reps, 1.0)
-                for i, (pk, name) in enumerate(expected)], "order"
     aligned = _aligned(expected, replay, reps)
     if aligned is not None:
-        return aligned, "aligned"
+        return aligned
     return _by_name(expected, [(e.name, e.time_range.elapsed_us()) for e in replay], reps), "name"
 
 
 def _aligned(expected: list[tuple[str | None, str]], replay: list[Any], reps: int
-             ) -> list[tuple[str | None, str, float, float]] | None:
+             ) -> tuple[list[tuple[str | None, str, float, float]], str] | None:
     """Attribution by lining up the eager sequence's names with one replay's (difflib's opcodes),
     when every replay launches the same names and at least 90% of the eager sequence lines up;
-    None otherwise. Equal runs keep their plan kernels by position; a replaced run goes to its
-    eager run's plan kernel when that is one kernel, else by name within it; an inserted kernel
-    (no eager counterpart, such as a memset only the capture makes) is nobody's."""
+    None otherwise. Equal runs keep their plan kernels by position ("order" when that is all of
+    both); a replaced run goes to its eager run's plan kernel when that is one kernel, else by name
+    within it; an inserted kernel (no eager counterpart, such as a memset only the capture makes)
+    is nobody's."""
     if not expected or not replay or len(replay) % reps:
         return None
     m = len(replay) // reps
@@ -259,7 +255,8 @@ def _aligned(expected: list[tuple[str | None, str]], replay: list[Any], reps: in
             rows += [(pk, names[j], us[j], 1.0) for j in range(j1, j2)]
         else:
             rows += _by_name(expected[i1:i2], [(names[j], us[j]) for j in range(j1, j2)], 1)
-    return rows
+    exact = m == len(expected) and all(tag == "equal" for tag, *_ in ops)
+    return rows, "order" if exact else "aligned"
 
 
 def _by_name(expected: list[tuple[str | None, str]], replay: list[tuple[str, float]], reps: int
