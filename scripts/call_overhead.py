@@ -12,8 +12,10 @@ then one synchronize; the median of 5 such runs), of:
 - `CompiledModule`: the backend's callable, as dynamo calls it (picks the graph's inputs);
 - `torch.compile`: the whole call, dynamo's guards included.
 With --stub-replay (for a CPU: the plan's kernels would run in Triton's interpreter) the replay
-returns the plan's output buffers without running anything, and a `trivial backend` row times
-dynamo and the model's Python around a graph that returns a precomputed output: host time alone.
+returns the plan's output buffers without running anything. The `trivial backend` rows time dynamo
+and the model's Python around a graph that returns a precomputed output (host time alone), with
+dynamo's guards on module state and without (`bench --guards skip-modules`), and the
+`torch.compile, skip-modules` rows the backend's call without them.
 Each layer's cost is its difference from the one before. The two latency columns synchronize
 after every call, so host time adds to GPU time as in the bench's wall time per call. With --out, a cProfile of the last
 (`profile_MODEL.txt`, cumulative time) says which Python functions take the rest.
@@ -37,6 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tessera import zoo  # noqa: E402
+from tessera.bench import guard_options  # noqa: E402
 from tessera.torch_backend import tessera_backend  # noqa: E402
 
 
@@ -108,20 +111,25 @@ def main() -> int:
             exe = cm.exe
             ins = [example[j] for j in cm.bridge.inputs]
             bound = exe.bind_inputs(exe.prepare_inputs(*ins))
-            row = {"model": name,
+            row: dict[str, Any] = {"model": name,
                    "replay": per_call_us(lambda: exe.run_static(bound)),
                    "exe(*inputs)": per_call_us(lambda: exe(*ins)),
                    "CompiledModule": per_call_us(lambda: cm(*example)),
                    "torch.compile": per_call_us(lambda: fn(*args)),
                    "replay, latency": per_call_us(lambda: exe.run_static(bound), sync_each=True),
                    "torch.compile, latency": per_call_us(lambda: fn(*args), sync_each=True)}
-            if a.stub_replay:
-                torch._dynamo.reset()
-                with torch.no_grad():
-                    out = model(*args)
-                trivial = torch.compile(model, backend=lambda gm, ex: (lambda *x: (out,)))
+            # dynamo and the model's Python around a graph that returns a precomputed output (host
+            # time alone), and the same two calls without guards on module state (bench --guards)
+            out = cm(*example)
+            skip = guard_options("skip-modules")
+            unguarded = torch.compile(model, backend=lambda gm, ex: cm, options=skip)
+            unguarded(*args)
+            row["torch.compile, skip-modules"] = per_call_us(lambda: unguarded(*args))
+            row["torch.compile, skip-modules, latency"] = per_call_us(lambda: unguarded(*args), sync_each=True)
+            for guards, opts in (("all", {}), ("skip-modules", skip)):
+                trivial = torch.compile(model, backend=lambda gm, ex: (lambda *x: out), **({"options": opts} if opts else {}))
                 trivial(*args)
-                row["trivial backend"] = per_call_us(lambda: trivial(*args))
+                row[f"trivial backend, {guards}"] = per_call_us(lambda: trivial(*args))
             rows.append(row)
             print(name, {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
             if a.out:
@@ -130,7 +138,7 @@ def main() -> int:
                 prof.enable()
                 for _ in range(200):
                     fn(*args)
-                torch.cuda.synchronize()
+                _sync()
                 prof.disable()
                 s = io.StringIO()
                 pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(45)
@@ -143,7 +151,10 @@ def main() -> int:
     for r in rows:
         print(f"| {r['model']} | {r['replay']:.1f} | {r['exe(*inputs)']:.1f} | {r['CompiledModule']:.1f} | "
               f"{r['torch.compile']:.1f} | {r['replay, latency']:.1f} | {r['torch.compile, latency']:.1f} |"
-              + (f" trivial backend {r['trivial backend']:.1f} |" if "trivial backend" in r else ""))
+              )
+    extra = [k for r in rows for k in r if k.startswith(("trivial", "torch.compile, skip"))]
+    for k in dict.fromkeys(extra):
+        print(f"{k}: " + ", ".join(f"{r['model']} {r[k]:.1f}" for r in rows if k in r))
     return 0
 
 
