@@ -31,3 +31,36 @@ def test_graph_replay_matches_eager_launches_and_onnxruntime(name):
             assert rel_l2(got[k].cpu().numpy(), ref[k]) < 1e-5
             assert torch.equal(got[k], base[k])  # same kernels, same order: bitwise equal
     assert replay._graph is not None
+
+
+_OUT_OF_RANGE = """
+import sys, torch, tessera
+from opcheck import models_dir
+exe = tessera.compile(models_dir() / "gpt2_tiny.onnx", tessera.CompileOptions(solver="highs", cost="analytical"),
+                      device="cuda")
+ids = torch.randint(0, 1000, (1, 128), device="cuda")
+exe(ids)  # captures, checking the first call's ids on the host
+torch.cuda.synchronize()
+ids[0, 7] = int(sys.argv[1])  # the next call's ids on the GPU: checked by the graph alone
+exe(ids)
+torch.cuda.synchronize()
+print("REPLAYED")
+"""
+
+
+@pytest.mark.parametrize("bad", [1000, -1001])
+def test_an_index_out_of_range_stops_the_replay(bad, tmp_path):
+    # GPU tensors' index ranges are checked inside the CUDA graph (runtime/index_check.py), not by host
+    # ops: a bad id stops the stream with a device-side assert before GPT-2's gather reads past its table.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "oob.py"
+    script.write_text(_OUT_OF_RANGE)
+    env = {**__import__("os").environ, "PYTHONPATH": f"{Path(__file__).parent}:{Path(__file__).parents[1]}"}
+    r = subprocess.run([sys.executable, str(script), str(bad)], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode != 0 and "REPLAYED" not in r.stdout, r.stdout + r.stderr
+    assert "device-side assert" in r.stderr or "outside the dim it gathers from" in r.stderr, r.stderr[-2000:]
+    ok = subprocess.run([sys.executable, str(script), "999"], capture_output=True, text=True, env=env, timeout=600)
+    assert ok.returncode == 0 and "REPLAYED" in ok.stdout, ok.stderr[-2000:]

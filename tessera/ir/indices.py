@@ -46,10 +46,13 @@ def index_bounds(graph: Graph) -> dict[str, int]:
     return bounds
 
 
-def check_feeds(graph: Graph, feeds: Mapping[str, Any], bounds: Mapping[str, int] | None = None) -> None:
+def check_feeds(graph: Graph, feeds: Mapping[str, Any], bounds: Mapping[str, int] | None = None,
+                device_checked: bool = False) -> None:
     """Raise ShapeError for an input of the wrong kind (floats for integer indices, integers for
     floats, anything for booleans but booleans) or holding an index out of its gather's range.
-    `bounds` is `index_bounds(graph)` where the caller keeps it (it walks the whole graph)."""
+    `bounds` is `index_bounds(graph)` where the caller keeps it (it walks the whole graph).
+    `device_checked`: GPU tensors' ranges are left to the caller's CUDA graph, which checks its own
+    input buffers (`runtime/index_check.py`)."""
     unknown = sorted(set(feeds) - set(graph.inputs))
     missing = [t for t in graph.inputs if t not in feeds]
     if unknown or missing:
@@ -66,13 +69,22 @@ def check_feeds(graph: Graph, feeds: Mapping[str, Any], bounds: Mapping[str, int
         if v is None or not _numel(v):
             continue
         if getattr(v, "is_cuda", False):  # a GPU tensor: checked on the GPU, no wait for it
-            assert_in_range_async(v, n, name)
+            if not device_checked:
+                assert_in_range_async(v, n, name)
             continue
-        lo, hi = int(v.min()), int(v.max())
-        if lo < -n or hi >= n:
-            bad = hi if hi >= n else lo
-            raise ShapeError(f"input '{name}' holds index {bad}, outside [{-n}, {n}): the size of the dim it "
-                             f"gathers from")
+        check_range_now(v, n, name)
+
+
+def check_range_now(v: Any, n: int, name: str) -> None:
+    """ShapeError, naming the input, if `v` holds an index outside [-n, n) (reads a GPU tensor's
+    bounds back: one wait)."""
+    if not _numel(v):
+        return
+    lo, hi = int(v.min()), int(v.max())
+    if lo < -n or hi >= n:
+        bad = hi if hi >= n else lo
+        raise ShapeError(f"input '{name}' holds index {bad}, outside [{-n}, {n}): the size of the dim it "
+                         f"gathers from")
 
 
 def assert_in_range_async(v: Any, n: int, name: str) -> None:

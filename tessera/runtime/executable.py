@@ -25,10 +25,11 @@ from tessera.codegen.select import KernelImpl, implement
 from tessera.codegen.triton_ops import Unsupported
 from tessera.errors import ShapeError, TesseraError, gpu_fault
 from tessera.ir.graph import Graph, Node
-from tessera.ir.indices import check_feeds, index_bounds
+from tessera.ir.indices import check_feeds, check_range_now, index_bounds
 from tessera.ir.prims import Prim
 from tessera.runtime.buffers import BufferPool, Lifetime, as_layout, device_constant, round_tf32, stored_constant
 from tessera.runtime.graphs import quiet_capture
+from tessera.runtime.index_check import check_in_graph
 from tessera.runtime.torch_prims import TORCH_DTYPES, pointwise_conv_as_gemm, run_linear_fused, run_node
 
 
@@ -242,11 +243,10 @@ class Executable:
         named = dict(zip(self.graph.inputs, args)) if args else dict(kwargs)
         if len(args) > len(self.graph.inputs) or set(named) != set(self.graph.inputs):
             raise ShapeError(f"the model takes inputs {self.graph.inputs}, got {list(named) or len(args)}")
-        # Kinds and index ranges, as onnxruntime checks them (a GPU gather would read past the end).
-        if self._index_bounds is None:  # walks the graph: once, not per call (0.5 ms for GPT-2)
-            self._index_bounds = index_bounds(self.graph)
+        # Kinds and index ranges, as onnxruntime checks them (a GPU gather would read past the end);
+        # a GPU tensor's ranges are checked by the CUDA graph, on its own input buffers.
         check_feeds(self.graph, {k: v if isinstance(v, (torch.Tensor, np.ndarray)) else np.asarray(v)
-                                 for k, v in named.items()}, self._index_bounds)
+                                 for k, v in named.items()}, self._bounds(), device_checked=self.cuda_graph)
         feeds = {}
         for name, v in named.items():
             t = self.graph.types[name]
@@ -255,6 +255,12 @@ class Executable:
                 raise ShapeError(f"input '{name}' has shape {list(x.shape)}, the model takes {list(t.shape)}")
             feeds[name] = x.to(TORCH_DTYPES[t.dtype]).contiguous()
         return feeds
+
+    def _bounds(self) -> dict[str, int]:
+        """The index inputs and the sizes they gather from."""
+        if self._index_bounds is None:  # walks the graph: once, not per call (0.5 ms for GPT-2)
+            self._index_bounds = index_bounds(self.graph)
+        return self._index_bounds
 
     def run(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
         """Outputs by name (fresh tensors), for inputs given by position or by name."""
@@ -279,20 +285,29 @@ class Executable:
         """Outputs in the executable's own buffers, overwritten by the next call (for benchmarks).
         Inputs are copied into the captured graph's buffers, unless they are those buffers
         (`bind_inputs`)."""
-        with self.precision_flags():
-            if not self.cuda_graph:
-                return self._launch(feeds)
-            if self._graph is None:
+        if self._graph is None:
+            with self.precision_flags():
+                if not self.cuda_graph:
+                    return self._launch(feeds)
                 self._capture(feeds)
+        with torch.no_grad():  # a caller's tensor that requires grad must not make ours require it
             for name, x in feeds.items():
                 if self._static_in[name] is not x:
                     self._static_in[name].copy_(x)
-            assert self._graph is not None
+        assert self._graph is not None
+        if isinstance(self._graph, _PiecewiseGraph):  # its host steps run torch ops: the plan's flags
+            with self.precision_flags():
+                self._graph.replay()
+        else:
+            # A CUDA graph's replay needs none of torch's math flags (it holds the launches they
+            # chose): setting and restoring them took tens of µs of host time per call.
             self._graph.replay()
-            return self._static_out
+        return self._static_out
 
     def _capture(self, feeds: Mapping[str, torch.Tensor]) -> None:
         self._static_in = {k: v.clone() for k, v in feeds.items()}
+        for name, n in self._bounds().items():  # the first call's indices, before anything reads them
+            check_range_now(self._static_in[name], n, name)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -317,6 +332,9 @@ class Executable:
                 continue
             g = torch.cuda.CUDAGraph()
             with quiet_capture(), torch.cuda.graph(g, pool=pool):
+                if pool is None:  # the first graph checks the index inputs, before any gather
+                    for name, n in self._bounds().items():
+                        check_in_graph(self._static_in[name], n, name)
                 self._run_steps(steps, env)
             pool = g.pool()  # one memory pool, replayed in capture order
             g.replay()  # real values for a host step that follows
