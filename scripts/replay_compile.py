@@ -96,6 +96,7 @@ def main() -> int:
     ap.add_argument("--at", default="", help="with --grep: only candidates holding a node named like this")
     ap.add_argument("--no-templates", action="store_true")
     ap.add_argument("--no-merge", action="store_true")
+    ap.add_argument("--rewrites", default="off", choices=["off", "on"])
     args = ap.parse_args()
 
     from tessera import compiler
@@ -110,7 +111,7 @@ def main() -> int:
     prof = MissingRows()
     opt = CompileOptions(cost="measured", db=str(db_path), precision=args.precision, io="precision",
                          gpu=args.gpu, templates="off" if args.no_templates else "auto",
-                         merge_matmuls=not args.no_merge, solver="highs")
+                         merge_matmuls=not args.no_merge, solver="highs", rewrites=args.rewrites)
     costs: list = []
     made = compiler.measured_cost
 
@@ -124,6 +125,13 @@ def main() -> int:
     print(f"jobs without a row: {len(prof.missing)} ({len(sigs)} signatures)")
     plan = res.plan
     print(f"plan: {len(plan.kernels)} kernels, {sum(k.cost_s for k in plan.kernels) * 1e6:.1f} us")
+    if res.tuned_s:  # kernels whose schedule was tuned after the solve: the measured cost that runs
+        print("  tuned after the solve: " + ", ".join(f"{n} {s * 1e6:.2f} us" for n, s in res.tuned_s.items()))
+    if res.rewrite_search:
+        r = res.rewrite_search
+        print(f"  rewrites found: {[a['rule'] for a in r['applied']]}; "
+              + (f"tuned plan {r['plan_us'][0]} us with them, {r['plan_us'][1]} without: "
+                 f"{'kept' if r['kept'] else 'dropped'}" if r.get("plan_us") else "kept"))
     unpriced = [k.name for k in plan.kernels if k.cost_s >= 1.0]  # no candidate of theirs had a row
     if unpriced:
         print(f"  {len(unpriced)} kernels without a measured candidate (1 s each above): {', '.join(unpriced[:6])}")

@@ -41,6 +41,8 @@ def test_bench_times_tessera_through_dynamo_beside_the_onnx_path():
     assert dyn["extra"]["kernels"] == by["tessera-optimal"]["extra"]["kernels"]  # the same plan, two frontends
     (stages,) = dyn["extra"]["stages"]  # where its compile's time went, step by step
     assert {"trace", "onnx", "load", "plan cache"} <= set(stages) and all(v >= 0 for v in stages.values())
+    (plan,) = dyn["extra"]["plan"]  # its kernels by name and backend, beside the ONNX path's
+    assert [k["backend"] for k in plan] == [k["backend"] for k in by["tessera-optimal"]["extra"]["plan"]]
     assert by["eager"]["vs_best_peer"] == 1.0
 
 

@@ -266,3 +266,57 @@ def test_sites_that_share_a_window_are_measured_first_together():
     assert len(merges) == 4
     assert first_reads[0] == "x1"  # the group of three was measured first, though layer 0 saves as much
     assert found.evaluated <= 2 * 3  # per window structure: the window and its two best estimates, once
+
+
+@pytest.mark.parametrize("with_s,without_s", [(1e-5, 2e-5), (2e-5, 1e-5), (1e-5, 1.002e-5)])
+def test_a_measured_compile_keeps_rewrites_only_if_the_whole_tuned_plan_is_cheaper(tmp_path, monkeypatch,
+                                                                                   with_s, without_s):
+    """Windows are priced before post-solve schedule tuning, which can favour the graph without the
+    rewrites (segformer's attention, session 32). A measured compile therefore plans both graphs and
+    keeps the rewrites only where the tuned plan with them is cheaper by more than GAIN; otherwise
+    the plan, the artifact's replayed steps and the report are those of the graph without them."""
+    import sys
+
+    import torch
+    from onnx import helper
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_profiler import FakeProfiler
+    from opcheck import graph_model, rand
+
+    import tessera
+    from tessera import compiler
+    from tessera.compiler import CompileOptions, compile_model, write_artifacts
+    from tessera.rewrite.search import GAIN
+    from tessera.tolerance import TOLERANCE, rel_l2
+    from tessera.verify import run_onnxruntime
+
+    prof = FakeProfiler()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
+    monkeypatch.setattr(compiler, "new_profiler", lambda opt: prof)
+    priced = []
+    real = compiler.plan_seconds
+
+    def price(result):  # the plan with the rewrites is priced first, then the one without
+        priced.append(real(result))
+        return with_s if len(priced) == 1 else without_s
+    monkeypatch.setattr(compiler, "plan_seconds", price)
+    x, v = rand(2, 5, 7, seed=3), rand(2, 7, 3, seed=4)
+    model = graph_model([helper.make_node("Softmax", ["x"], ["p"], axis=-1),
+                         helper.make_node("MatMul", ["p", "v"], ["out"])], {"x": x, "v": v}, ["out"])
+    result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db"), rewrites="on",
+                                                 templates="off"))
+    search = result.rewrite_search
+    assert search["applied"] and len(priced) == 2 and all(p > 0 for p in priced)
+    keep = with_s < without_s * (1 - GAIN)
+    assert search["kept"] is keep and search["plan_us"] == [round(with_s * 1e6, 2), round(without_s * 1e6, 2)]
+    steps = [r for r in result.rewrites if isinstance(r, dict)]
+    assert (steps == search["applied"]) if keep else steps == []
+    write_artifacts(result, tmp_path / "art")
+    page = (tmp_path / "art" / "report.html").read_text()
+    assert ("they are applied" in page) if keep else ("they are dropped" in page)
+    exe = tessera.load(tmp_path / "art", "cpu")  # rebuilds the graph by replaying what the plan kept
+    got = exe(x=torch.from_numpy(x), v=torch.from_numpy(v))
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    assert rel_l2(got.numpy(), run_onnxruntime(model, {"x": x, "v": v})["out"]) < TOLERANCE["fp32"]

@@ -58,7 +58,10 @@ def test_an_index_out_of_range_stops_the_replay(bad, tmp_path):
 
     script = tmp_path / "oob.py"
     script.write_text(_OUT_OF_RANGE)
-    env = {**__import__("os").environ, "PYTHONPATH": f"{Path(__file__).parent}:{Path(__file__).parents[1]}"}
+    import os
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).parent), str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, str(script), str(bad)], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode != 0 and "REPLAYED" not in r.stdout, r.stdout + r.stderr
     assert "device-side assert" in r.stderr or "outside the dim it gathers from" in r.stderr, r.stderr[-2000:]

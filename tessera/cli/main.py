@@ -486,10 +486,14 @@ def _print_compile(result: Any) -> None:
         kept: dict[str, int] = {}
         for a in r["applied"]:
             kept[a["rule"]] = kept.get(a["rule"], 0) + 1
-        print(f"  rewrites: {len(r['applied'])} kept" + (f" ({', '.join(f'{k} x{v}' for k, v in kept.items())})"
+        print(f"  rewrites: {len(r['applied'])} {'kept' if r.get('kept', True) else 'found'}" + (f" ({', '.join(f'{k} x{v}' for k, v in kept.items())})"
                                                         if kept else "")
               + f" from {r['sites']} site(s) tried, {r['evaluated']} window(s) orchestrated, {r['seconds']:.1f} s"
               + (f"; stopped: {r['stopped']}" if r["stopped"] else ""))
+        if r.get("plan_us"):
+            with_us, without_us = r["plan_us"]
+            print(f"  rewrites {'applied' if r.get('kept', True) else 'dropped'}: the tuned plan takes "
+                  f"{with_us:.1f} us with them, {without_us:.1f} us without")
     if result.layouts is not None and result.layouts.regions:
         lay = result.layouts.summary()
         print(f"  layout: {lay['convs_channels_last']} of {lay['convs']} convolutions channels-last "

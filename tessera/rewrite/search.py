@@ -58,11 +58,16 @@ class SearchResult:
     seconds: float = 0.0
     ordering_s: float = 0.0  # of `seconds`, spent ordering sites by the model's estimates
     stopped: str = ""  # why the search stopped early, if it did
+    # Measured compiles: the whole tuned plan with and without the applied rewrites (seconds), and
+    # whether they were kept (`compiler.compile_model`); None where no such comparison ran.
+    plan_s: tuple[float, float] | None = None
+    kept: bool = True
 
     def summary(self) -> dict:
         return {"applied": [a.to_json() for a in self.applied], "sites": self.sites, "evaluated": self.evaluated,
                 "cached": self.cached, "seconds": round(self.seconds, 2), "ordering_s": round(self.ordering_s, 2),
-                "stopped": self.stopped}
+                "stopped": self.stopped, "kept": self.kept,
+                "plan_us": None if self.plan_s is None else [round(x * 1e6, 2) for x in self.plan_s]}
 
 
 def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str, Rule] | None = None,
