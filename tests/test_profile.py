@@ -179,15 +179,23 @@ def test_gpu_profile_attributes_every_kernel(tmp_path):
 def test_bound_feeds_copy_nothing_before_a_replay():
     # The eager sequence that profile attribution matches by order counts the input copies only
     # when a replay makes them: not for feeds that are the graph's own buffers (bind_inputs).
-    from types import SimpleNamespace
+    from types import MethodType, SimpleNamespace
 
+    from tessera.runtime.executable import Executable
     from tessera.runtime.profile import copies_before_replay
 
+    def exe_like(cuda_graph: bool, captured: bool, buffers: dict) -> SimpleNamespace:
+        # an executable's state after bind_inputs (a CUDA graph needs a GPU: stand-ins here)
+        exe = SimpleNamespace(cuda_graph=cuda_graph, _graph=object() if captured else None, _static_in=buffers)
+        exe.inputs_bound = MethodType(Executable.inputs_bound, exe)
+        return exe
+
     a, b = torch.zeros(2), torch.zeros(3)
-    exe = SimpleNamespace(cuda_graph=True, _static_in={"x": a, "y": b})
-    assert not copies_before_replay(exe, {"x": a, "y": b})
+    exe = exe_like(True, True, {"x": a, "y": b})
+    assert exe.inputs_bound({"x": a, "y": b}) and not copies_before_replay(exe, {"x": a, "y": b})
     assert copies_before_replay(exe, {"x": a, "y": b.clone()})
-    assert not copies_before_replay(SimpleNamespace(cuda_graph=False, _static_in={}), {"x": a})
+    assert copies_before_replay(exe_like(True, False, {}), {"x": a})  # not captured yet: the capture copies
+    assert not copies_before_replay(exe_like(False, False, {}), {"x": a})
 
 
 class _Ev:

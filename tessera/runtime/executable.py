@@ -256,6 +256,18 @@ class Executable:
             feeds[name] = x.to(TORCH_DTYPES[t.dtype]).contiguous()
         return feeds
 
+    def inputs_bound(self, feeds: Mapping[str, torch.Tensor]) -> bool:
+        """Whether `feeds` are the captured graph's own input buffers (`bind_inputs`), so that
+        `run_static` copies nothing before its replay."""
+        own = getattr(self, "_static_in", None) or {}
+        return self._graph is not None and all(own.get(k) is v for k, v in feeds.items())
+
+    def launch_index_checks(self, feeds: Mapping[str, torch.Tensor]) -> None:
+        """Launch the device-side range check of each index input in `feeds` (what the head of the
+        captured graph runs on every replay; `runtime/index_check.py`)."""
+        for name, n in self._bounds().items():
+            check_in_graph(feeds[name], n, name)
+
     def _bounds(self) -> dict[str, int]:
         """The index inputs and the sizes they gather from."""
         if self._index_bounds is None:  # walks the graph: once, not per call (0.5 ms for GPT-2)
@@ -285,10 +297,11 @@ class Executable:
         """Outputs in the executable's own buffers, overwritten by the next call (for benchmarks).
         Inputs are copied into the captured graph's buffers, unless they are those buffers
         (`bind_inputs`)."""
+        if not self.cuda_graph:
+            with self.precision_flags():
+                return self._launch(feeds)
         if self._graph is None:
             with self.precision_flags():
-                if not self.cuda_graph:
-                    return self._launch(feeds)
                 self._capture(feeds)
         with torch.no_grad():  # a caller's tensor that requires grad must not make ours require it
             for name, x in feeds.items():
@@ -333,8 +346,7 @@ class Executable:
             g = torch.cuda.CUDAGraph()
             with quiet_capture(), torch.cuda.graph(g, pool=pool):
                 if pool is None:  # the first graph checks the index inputs, before any gather
-                    for name, n in self._bounds().items():
-                        check_in_graph(self._static_in[name], n, name)
+                    self.launch_index_checks(self._static_in)
                 self._run_steps(steps, env)
             pool = g.pool()  # one memory pool, replayed in capture order
             g.replay()  # real values for a host step that follows

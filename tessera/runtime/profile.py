@@ -170,10 +170,7 @@ def copies_before_replay(exe: Executable, feeds: Mapping[str, torch.Tensor]) -> 
     feeds are not those buffers. Bound feeds (`bind_inputs`) copy nothing, so the eager sequence must
     not count copies either, or it has more entries than a replay and matching by order fails (every
     suite row of session 31 fell back to matching by name)."""
-    if not exe.cuda_graph:
-        return False
-    bound = getattr(exe, "_static_in", None) or {}
-    return any(bound.get(k) is not v for k, v in feeds.items())
+    return exe.cuda_graph and not exe.inputs_bound(feeds)
 
 
 def _eager_sequence(exe: Executable, feeds: Mapping[str, torch.Tensor]) -> list[tuple[str | None, str]]:
@@ -194,6 +191,8 @@ def _eager_sequence(exe: Executable, feeds: Mapping[str, torch.Tensor]) -> list[
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             with record_function(INPUTS):
                 staged = {k: torch.empty_like(v).copy_(v) for k, v in feeds.items()} if copies else feeds
+                if saved[1]:  # a replay checks the index inputs first, at the head of its graph
+                    exe.launch_index_checks(staged)
             exe.run_static(staged)
             torch.cuda.synchronize()
     finally:
