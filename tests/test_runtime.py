@@ -121,3 +121,21 @@ def test_a_gpu_fault_on_the_first_run_names_its_kernel(monkeypatch):
     monkeypatch.setattr(exe, "run_step", lambda step, env: (_ for _ in ()).throw(ValueError("not a fault")))
     with pytest.raises(ValueError, match="not a fault"):
         exe._run_steps(range(len(exe.steps)), exe._feed_env(feeds), sync_each=True)
+
+
+def test_the_index_check_runs_on_the_cpu_and_its_kernel_in_the_interpreter():
+    # runtime/index_check.py: on a GPU one Triton kernel per index input heads the CUDA graph
+    # (tests/test_runtime_gpu.py checks that a bad id stops the replay); on a CPU tensor it is
+    # torch's assert, which fails at once. The kernel itself runs here in Triton's interpreter,
+    # which drops device asserts, so only its launch is checked.
+    from tessera.codegen.launch import use_interpreter
+    from tessera.runtime.index_check import BLOCK, check_in_graph
+
+    use_interpreter(torch.device("cpu"))  # before the kernel's module imports Triton
+    from tessera.runtime.index_check_kernel import index_in_range
+
+    ids = torch.tensor([[0, 5, -10, 9]])
+    check_in_graph(ids, 10, "x")
+    with pytest.raises(RuntimeError, match="outside"):
+        check_in_graph(torch.tensor([[0, 10]]), 10, "x")
+    index_in_range[(1,)](ids, ids.numel(), 10, BLOCK=BLOCK)

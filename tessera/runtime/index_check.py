@@ -12,19 +12,10 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
-import triton.language as tl
 
 from tessera.ir.indices import assert_in_range_async
 
 BLOCK = 1024
-
-
-@triton.jit(debug=True)  # debug: device_assert is compiled in
-def _index_in_range(x_ptr, numel, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    v = tl.load(x_ptr + offs, mask=offs < numel, other=0)
-    tl.device_assert((v >= -n) & (v < n), "tessera: an index input holds a value outside the dim it gathers from")
 
 
 def check_in_graph(v: torch.Tensor, n: int, name: str) -> None:
@@ -33,6 +24,7 @@ def check_in_graph(v: torch.Tensor, n: int, name: str) -> None:
     if not v.is_cuda or os.environ.get("TRITON_INTERPRET") == "1" or not v.numel():
         assert_in_range_async(v, n, name)
         return
-    x = v if v.is_contiguous() else v.contiguous()
-    _index_in_range[(triton.cdiv(x.numel(), BLOCK),)](x, x.numel(), n, BLOCK=BLOCK)
+    from tessera.runtime.index_check_kernel import index_in_range  # Triton on first use
 
+    x = v if v.is_contiguous() else v.contiguous()
+    index_in_range[((x.numel() + BLOCK - 1) // BLOCK,)](x, x.numel(), n, BLOCK=BLOCK)
