@@ -2,10 +2,11 @@
 
 A gather reads whatever memory lies past its table's end, so every call checks the integer inputs
 that feed gathers against the sizes they index (`ir/indices.py`). Checked per call with torch ops
-(compare, compare, and, all, assert: five launches) that cost about 75 µs of host time on the
-H100 machine's CPU, a fifth of GPT-2's GPU time. One Triton kernel per index input, captured at the
-head of the executable's CUDA graph, checks the graph's own input buffers on every replay, whoever
-wrote them; a value out of range stops the stream with a device-side assert before any gather runs.
+(compare, compare, and, all, assert: five launches), the check cost about 75 µs of host time on
+the H100 machine's CPU (session 32), a quarter of GPT-2's GPU time. One Triton kernel per index
+input, captured at the head of the executable's CUDA graph, checks the graph's own input buffers
+on every replay, whoever wrote them; a value out of range stops the stream with a device-side
+assert before any gather runs.
 """
 from __future__ import annotations
 
