@@ -250,7 +250,7 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
             # schedule that runs; every kernel's backend and schedule, to name what ran.
             "chains": result.chains,
             "rewrites": result.rewrite_search,
-            "plan": _plan_rows(result)}))
+            "plan": _plan_rows(exe)}))
         if run_profile:
             entries[-1].extra["run_profile"] = profile_executable(exe, feeds, reps).to_json()
         checkpoint()
@@ -295,7 +295,7 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
                              "tuning": [c.result.tuning if c.result else "plan cache" for c in compiled],
                              "stages": [getattr(c, "stages", {}) for c in compiled],  # seconds per compile step
                              # each graph's kernels (name, backend, primitives), to set beside the ONNX path's plan
-                             "plan": [_exe_plan_rows(c.exe) if hasattr(c, "exe") else None for c in compiled]}
+                             "plan": [_plan_rows(c.exe) if hasattr(c, "exe") else None for c in compiled]}
                 err, ok = _check(out, ref, out_names, precision)
                 ms = profile_callable(lambda: fn(*call), GPU_REPS, dev, peer).total_us / 1e3 \
                     if timing == "gpu" else median_ms(lambda: fn(*call), dev)
@@ -307,15 +307,9 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
     return _document(name, precision, dev, timing, guards, entries)
 
 
-def _plan_rows(result: CompileResult) -> list[dict[str, Any]]:
-    """Every kernel of a compiled plan: its name, backend, primitive count and schedule."""
-    return [{"name": k.name, "backend": k.backend, "prims": len(k.prims),
-             "schedule": k.triton.schedule.to_json() if k.triton is not None and
-             hasattr(k.triton.schedule, "to_json") else None} for k in result.kernels]
-
-
-def _exe_plan_rows(exe: Executable) -> list[dict[str, Any]]:
-    """An executable's kernels from its plan document (a plan from the plan cache has no CompileResult)."""
+def _plan_rows(exe: Executable) -> list[dict[str, Any]]:
+    """Every kernel of an executable's plan (`plan_document`): name, backend, primitive count and
+    schedule. From the plan, not a CompileResult, since a plan from the plan cache has none."""
     return [{"name": k["name"], "backend": k.get("backend"), "prims": len(k["prims"]),
              "schedule": k.get("schedule")} for k in exe.plan["kernels"]]
 
