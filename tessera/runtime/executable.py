@@ -238,6 +238,11 @@ class Executable:
         """Inputs given by position or by name, checked against the model (names, shapes, kinds,
         the index ranges its gathers imply) and placed on the device in the model's dtypes: what
         `run_static` takes, so a benchmark converts its inputs once, outside the timed calls."""
+        return self._device_inputs(args, kwargs, convert=True)
+
+    def _device_inputs(self, args: Sequence[Any], kwargs: Mapping[str, Any], convert: bool) -> dict[str, torch.Tensor]:
+        """`prepare_inputs`; with `convert` off, each input stays in its own dtype and strides (on
+        the device), for a caller whose copy into the captured graph's buffers converts it."""
         if args and kwargs:
             raise TypeError("pass inputs by position or by name, not both")
         named = dict(zip(self.graph.inputs, args)) if args else dict(kwargs)
@@ -253,7 +258,7 @@ class Executable:
             x = torch.as_tensor(v).to(self.device)
             if tuple(x.shape) != t.shape:
                 raise ShapeError(f"input '{name}' has shape {list(x.shape)}, the model takes {list(t.shape)}")
-            feeds[name] = x.to(TORCH_DTYPES[t.dtype]).contiguous()
+            feeds[name] = x.to(TORCH_DTYPES[t.dtype]).contiguous() if convert else x
         return feeds
 
     def inputs_bound(self, feeds: Mapping[str, torch.Tensor]) -> bool:
@@ -276,7 +281,12 @@ class Executable:
 
     def run(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
         """Outputs by name (fresh tensors), for inputs given by position or by name."""
-        return {t: v.clone() for t, v in self.run_static(self.prepare_inputs(*args, **kwargs)).items()}
+        # Once captured, the copy into the graph's input buffers converts dtype and layout itself:
+        # converting first would launch a second kernel per input on every call (an fp32 image
+        # into an fp16 plan: two launches and a round trip of the image).
+        captured = self.cuda_graph and self._graph is not None
+        feeds = self._device_inputs(args, kwargs, convert=not captured)
+        return {t: v.clone() for t, v in self.run_static(feeds).items()}
 
     def bind_inputs(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The executable's own input buffers, holding `feeds` (from `prepare_inputs`): a caller that
