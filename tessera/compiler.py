@@ -70,7 +70,7 @@ class CompileOptions:
     merge_matmuls: bool = True
     # Primitive-graph rewrites chosen by cost before orchestration (rewrite/search.py): "off" or "on"
     rewrites: str = "off"
-    rewrite_budget_s: float = 60.0  # the search starts no new site after this long
+    rewrite_budget_s: float = 60.0  # the search prices no new window after this long
     gpu: str = "h100"
     precision: str = "fp32"
     # Float inputs and outputs: "model" (the dtypes the model declares) or "precision" (fp16/bf16

@@ -130,6 +130,24 @@ def test_the_budget_stops_the_search():
     assert found.stopped and not found.applied
 
 
+def test_no_window_is_priced_after_the_budget():
+    # A measured window takes seconds, and one site prices several (the window and its best
+    # sequences): the budget is checked before each, so the search overruns by one window at most.
+    import time
+
+    starts: list[float] = []
+
+    def slow(window):
+        starts.append(time.perf_counter())
+        time.sleep(0.1)
+        return 1.0
+
+    t0 = time.perf_counter()
+    found = search(_softmax_then_matmul(), slow, budget_s=0.15)
+    assert found.stopped and len(starts) >= 2
+    assert all(t <= t0 + 0.15 + 0.03 for t in starts)  # one window takes 0.1 s
+
+
 def test_a_window_keeps_the_graph_boundary():
     g = _softmax_then_matmul()
     div = next(n for n in g.nodes if n.op == Prim.DIV.value)

@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="primitive-graph rewrites before orchestration (rewrite/rules/), each kept only where "
                         "the cost model prices its window's plan cheaper (rewrite/search.py)")
     p.add_argument("--rewrite-budget", type=_positive, default=60.0, metavar="S",
-                   help="seconds the rewrite search may start new sites for")
+                   help="seconds the rewrite search may price new windows for")
     p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
     p.add_argument("--time-limit", type=_positive, default=60.0, help="seconds per subgraph solve")
     p.add_argument("--max-states", type=_count(1), default=2000, help="execution states per subgraph")

@@ -11,7 +11,8 @@ the window as it was; a tie goes to the graph with fewer nodes.
 Both windows have the same boundary, since a rewrite keeps the names of the tensors its roots
 wrote, so their costs compare like for like. Windows are evaluated before the layout pass (every
 tensor row-major). Costs are cached by the window's structure, so the twelve layers of a
-transformer cost one evaluation each. The search stops starting sites after `budget_s`.
+transformer cost one evaluation each. After `budget_s` the search prices no new window (one
+may be in flight) and goes on only with sites whose windows are priced already.
 """
 from __future__ import annotations
 
@@ -90,10 +91,16 @@ def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str,
     def priced(fn: Callable[[Graph], float] | None, precise: bool) -> Callable[[Graph], float]:
         """`fn` through the cache; with no `fn` (or the budget spent), only prices already made."""
         def price(window: Graph) -> float:
+            nonlocal spent
             key = (signature(window), precise)
             if key in costs:
                 result.cached += 1
             else:
+                if precise and not spent and time.perf_counter() - start > budget_s:
+                    # Also inside a site: its windows are measured one after another (seconds
+                    # each), so checking between sites alone let a search run a site's worth past
+                    # its budget. Now it overruns by one window at most.
+                    spent, result.stopped = True, f"the {budget_s:.0f} s budget was spent"
                 if spent or fn is None:
                     raise _Unpriced
                 costs[key] = fn(window)
