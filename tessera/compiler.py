@@ -193,13 +193,15 @@ def compile_model(source: Any, options: CompileOptions | None = None,
         done("rewrites")
         graph = convert_precision(graph, opt.precision, opt.io)
         done("precision")
-        result = _plan(loaded, fis, graph, opt, cost_kind, dev, db, profiler, timings, done, progress, tune_progress)
+        shared = PlanCaches()
+        result = _plan(loaded, fis, graph, opt, cost_kind, dev, db, profiler, timings, done, progress, tune_progress,
+                       shared)
         if found is not None and found.applied and measured:
             # The search priced windows before post-solve schedule tuning, which can favour the graph
             # without the rewrites (segformer's attention chain, session 32: 10.0 -> 4.7 µs tuned
             # without them, 7.3 -> 7.0 with): the rewrites stay only if the whole tuned plan is cheaper.
             base = _plan(loaded, fis, convert_precision(unsearched, opt.precision, opt.io), opt, cost_kind, dev, db,
-                         profiler, timings, done, progress, tune_progress)
+                         profiler, timings, done, progress, tune_progress, shared)
             found.plan_s = (plan_seconds(result), plan_seconds(base))
             found.kept = found.plan_s[0] < found.plan_s[1] * (1 - GAIN)
             logger.info("rewrites: the tuned plan %s %.1f us with them, %.1f us without",
@@ -216,6 +218,16 @@ def compile_model(source: Any, options: CompileOptions | None = None,
             getattr(profiler, "close", lambda: None)()
         if db is not None:
             db.close()
+
+
+@dataclass
+class PlanCaches:
+    """Kernel-signature caches that outlive one plan: legality verdicts (`TritonLegality.shared`)
+    and generated kernels' first-ranked schedules (`MeasuredCost`). Both depend on the kernel
+    alone, so a compile's second plan (the rewrite guard's) looks up what the first worked out."""
+
+    verdicts: dict[str, str | None] = field(default_factory=dict)
+    ranked: dict[str, Any] = field(default_factory=dict)
 
 
 def plan_seconds(result: CompileResult) -> float:
@@ -282,8 +294,11 @@ def new_profiler(opt: CompileOptions) -> Profiler:
 def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOptions, cost_kind: str, dev: Device,
           db: TuningDB | None, profiler: Profiler | None, timings: dict[str, float],
           done: Callable[[str], None], progress: Callable[[int, int], None] | None,
-          tune_progress: Callable[[int, int], None] | None) -> CompileResult:
-    """The passes from `layout` on (the driver owns the tuning database and profiler)."""
+          tune_progress: Callable[[int, int], None] | None, shared: PlanCaches | None = None) -> CompileResult:
+    """The passes from `layout` on (the driver owns the tuning database and profiler). `shared`:
+    what one plan works out by kernel signature and the next may reuse (the rewrite guard's plan
+    without the rewrites repeats most of the first one's kernels)."""
+    shared = shared or PlanCaches()
     if db is not None and profiler is not None:
         pricer: Any = MeasuredLayoutPrice(dev, opt.precision, db, profiler, torch.cuda.get_device_name(),
                                           software_versions(), tune_progress, templates=opt.templates == "auto")
@@ -304,7 +319,8 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
     done("ograph")
     chains = chains_enabled(opt, cost_kind)
     if db is not None and profiler is not None:
-        cost: Any = measured_cost(og, opt, tune_progress, AnalyticalCost(og, dev, opt.precision), dev, db, profiler)
+        cost: Any = measured_cost(og, opt, tune_progress, AnalyticalCost(og, dev, opt.precision), dev, db, profiler,
+                                  shared.ranked)
         device_name = torch.cuda.get_device_name()
         if chains:  # the chain model refitted to the chains this GPU has measured, if enough
             fitted = calibrate_from_db(db_samples(db.chain_samples(device_name)), dev)
@@ -316,7 +332,7 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
     tuning: dict[str, Any] = {}
     tuned: dict[str, AnySchedule] = {}
     tuned_s: dict[str, float] = {}
-    rules, legality = kernel_rules(opt, chains, cost, {})  # by signature: a transformer's layers share verdicts
+    rules, legality = kernel_rules(opt, chains, cost, shared.verdicts)  # by signature: a transformer's layers share verdicts
     plan = orchestrate(og, cost, strategy=opt.strategy,
                        rules=rules, legality=legality, solver=opt.solver, time_limit=opt.time_limit, max_states=opt.max_states,
                        model=loaded.label, device=device_name, precision=opt.precision, cost_model=cost_kind,
@@ -361,7 +377,8 @@ BOUND_FACTOR = 0.6
 
 
 def measured_cost(og: OGraph, opt: CompileOptions, progress: Callable[[int, int], None] | None,
-                  analytical: AnalyticalCost, gpu: Device, db: TuningDB, profiler: Profiler) -> MeasuredCost:
+                  analytical: AnalyticalCost, gpu: Device, db: TuningDB, profiler: Profiler,
+                  ranked: dict[str, Any] | None = None) -> MeasuredCost:
     """Costs from the tuning database, measuring on this machine's GPUs what it lacks.
 
     `opt.tune == "all"` (the default) measures every candidate; "lazy" measures only what the
@@ -372,7 +389,7 @@ def measured_cost(og: OGraph, opt: CompileOptions, progress: Callable[[int, int]
     """
     bound = (lambda c: BOUND_FACTOR * analytical(c)) if opt.tune == "lazy" else None
     return MeasuredCost(og, db, profiler, torch.cuda.get_device_name(), software_versions(),
-                        progress, bound, opt.precision, gpu, templates=opt.templates == "auto")
+                        progress, bound, opt.precision, gpu, templates=opt.templates == "auto", ranked=ranked)
 
 
 def forced_templates(graph: Graph, plan: Plan, precision: str, dev: Device) -> dict[str, AnySchedule]:

@@ -106,6 +106,28 @@ def test_second_compile_measures_nothing(tmp_path):
         assert prof.calls == 2 * first
 
 
+def test_a_plans_ranked_schedules_serve_the_next_plan(tmp_path, monkeypatch):
+    # A generated kernel's first-ranked schedule is worked out once per signature (the layers of
+    # a transformer share it), and a second plan given the first's dict works out none (the rewrite
+    # guard's plan without the rewrites): same jobs, same plan.
+    og = _og("bert_tiny.onnx")
+    calls = []
+    real = MeasuredCost._best_ranked
+    monkeypatch.setattr(MeasuredCost, "_best_ranked", lambda self, *a: calls.append(1) or real(self, *a))
+    ranked: dict = {}
+    with TuningDB(tmp_path / "t.db") as db:
+        prof = FakeProfiler()
+        first = MeasuredCost(og, db, prof, "fake", "v1", ranked=ranked)
+        plan1 = orchestrate(og, first, legality=TritonLegality())
+        made = len(calls)
+        assert 0 < made == len(ranked) < len({k: j.key for k, j in first._jobs.items()})
+        second = MeasuredCost(og, db, prof, "fake", "v1", ranked=ranked)
+        plan2 = orchestrate(og, second, legality=TritonLegality())
+        assert len(calls) == made
+        assert {k: j.key for k, j in first._jobs.items()} == {k: j.key for k, j in second._jobs.items()}
+        assert [k.prims for k in plan1.kernels] == [k.prims for k in plan2.kernels]
+
+
 def test_a_failed_candidate_is_never_chosen(tmp_path):
     og = _og("attn_s7.onnx")
     with TuningDB(tmp_path / "t.db") as db:

@@ -169,7 +169,8 @@ class MeasuredCost:
     def __init__(self, og: OGraph, db: TuningDB, profiler: Profiler, device: str, versions: str,
                  progress: Callable[[int, int], None] | None = None,
                  bound: Callable[[Candidate], float] | None = None, precision: str = "fp32",
-                 gpu: Device | None = None, templates: bool = False, share_variants: bool = True) -> None:
+                 gpu: Device | None = None, templates: bool = False, share_variants: bool = True,
+                 ranked: dict[str, Schedule | None] | None = None) -> None:
         self.og, self.db, self.profiler = og, db, profiler
         self.templates = templates
         self.precision = precision
@@ -181,6 +182,9 @@ class MeasuredCost:
         self.progress = progress
         self._cache: dict[tuple[int, int], float] = {}
         self._jobs: dict[tuple[int, int], Job] = {}  # signatures are computed once per candidate
+        # A generated kernel's first-ranked schedule by signature: a transformer's layers share it,
+        # and so do the plans of one compile (`ranked`: the caller's, kept across them).
+        self._ranked: dict[str, Schedule | None] = {} if ranked is None else ranked
         self._tjobs: dict[tuple[int, int], list[Job]] = {}  # the template lane, where there is one
         self._tspace: dict[str, list[TemplateSchedule]] = {}  # by signature: identical layers generate once
         # template core (its linear nodes: one matmul, or a chain's two) -> its first candidate's signature and schedules
@@ -201,7 +205,9 @@ class MeasuredCost:
         pro = prologue_of(self.og, prims)
         outs = [o for v in bits(c.outputs) for o in self.og.nodes[v].outputs if o]
         sig = kernel_signature(self.og.graph, prims, pro, outs, math_mode(prims, self.precision))
-        sched = self._best_ranked(prims, pro, outs)
+        if sig not in self._ranked:
+            self._ranked[sig] = self._best_ranked(prims, pro, outs)
+        sched = self._ranked[sig]
         # The space's first schedule keeps the key "default" (rows measured before ranking stay valid).
         key = "default" if sched is None else _schedule_key(sched)
         return Job(Key(self.device, self.versions, sig, key), self.og.graph, tuple(prims), tuple(pro),
