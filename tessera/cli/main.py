@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rewrites", choices=["off", "on"], default="off",
                    help="primitive-graph rewrites before orchestration (rewrite/rules/), each kept only where "
                         "the cost model prices its window's plan cheaper (rewrite/search.py)")
-    p.add_argument("--rewrite-budget", type=_positive, default=60.0, metavar="S",
+    p.add_argument("--rewrite-budget", type=_positive, default=30.0, metavar="S",
                    help="seconds the rewrite search may price new windows for")
     p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
     p.add_argument("--time-limit", type=_positive, default=60.0, help="seconds per subgraph solve")
