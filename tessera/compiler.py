@@ -202,12 +202,15 @@ def compile_model(source: Any, options: CompileOptions | None = None,
             # The search priced windows before post-solve schedule tuning, which can favour the graph
             # without the rewrites (segformer's attention chain, session 32: 10.0 -> 4.7 µs tuned
             # without them, 7.3 -> 7.0 with): the rewrites stay only if the whole tuned plan is cheaper.
+            t0 = time.perf_counter()
             base = _plan(loaded, fis, convert_precision(unsearched, opt.precision, opt.io), opt, cost_kind, dev, db,
                          profiler, timings, done, progress, tune_progress, shared)
+            found.guard_s = time.perf_counter() - t0
             found.plan_s = (plan_seconds(result), plan_seconds(base))
             found.kept = found.plan_s[0] < found.plan_s[1] * (1 - GAIN)
-            logger.info("rewrites: the tuned plan %s %.1f us with them, %.1f us without",
-                        "keeps them:" if found.kept else "drops them:", found.plan_s[0] * 1e6, found.plan_s[1] * 1e6)
+            logger.info("rewrites: the tuned plan %s %.1f us with them, %.1f us without (planned again in %.1f s)",
+                        "keeps them:" if found.kept else "drops them:", found.plan_s[0] * 1e6, found.plan_s[1] * 1e6,
+                        found.guard_s)
             if not found.kept:
                 result, rewrites = base, kept_before
         result.rewrites = rewrites

@@ -329,6 +329,7 @@ def test_a_measured_compile_keeps_rewrites_only_if_the_whole_tuned_plan_is_cheap
     assert search["applied"] and len(priced) == 2 and all(p > 0 for p in priced)
     keep = with_s < without_s * (1 - GAIN)
     assert search["kept"] is keep and search["plan_us"] == [round(with_s * 1e6, 2), round(without_s * 1e6, 2)]
+    assert search["guard_s"] > 0  # the second plan's wall time: with the search's, what the rewrites cost
     steps = [r for r in result.rewrites if isinstance(r, dict)]
     assert (steps == search["applied"]) if keep else steps == []
     write_artifacts(result, tmp_path / "art")

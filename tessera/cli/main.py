@@ -493,7 +493,8 @@ def _print_compile(result: Any) -> None:
         if r.get("plan_us"):
             with_us, without_us = r["plan_us"]
             print(f"  rewrites {'applied' if r.get('kept', True) else 'dropped'}: the tuned plan takes "
-                  f"{with_us:.1f} us with them, {without_us:.1f} us without")
+                  f"{with_us:.1f} us with them, {without_us:.1f} us without (planned again in "
+                  f"{r.get('guard_s', 0.0):.1f} s)")
     if result.layouts is not None and result.layouts.regions:
         lay = result.layouts.summary()
         print(f"  layout: {lay['convs_channels_last']} of {lay['convs']} convolutions channels-last "

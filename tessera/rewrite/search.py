@@ -63,11 +63,12 @@ class SearchResult:
     # whether they were kept (`compiler.compile_model`); None where no such comparison ran.
     plan_s: tuple[float, float] | None = None
     kept: bool = True
+    guard_s: float = 0.0  # wall seconds of that second plan (with `seconds`: what the rewrites add to a compile)
 
     def summary(self) -> dict:
         return {"applied": [a.to_json() for a in self.applied], "sites": self.sites, "evaluated": self.evaluated,
                 "cached": self.cached, "seconds": round(self.seconds, 2), "ordering_s": round(self.ordering_s, 2),
-                "stopped": self.stopped, "kept": self.kept,
+                "stopped": self.stopped, "kept": self.kept, "guard_s": round(self.guard_s, 2),
                 "plan_us": None if self.plan_s is None else [round(x * 1e6, 2) for x in self.plan_s]}
 
 
