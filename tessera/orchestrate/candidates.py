@@ -38,7 +38,7 @@ from itertools import combinations
 from typing import Protocol
 
 from tessera.ir.graph import Node
-from tessera.ir.prims import Category, Prim
+from tessera.ir.prims import CATEGORY_OF, Category, Prim
 from tessera.orchestrate.graphview import OGraph, bits
 
 
@@ -52,7 +52,7 @@ _POINTWISE = {Prim.RESHAPE.value, Prim.BROADCAST.value}  # layout primitives tha
 
 def _pointwise(op: str) -> bool:
     """Element by element: an elementwise primitive, or a reshape or broadcast."""
-    return Prim(op).category is Category.ELEMENTWISE or op in _POINTWISE
+    return CATEGORY_OF[op] is Category.ELEMENTWISE or op in _POINTWISE
 
 
 def transposes_matrix(node: Node) -> bool:
@@ -136,7 +136,7 @@ class StructuralLegality:
         windows = sum(1 for i in bits(mask) if og.nodes[i].op == Prim.WINDOW_REDUCE.value)
         if len(loops) > 1 or windows > 1 or (windows and loops):
             return "reductions over different shapes or axes need separate loops"
-        linear = [i for i in bits(mask) if Prim(og.nodes[i].op).category is Category.LINEAR]
+        linear = [i for i in bits(mask) if CATEGORY_OF[og.nodes[i].op] is Category.LINEAR]
         if not linear:
             return None
         if len(linear) == 2 and self.chains:
@@ -290,7 +290,7 @@ def enumerate_candidates(og: OGraph, members: int, rules: CandidateRules,
     """Every legal candidate kernel inside subgraph `members`, with its output variants."""
     linear = opaque = 0
     for i in bits(members):
-        cat = Prim(og.nodes[i].op).category
+        cat = CATEGORY_OF[og.nodes[i].op]
         if cat is Category.LINEAR:
             linear |= 1 << i
         elif cat is Category.OPAQUE:
