@@ -15,7 +15,8 @@ in any call, such as max-autotune on a model with a hundred convolutions, then f
 row). bench_suite.py has by then saved the contenders that finished (`"partial": true`). With
 --cold-caches each row gets empty caches of its own (tessera's kernels, Triton's binaries, Inductor's
 artifacts), removed when it ends, so a row's compile times are cold even on a machine warm from
-earlier rows or calls. Each row writes under OUT/MODEL_PREC/ (its JSON, tuning
+earlier rows or calls. With --only, a run starts rows on the GPUs it names alone, so two runs with other suite
+arguments (issue 16's rows beside issue 17's) can share a machine. Each row writes under OUT/MODEL_PREC/ (its JSON, tuning
 rows and log); the last lines printed say which rows finished, which were cut off and which never
 started.
 """
@@ -91,13 +92,18 @@ def main() -> int:
     ap.add_argument("--cold-caches", action="store_true",
                     help="give each row empty kernel caches of its own (cold compile times on a warm machine)")
     ap.add_argument("--gpus", type=int, default=0, help="GPUs to use (default: all that nvidia-smi lists)")
+    ap.add_argument("--only", default="", help="of those GPUs, the indices this run may start rows on (e.g. 1), "
+                    "so two runs with different suite arguments share one machine; each row still gets its "
+                    "GPU's share of the cores")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--suite", type=Path, default=SUITE, help=argparse.SUPPRESS)  # tests run a stand-in
     a = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     start = time.monotonic()
     queue = parse_rows(a.rows, a.default_s)
     n_gpus = a.gpus or gpu_count()
-    free = list(range(n_gpus))
+    free = [int(g) for g in a.only.split(",")] if a.only else list(range(n_gpus))
+    if any(not 0 <= g < n_gpus for g in free):
+        raise SystemExit(f"bench_gpus: --only {a.only} names a GPU outside 0..{n_gpus - 1}")
     running: dict[int, tuple[subprocess.Popen, str, object, float, str]] = {}  # gpu -> (proc, row, log, stop at, caches)
     status: dict[str, str] = {f"{m}_{p}": "not started" for m, p, _ in queue}
     while queue or running:

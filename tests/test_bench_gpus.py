@@ -76,3 +76,17 @@ def test_cold_caches_are_per_row_and_removed_after(tmp_path: Path) -> None:
     a, b = ((out / r / "caches.txt").read_text().split() for r in ("a_s0_fp16", "b_s0_tf32"))
     assert "-" not in a + b and len(set(a)) == 3 and not set(a) & set(b)  # three caches each, none shared
     assert not any(Path(p).parent.exists() for p in a + b)  # removed when the row ended
+
+
+def test_only_keeps_a_run_to_the_gpus_it_names(tmp_path: Path) -> None:
+    # Two GPUs, this run may use GPU 1 alone: both rows run there, one after the other, on GPU 1's
+    # share of the cores (the other run on GPU 0 has the other share).
+    out, tail = run_rows(tmp_path, "a_s0:fp16=5,b_s0:tf32=5", 20, 2, "--only", "1")
+    assert "a_s0_fp16: exit 0" in tail and "b_s0_tf32: exit 0" in tail
+    for row in ("a_s0_fp16", "b_s0_tf32"):
+        assert (out / row / "gpu.txt").read_text().split()[0] == "1"
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_gpus import share
+
+    assert set((out / "a_s0_fp16" / "cores.txt").read_text().split()) == {str(c) for c in share(1, 2)} or not share(1, 2)
+
