@@ -20,17 +20,24 @@ from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import Category, Prim
 
 
-@lru_cache(maxsize=1 << 16)
 def bits(mask: int) -> tuple[int, ...]:
-    """The indices of the set bits of `mask`, ascending. Cached: enumeration and costing ask for
-    the members of the same candidates again and again (2.3 million calls while planning GPT-2,
-    each walking a 1500-bit int), and a tuple cannot be changed by a caller."""
+    """The indices of the set bits of `mask`, ascending. A candidate-sized set is cached:
+    enumeration and costing ask for the members of the same candidates again and again (2.3 million
+    calls while planning GPT-2, each walking a 1500-bit int); a tuple cannot be changed by a caller.
+    Large sets (a subgraph's members) are not kept, so the cache stays small."""
+    return _few_bits(mask) if mask.bit_count() <= 64 else _bits(mask)
+
+
+def _bits(mask: int) -> tuple[int, ...]:
     out = []
     while mask:
         low = mask & -mask
         out.append(low.bit_length() - 1)
         mask ^= low
     return tuple(out)
+
+
+_few_bits = lru_cache(maxsize=1 << 16)(_bits)
 
 
 @dataclass
