@@ -551,3 +551,36 @@ def test_write_variants_of_a_linear_kernel_are_measured_each():
     mask = (1 << mm) | (1 << relu)
     cost = MeasuredCost(og, None, None, "fake", "v1")
     assert cost._variant(Candidate(mask, 1 << relu, og.inputs_of(mask))) is None
+
+
+def test_a_library_gemm_tries_the_head_of_each_tile_shape_after_the_solve(tmp_path):
+    # BERT's MLP down projection (session 33): the library won the solve, and post-solve tuning
+    # stopped its template lane after two tile shapes, so the fourth shape's head, the fastest, was
+    # never timed. The first round now measures the head of each of the first GEMM_FAMILIES shapes.
+    from tessera.cost.devices import DEVICES
+    from tessera.cost.measured import _schedule_key, template_space, tune_schedules
+    from tessera.cost.schedule_model import GEMM_FAMILIES
+
+    m = graph_model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                    {"x": rand(128, 384, seed=1), "w": Const(rand(384, 192, seed=2))}, ["y"], opset=13)
+    g = fission(load(m).graph).graph
+    mm = next(n for n in g.nodes if n.op == "matmul")
+    spec = ("k0_matmul", [mm], [], [mm.outputs[0]])
+    ranked = template_space(g, [mm], [], [mm.outputs[0]], "fp32", DEVICES["h100"])
+    heads = list(dict.fromkeys((s.block_m, s.block_n) for s in ranked))[:GEMM_FAMILIES]
+    assert len(heads) == GEMM_FAMILIES
+    winner = _schedule_key(next(s for s in ranked if (s.block_m, s.block_n) == heads[-1]))
+
+    class Prof:
+        keys: list[str] = []
+
+        def measure(self, jobs, record):
+            for i, j in enumerate(jobs):
+                self.keys.append(j.key.schedule)
+                record(i, 7e-6 if j.key.schedule == "default" else 6e-6 if j.key.schedule == winner else 1e-5, "")
+
+    with TuningDB(tmp_path / "t.db") as db:
+        prof = Prof()
+        best = tune_schedules(g, [spec], db, prof, "fake", "v1")
+    assert winner in prof.keys
+    assert _schedule_key(best["k0_matmul"][0]) == winner and best["k0_matmul"][1] == 6e-6
