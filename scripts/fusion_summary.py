@@ -22,19 +22,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_suite import tessera_entry  # noqa: E402 - the suite's choice of tessera's main entry
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tessera.ir.prims import Prim  # noqa: E402
+
 LINEAR_OPS = ("matmul", "conv")  # conv_transpose starts with conv too
+PRIMS = {p.value for p in Prim}
 
 
 def _ops(name: str) -> list[str]:
-    """A plan kernel's primitives from its name (`k12_transpose_matmul_add` -> transpose, matmul, add)."""
-    ops = name.split("_")[1:]
-    joined: list[str] = []
-    for op in ops:  # two-word primitives: reduce_sum, window_reduce, conv_transpose
-        if joined and (joined[-1] in ("reduce", "window") or (joined[-1] == "conv" and op == "transpose")):
-            joined[-1] += "_" + op
-        else:
-            joined.append(op)
-    return joined
+    """A plan kernel's primitives from its name (`k12_transpose_matmul_add` -> transpose, matmul, add);
+    a primitive whose name holds an underscore (reduce_sum, gather_elements) stays whole."""
+    words, ops = name.split("_")[1:], []
+    while words:
+        two = "_".join(words[:2])
+        take = 2 if len(words) > 1 and two in PRIMS else 1
+        ops.append("_".join(words[:take]))
+        words = words[take:]
+    return ops
 
 
 def around(name: str) -> tuple[bool, bool]:

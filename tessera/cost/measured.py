@@ -481,10 +481,9 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
             n_first, n_most = (CHAIN_FIRST, CHAIN_MOST) if chain else (first, most)
             if isinstance(tpl[0], GemmSchedule):
                 # The model ranks tile shapes apart poorly, so the head of each of its first
-                # GEMM_FAMILIES shapes is measured, as before the solve. Before the solve only a
-                # core's first candidate gets its own heads: BERT's MLP down projection was timed at
-                # the schedule of its GELU-prologue twin (10.6 µs), kept cuBLAS (7.1), and the lane
-                # stopped before its fourth head, the probe's winner (6.5 µs, session 21).
+                # GEMM_FAMILIES shapes is measured, as before the solve (where only the candidate
+                # that claims a core gets its own): BERT's MLP-down lane stopped before its fourth
+                # head, the session-21 probe's winner.
                 n_first, n_most = max(first, GEMM_FAMILIES), max(most, GEMM_FAMILIES + 1)
             lanes[(name, "template")], firsts[(name, "template")] = [job(s) for s in tpl[:n_most]], n_first
             if chain:

@@ -58,6 +58,14 @@ def _weights(g: Graph, layer: Node, bias_at: int) -> tuple[np.ndarray, np.ndarra
     return w, b
 
 
+def _bias(g: Graph, name: str, value: np.ndarray, had_bias: bool) -> tuple[str, ...]:
+    """The folded layer's bias input: none where the layer had none and the fold's is all zeros (an
+    untrained network's statistics: mean 0, shift 0), as the exporters leave it. An add of zeros in
+    every kernel's epilogue is work for nothing, and it made the PyTorch frontend's ResNet-50 plan
+    differ from the ONNX export's (issue 16)."""
+    return (_add_constant(g, name, value),) if had_bias or value.any() else ()
+
+
 def _fold_conv(g: Graph, conv: Node, bn: Node) -> Node | None:
     """The Conv that computes BN(conv(...)), or None where it does not apply."""
     found = _weights(g, conv, 2)
@@ -72,12 +80,7 @@ def _fold_conv(g: Graph, conv: Node, bn: Node) -> Node | None:
     w_new = (w.astype(np.float64) * a.reshape((c,) + (1,) * (w.ndim - 1))).astype(w.dtype)
     b_old = np.zeros(c) if b is None else b.astype(np.float64).reshape(c)
     wt = _add_constant(g, f"{conv.inputs[1]}_bn", w_new)
-    b_new = (b_old * a + shift).astype(w.dtype)
-    # A bias of zeros (an untrained network's statistics: mean 0, shift 0) stays off, as the
-    # exporters leave it: an add of zeros in every convolution's epilogue is work for nothing, and
-    # it made the PyTorch frontend's ResNet-50 plan differ from the ONNX export's (issue 16).
-    ins = (conv.inputs[0], wt) if b is None and not b_new.any() else \
-        (conv.inputs[0], wt, _add_constant(g, f"{conv.name}_bn_bias", b_new))
+    ins = (conv.inputs[0], wt) + _bias(g, f"{conv.name}_bn_bias", (b_old * a + shift).astype(w.dtype), b is not None)
     return Node(conv.name, conv.op, ins, (bn.outputs[0],), dict(conv.attrs), conv.domain,
                 tuple(conv.source) + tuple(bn.source or (bn.name,)))
 
@@ -100,9 +103,8 @@ def _fold_linear(g: Graph, lin: Node, bn: Node) -> Node | None:
     beta = float(attrs.get("beta", 1.0))
     c_old = np.zeros(c) if bias is None else np.broadcast_to(bias.astype(np.float64), np.broadcast_shapes(bias.shape, (c,)))
     wt = _add_constant(g, f"{lin.inputs[1]}_bn", w_new)
-    c_new = (beta * c_old * a + shift).astype(w.dtype)
-    ins = (lin.inputs[0], wt) if bias is None and not c_new.any() else \
-        (lin.inputs[0], wt, _add_constant(g, f"{lin.name}_bn_bias", c_new))  # zeros: as for a convolution
+    ins = (lin.inputs[0], wt) + _bias(g, f"{lin.name}_bn_bias", (beta * c_old * a + shift).astype(w.dtype),
+                                      bias is not None)
     return Node(lin.name, "Gemm", ins, (bn.outputs[0],), {**attrs, "beta": 1.0}, "",
                 tuple(lin.source) + tuple(bn.source or (bn.name,)))
 

@@ -107,7 +107,7 @@ class Prim(str, enum.Enum):
 
     @property
     def category(self) -> Category:
-        return _CATEGORY[self]
+        return CATEGORY_OF[self.value]
 
 
 UNARY = frozenset({
@@ -121,22 +121,20 @@ BINARY = frozenset({
 COMPARISONS = frozenset({Prim.EQUAL, Prim.GREATER, Prim.LESS, Prim.ISNAN})
 REDUCTIONS = frozenset({Prim.REDUCE_SUM, Prim.REDUCE_MAX, Prim.REDUCE_MIN})
 
-_CATEGORY: dict[Prim, Category] = {}
+# Each primitive's category by op name: `Prim(op)` builds an enum member each call, and candidate
+# enumeration asks about the same few names millions of times (planning GPT-2: 1.9 million lookups).
+CATEGORY_OF: dict[str, Category] = {}
 for _p in Prim:
     if _p in UNARY or _p in BINARY or _p in (Prim.FILL, Prim.WHERE):
-        _CATEGORY[_p] = Category.ELEMENTWISE
+        CATEGORY_OF[_p.value] = Category.ELEMENTWISE
     elif _p in REDUCTIONS or _p in (Prim.BROADCAST, Prim.WINDOW_REDUCE):
-        _CATEGORY[_p] = Category.REDUCE
+        CATEGORY_OF[_p.value] = Category.REDUCE
     elif _p in (Prim.MATMUL, Prim.CONV, Prim.CONV_TRANSPOSE):
-        _CATEGORY[_p] = Category.LINEAR
+        CATEGORY_OF[_p.value] = Category.LINEAR
     elif _p is Prim.OPAQUE:
-        _CATEGORY[_p] = Category.OPAQUE
+        CATEGORY_OF[_p.value] = Category.OPAQUE
     else:
-        _CATEGORY[_p] = Category.LAYOUT
-
-# By op name too: `Prim(op)` builds an enum member each call, and candidate enumeration asks about
-# the same few names millions of times (planning GPT-2: 1.9 million lookups).
-CATEGORY_OF: dict[str, Category] = {p.value: c for p, c in _CATEGORY.items()}
+        CATEGORY_OF[_p.value] = Category.LAYOUT
 
 
 # Primitives whose output holds some of their first input's values unchanged (a view of rounded
