@@ -33,6 +33,23 @@ def test_graph_replay_matches_eager_launches_and_onnxruntime(name):
     assert replay._graph is not None
 
 
+def test_a_replay_converts_its_inputs_in_the_one_copy_into_the_graph():
+    # fp16 inputs in the plan (io="precision"), fp32 tensors from the caller: once captured, `run`
+    # copies each input straight into the graph's fp16 buffer (one conversion kernel), and must give
+    # what converting first gives, bit for bit, for a strided input too.
+    opts = tessera.CompileOptions(solver="highs", cost="analytical", precision="fp16", io="precision")
+    exe = tessera.compile(MODELS / "candy_small.onnx", opts, device="cuda")
+    model = load(MODELS / "candy_small.onnx")
+    name = model.graph.inputs[0]
+    for seed in (1, 2, 3):  # the first call captures, the others take the one-copy path
+        x = torch.from_numpy(random_inputs(model.graph, seed)[name]).cuda()
+        strided = x.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, other strides
+        got = exe.run(strided)[exe.output_names[0]]
+        want = exe.run_static(exe.prepare_inputs(x.half()))[exe.output_names[0]]
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    assert exe._graph is not None
+
+
 _OUT_OF_RANGE = """
 import sys, torch, tessera
 from opcheck import models_dir
@@ -67,20 +84,3 @@ def test_an_index_out_of_range_stops_the_replay(bad, tmp_path):
     assert "device-side assert" in r.stderr or "outside the dim it gathers from" in r.stderr, r.stderr[-2000:]
     ok = subprocess.run([sys.executable, str(script), "999"], capture_output=True, text=True, env=env, timeout=600)
     assert ok.returncode == 0 and "REPLAYED" in ok.stdout, ok.stderr[-2000:]
-
-
-def test_a_replay_converts_its_inputs_in_the_one_copy_into_the_graph():
-    # fp16 inputs in the plan (io="precision"), fp32 tensors from the caller: once captured, `run`
-    # copies each input straight into the graph's fp16 buffer (one conversion kernel), and must give
-    # what converting first gives, bit for bit, for a strided input too.
-    opts = tessera.CompileOptions(solver="highs", cost="analytical", precision="fp16", io="precision")
-    exe = tessera.compile(MODELS / "candy_small.onnx", opts, device="cuda")
-    model = load(MODELS / "candy_small.onnx")
-    name = model.graph.inputs[0]
-    for seed in (1, 2, 3):  # the first call captures, the others take the one-copy path
-        x = torch.from_numpy(random_inputs(model.graph, seed)[name]).cuda()
-        strided = x.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, other strides
-        got = exe.run(strided)[exe.output_names[0]]
-        want = exe.run_static(exe.prepare_inputs(x.half()))[exe.output_names[0]]
-        assert got.dtype == want.dtype and torch.equal(got, want)
-    assert exe._graph is not None
