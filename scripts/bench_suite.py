@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -70,6 +71,31 @@ def table(files: list[Path]) -> str:
     return "\n".join(out)
 
 
+def targets(files: list[Path]) -> str:
+    """Issue 14's suite targets over the rows in `files`: rows ahead of the best peer, the geomean
+    of tessera / best peer, and max-autotune beaten where it finished."""
+    docs = [json.loads(f.read_text()) for f in files]
+    ratios, failed, autotune = [], [], []
+    for d in docs:
+        opt, by = tessera_entry(d), {e["name"]: e for e in d["entries"]}
+        row = f"{d['model']} {d['precision']}"
+        if opt is None or not opt.get("vs_best_peer"):
+            continue
+        ratios.append(opt["vs_best_peer"])
+        if not opt["passed"]:
+            failed.append(row)
+        if "inductor-max-autotune" in by:
+            autotune.append(opt["ms"] < by["inductor-max-autotune"]["ms"])
+    if not ratios:
+        return "no row has a tessera entry timed against a peer"
+    geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    return "\n".join([
+        f"- rows: {len(ratios)}; tessera ahead of the best peer in {sum(r < 1 for r in ratios)} of them",
+        f"- geomean tessera / best peer: {geo:.3f} ({1 / geo:.2f}x faster)",
+        f"- max-autotune finished in {len(autotune)} rows; tessera faster in {sum(autotune)}",
+        f"- tessera failed its check in: {', '.join(failed) or 'none'}"])
+
+
 def _kind_values(p: dict) -> list[float]:
     return [*p["by_kind"].values(), p["total_us"], p["wall_us"], p["misaligned_gemm_us"]]
 
@@ -101,6 +127,7 @@ def main() -> int:
     if sys.argv[1:2] == ["--table"]:
         files = [Path(a) for a in sys.argv[2:] if a != "--kinds"]
         print(table(files))
+        print("\n" + targets(files))
         if "--kinds" in sys.argv[2:]:
             print("\n" + kinds_table(files))
         return 0

@@ -144,6 +144,30 @@ def test_bench_profile_adds_run_profiles_and_the_kinds_table(tmp_path, capsys):
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert "by kernel kind" in r.stdout and "| mlp_tiny | fp32 |" in r.stdout.split("by kernel kind")[1]
+    assert "- rows: 1; tessera ahead of the best peer in" in r.stdout and "geomean tessera / best peer" in r.stdout
+
+
+def test_suite_targets_take_the_geomean_and_count_max_autotune(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_suite", Path(__file__).resolve().parents[1] / "scripts" / "bench_suite.py")
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+
+    def row(model, ratio, ms, autotune_ms=None, passed=True):
+        entries = [{"name": "tessera-optimal-precisionio", "ms": ms, "passed": passed, "vs_best_peer": ratio}]
+        if autotune_ms is not None:
+            entries.append({"name": "inductor-max-autotune", "ms": autotune_ms, "passed": True})
+        f = tmp_path / f"bench_{model}.json"
+        f.write_text(json.dumps({"model": model, "precision": "fp16", "entries": entries}))
+        return f
+
+    files = [row("a", 0.5, 1.0, autotune_ms=2.0), row("b", 2.0, 4.0, autotune_ms=3.0, passed=False), row("c", 0.25, 1.0)]
+    text = suite.targets(files)
+    assert "- rows: 3; tessera ahead of the best peer in 2 of them" in text
+    assert "geomean tessera / best peer: 0.630 (1.59x faster)" in text  # (0.5 * 2 * 0.25) ** (1/3)
+    assert "max-autotune finished in 2 rows; tessera faster in 1" in text
+    assert "failed its check in: b fp16" in text
 
 
 @pytest.mark.gpu
