@@ -1,7 +1,7 @@
 """Replay a measured compile on a CPU from tuning rows the GPU machine returned.
 
     python scripts/replay_compile.py MODEL.onnx ROWS.jsonl[.gz] --device "NVIDIA H200" --precision tf32 \
-        [--grep matmul_reshape_mul] [--no-templates]
+        [--grep matmul_reshape_mul] [--no-templates] [--library-wins]
 
 The rows' software versions are rewritten to this machine's, so the measured compile finds them.
 Jobs with no row are recorded as failed ("not in the rows"), which is what keeps the replay honest:
@@ -84,6 +84,26 @@ def show(cost: object, db: TuningDB, grep: str, at: str, limit: int = 400) -> No
         print(f"{s:8.2f}  lib {lib_us:7.2f}  outs {nout}  {ops[:70]}  | {t}")
 
 
+def library_wins(plan: object, costs: list, db: TuningDB) -> None:
+    """Each plan kernel whose library call beat every template schedule measured for it: both
+    times, their ratio and how many schedules were measured (issue 14: where templates lost)."""
+    got = lambda j: (r.seconds * 1e6 if (r := db.get(j.key)) is not None else math.nan)  # noqa: E731
+    for k in plan.kernels:  # type: ignore[attr-defined]
+        for cost in costs:  # one per subgraph; the kernel's prims are named in one of them
+            index = {n.name: i for i, n in enumerate(cost.og.nodes)}
+            if not all(p in index for p in k.prims):
+                continue
+            nodes = sum(1 << index[p] for p in k.prims)
+            for key in [key for key in cost._cache if key[0] == nodes]:
+                lib = cost._jobs.get(key)
+                lib_us = got(lib) if lib is not None else math.nan
+                tpl = [u for u in (got(j) for j in cost._tjobs.get(key) or []) if math.isfinite(u)]
+                if tpl and lib_us < min(tpl):
+                    print(f"  {k.name}: library {lib_us:.2f} us, best template {min(tpl):.2f} us "
+                          f"({min(tpl) / lib_us:.3f}x) of {len(tpl)} schedule(s)")
+            break
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
@@ -95,6 +115,8 @@ def main() -> int:
                     "candidates whose ops hold it")
     ap.add_argument("--at", default="", help="with --grep: only candidates holding a node named like this")
     ap.add_argument("--no-templates", action="store_true")
+    ap.add_argument("--library-wins", action="store_true",
+                    help="list the plan kernels whose library call beat every measured template schedule")
     ap.add_argument("--no-merge", action="store_true")
     ap.add_argument("--rewrites", default="off", choices=["off", "on"])
     args = ap.parse_args()
@@ -141,6 +163,9 @@ def main() -> int:
                 print(f"  {k.name}: {k.cost_s * 1e6:.2f} us")
         with TuningDB(db_path) as db:  # the compile closed its handle
             show(costs[-1], db, args.grep, args.at)
+    if args.library_wins:
+        with TuningDB(db_path) as db:
+            library_wins(plan, costs, db)
     return 0
 
 
