@@ -85,9 +85,14 @@ def show(cost: object, db: TuningDB, grep: str, at: str, limit: int = 400) -> No
 
 
 def library_wins(plan: object, costs: list, db: TuningDB) -> None:
-    """Each plan kernel whose library call beat every template schedule measured for it: both
-    times, their ratio and how many schedules were measured (issue 14: where templates lost)."""
-    got = lambda j: (r.seconds * 1e6 if (r := db.get(j.key)) is not None else math.nan)  # noqa: E731
+    """Each plan kernel whose library call beat every template schedule the database holds for it
+    (before and after the solve): both times, their ratio and how many schedules were timed (issue
+    14: where templates lost to the library)."""
+    templates: dict[str, list[float]] = {}  # signature -> its template schedules' times, µs
+    for r in db.rows():
+        s = r["seconds"]  # None for a schedule that failed
+        if str(r["schedule"]).startswith(("conv-", "gemm-", "chain-")) and s is not None and math.isfinite(float(s)):
+            templates.setdefault(str(r["signature"]), []).append(float(s) * 1e6)
     for k in plan.kernels:  # type: ignore[attr-defined]
         for cost in costs:  # one per subgraph; the kernel's prims are named in one of them
             index = {n.name: i for i, n in enumerate(cost.og.nodes)}
@@ -96,9 +101,10 @@ def library_wins(plan: object, costs: list, db: TuningDB) -> None:
             nodes = sum(1 << index[p] for p in k.prims)
             for key in [key for key in cost._cache if key[0] == nodes]:
                 lib = cost._jobs.get(key)
-                lib_us = got(lib) if lib is not None else math.nan
-                tpl = [u for u in (got(j) for j in cost._tjobs.get(key) or []) if math.isfinite(u)]
-                if tpl and lib_us < min(tpl):
+                rec = db.get(lib.key) if lib is not None else None
+                tpl = templates.get(lib.key.signature, []) if lib is not None else []
+                if rec is not None and tpl and rec.seconds * 1e6 < min(tpl):
+                    lib_us = rec.seconds * 1e6
                     print(f"  {k.name}: library {lib_us:.2f} us, best template {min(tpl):.2f} us "
                           f"({min(tpl) / lib_us:.3f}x) of {len(tpl)} schedule(s)")
             break
@@ -147,6 +153,12 @@ def main() -> int:
     print(f"jobs without a row: {len(prof.missing)} ({len(sigs)} signatures)")
     plan = res.plan
     print(f"plan: {len(plan.kernels)} kernels, {sum(k.cost_s for k in plan.kernels) * 1e6:.1f} us")
+    # what runs, by backend, at the tuned times where post-solve tuning timed them
+    at = {k.name: res.tuned_s.get(k.name, k.cost_s) for k in plan.kernels}
+    by: dict[str, list[float]] = {}
+    for impl in res.kernels:
+        by.setdefault(impl.backend, []).append(at.get(impl.name, 0.0))
+    print("  by backend: " + ", ".join(f"{b} {len(v)} ({sum(v) * 1e6:.1f} us)" for b, v in sorted(by.items())))
     if res.tuned_s:  # kernels whose schedule was tuned after the solve: the measured cost that runs
         print("  tuned after the solve: " + ", ".join(f"{n} {s * 1e6:.2f} us" for n, s in res.tuned_s.items()))
     if res.rewrite_search:

@@ -161,6 +161,13 @@ class TuningDB:
             return None
         return Record(Key(device, versions, signature, row[0]), float(row[1]), row[2])
 
+    def timed(self, device: str, versions: str, signature: str) -> set[str]:
+        """The schedules of a kernel that have a time (not those that failed): what another step
+        of this or an earlier compile measured, which a tuner may read for free."""
+        cur = self.conn.execute("SELECT schedule FROM measurements WHERE device=? AND versions=? AND signature=? "
+                                "AND seconds IS NOT NULL", (device, versions, signature))
+        return {row[0] for row in cur}
+
     def faulted(self, device: str, versions: str, prefix: str = "") -> set[str]:
         """Schedules (keys starting with `prefix`) that faulted the GPU for any kernel on `device`
         with these versions (`profiler._fail`'s reason)."""

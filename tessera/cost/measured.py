@@ -79,6 +79,10 @@ CHAIN_NEAR, CHAIN_STARTS = 0.1, 3  # GEMM-chain schedules this close to the fast
 # 96 schedules each, counted with a fake profiler), each round a profiler batch of its own.
 CHAIN_ROUNDS, CHAIN_WALK = 4, 40
 CONV_FIRST = 2  # convolution template schedules measured per convolution before the solve (its cost: the least)
+# After the solve, a plan's convolution measures the conv model's best CONV_TUNED: its best of 2 is
+# 9.2% over the sweep space's best (geomean; worst 38%), of 4 5.8% (worst 22%) (session 24's sweep,
+# scripts/results/conv_sweep/fit.json "code_ranking"). The first CONV_FIRST are timed already.
+CONV_TUNED = 4
 CHAIN_CANDIDATE = 4  # GEMM-chain schedules measured per chain candidate before the solve (its cost: the least),
 # per kind of walk (whole, split over programs: twice as many where L may be split)
 
@@ -268,6 +272,7 @@ class MeasuredCost:
             sig = lib.key.signature
             if sig not in self._tspace:
                 ranked = template_space(self.og.graph, lib.prims, lib.prologue, lib.outputs, self.precision, self.gpu)
+                timed = _timed(self.db, self.device, self.versions, sig, ranked)
                 n_first = 1
                 if ranked and isinstance(ranked[0], (ChainSchedule, GemmSchedule, ConvSchedule)):
                     if isinstance(ranked[0], ChainSchedule):
@@ -277,13 +282,13 @@ class MeasuredCost:
                     else:
                         n_first = GEMM_FAMILIES  # the model's best of each of its first tile shapes
                     core = frozenset(i for i in bits(c.nodes) if Prim(self.og.nodes[i].op).category is Category.LINEAR)
-                    first = self._cores.setdefault(core, (sig, ranked[:n_first]))
+                    first = self._cores.setdefault(core, (sig, _with(ranked[:n_first], timed)))
                     if first[0] != sig and not alone:
                         best = self._core_best(*first)
                         if best is None:
                             return None  # its core's first candidate is not measured yet
-                        ranked = [best]
-                self._tspace[sig] = ranked[:n_first]
+                        ranked, n_first = [best], 1
+                self._tspace[sig] = _with(ranked[:n_first], timed)
             self._tjobs[k] = [Job(Key(self.device, self.versions, sig, _schedule_key(s)), self.og.graph, lib.prims,
                                   lib.prologue, lib.outputs, s, self.precision) for s in self._tspace[sig]]
         return self._tjobs[k]
@@ -485,7 +490,16 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
                 # that claims a core gets its own): BERT's MLP-down lane stopped before its fourth
                 # head, the session-21 probe's winner.
                 n_first, n_most = max(first, GEMM_FAMILIES), max(most, GEMM_FAMILIES + 1)
-            lanes[(name, "template")], firsts[(name, "template")] = [job(s) for s in tpl[:n_most]], n_first
+            elif isinstance(tpl[0], ConvSchedule):
+                # Its first CONV_FIRST were timed before the solve, so a first round of those alone
+                # measured nothing new, and a library call that won by a hair kept its kernel with
+                # no other schedule tried (23 of inception_v3 fp16's convolutions, session 34).
+                n_first, n_most = max(first, CONV_TUNED), max(most, CONV_TUNED + 1)
+            # Schedules of the space the database already timed (the layout pass's, an earlier
+            # compile's) join the first round for free, ahead of it, so its last stays the model's.
+            free = [s for s in _timed(db, device, versions, sig, tpl) if s not in tpl[:n_first]]
+            lanes[(name, "template")] = [job(s) for s in _with(free, tpl[:n_most])]
+            firsts[(name, "template")] = len(free) + n_first
             if chain:
                 refine[name] = (job, {s for s in chain_space(graph, list(prologue) + list(prims), gpu)
                                       if _schedule_key(s) not in unsafe}, set())
@@ -522,6 +536,23 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
             if sch is not None:
                 best[name] = (sch, t)
     return best
+
+
+def _timed(db: TuningDB | None, device: str, versions: str, signature: str,
+           space: Sequence[AnySchedule]) -> list[AnySchedule]:
+    """The schedules of `space` that `db` holds a time for under `signature`, in `space`'s order:
+    free to read. The layout pass times each convolution alone at its own best-ranked templates,
+    which can be faster than the ones the candidate's ranking puts first (inception_v3 fp16 on the
+    H100, session 34: a template at 2.10 µs in the database, the plan's library call at 2.51)."""
+    if db is None:
+        return []
+    have = db.timed(device, versions, signature)
+    return [s for s in space if _schedule_key(s) in have] if have else []
+
+
+def _with(head: Sequence[AnySchedule], timed: Sequence[AnySchedule]) -> list[AnySchedule]:
+    """`head`, then the `timed` schedules it lacks."""
+    return list(dict.fromkeys([*head, *timed]))
 
 
 def _job_maker(key: Key, graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], outputs: Sequence[str],
