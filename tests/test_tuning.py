@@ -586,6 +586,18 @@ def test_a_library_gemm_tries_the_head_of_each_tile_shape_after_the_solve(tmp_pa
     assert _schedule_key(best["k0_matmul"][0]) == winner and best["k0_matmul"][1] == 6e-6
 
 
+class _KeyProfiler:
+    """Times each job by its schedule key (1e-5 s unless `times` names it) and records the keys asked."""
+
+    def __init__(self, times: dict[str, float]) -> None:
+        self.times, self.keys = times, []
+
+    def measure(self, jobs, record):
+        for i, j in enumerate(jobs):
+            self.keys.append(j.key.schedule)
+            record(i, self.times.get(j.key.schedule, 1e-5), "")
+
+
 def _one_conv():
     m = graph_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
                     {"x": rand(1, 16, 12, 12, seed=1), "w": Const(rand(24, 16, 3, 3, seed=2))}, ["y"], opset=13)
@@ -608,19 +620,11 @@ def test_a_library_convolution_tries_the_models_best_four_after_the_solve(tmp_pa
     winner = _schedule_key(ranked[CONV_TUNED - 1])
     sig = kernel_signature(g, [conv], [], [conv.outputs[0]], math_mode([conv], "fp32"))
 
-    class Prof:
-        keys: list[str] = []
-
-        def measure(self, jobs, record):
-            for i, j in enumerate(jobs):
-                self.keys.append(j.key.schedule)
-                record(i, 6e-6 if j.key.schedule == winner else 1e-5, "")
-
     with TuningDB(tmp_path / "t.db") as db:
         db.put(Key("fake", "v1", sig, "default"), 7e-6)  # the library call won the solve ...
         for s in ranked[:CONV_FIRST]:  # ... against the template at the model's best two
             db.put(Key("fake", "v1", sig, _schedule_key(s)), 7.1e-6)
-        prof = Prof()
+        prof = _KeyProfiler({winner: 6e-6})
         best = tune_schedules(g, [spec], db, prof, "fake", "v1")
     assert prof.keys[:CONV_TUNED - CONV_FIRST] == [_schedule_key(s) for s in ranked[CONV_FIRST:CONV_TUNED]]
     assert _schedule_key(best["k0_conv"][0]) == winner and best["k0_conv"][1] == 6e-6
@@ -640,18 +644,10 @@ def test_a_template_schedule_the_database_already_timed_is_read_for_free(tmp_pat
     last = _schedule_key(ranked[-1])  # the model's last choice: never measured by the ranking
     sig = kernel_signature(g, [conv], [], [conv.outputs[0]], math_mode([conv], "fp32"))
 
-    class Prof:
-        keys: list[str] = []
-
-        def measure(self, jobs, record):
-            for i, j in enumerate(jobs):
-                self.keys.append(j.key.schedule)
-                record(i, 1e-5, "")
-
     og = build_ograph(g)
     with TuningDB(tmp_path / "t.db") as db:
         db.put(Key("fake", "v1", sig, last), 5e-6)
-        prof = Prof()
+        prof = _KeyProfiler({})
         plan = orchestrate(og, MeasuredCost(og, db, prof, "fake", "v1", templates=True),
                            rules=CandidateRules(max_linear=1), legality=TritonLegality(templates=True))
         (k,) = [k for k in plan.kernels if conv.name in k.prims]
