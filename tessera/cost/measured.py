@@ -26,7 +26,7 @@ from tessera.cost.db import Key, TuningDB
 from tessera.cost.schedule_model import GEMM_FAMILIES
 from tessera.cost.devices import DEVICES, Device
 from tessera.ir.graph import Graph, Node
-from tessera.ir.prims import Category, Prim
+from tessera.ir.prims import CATEGORY_OF, Category
 from tessera.log import logger
 from tessera.orchestrate.candidates import Candidate
 from tessera.orchestrate.graphview import OGraph, bits, view_cost
@@ -223,7 +223,7 @@ class MeasuredCost:
         if not self.share_variants:
             return None
         full = self.og.consumers_outside(c.nodes) | c.outputs
-        if full == c.outputs or any(Prim(self.og.nodes[i].op).category in (Category.LINEAR, Category.OPAQUE)
+        if full == c.outputs or any(CATEGORY_OF[self.og.nodes[i].op] in (Category.LINEAR, Category.OPAQUE)
                                     for i in bits(c.nodes)):
             return None
         gpu = self.gpu or DEVICES["h100"]
@@ -265,7 +265,7 @@ class MeasuredCost:
         k = (c.nodes, c.outputs)
         if k not in self._tjobs:
             prims = [self.og.nodes[i] for i in bits(c.nodes)]
-            if not (self.templates and any(Prim(n.op).category is Category.LINEAR for n in prims)):
+            if not (self.templates and any(CATEGORY_OF[n.op] is Category.LINEAR for n in prims)):
                 self._tjobs[k] = []
                 return []
             lib = self.job(c)
@@ -281,7 +281,7 @@ class MeasuredCost:
                         n_first = CONV_FIRST  # the model's two best (the direct form's best leads where it is near)
                     else:
                         n_first = GEMM_FAMILIES  # the model's best of each of its first tile shapes
-                    core = frozenset(i for i in bits(c.nodes) if Prim(self.og.nodes[i].op).category is Category.LINEAR)
+                    core = frozenset(i for i in bits(c.nodes) if CATEGORY_OF[self.og.nodes[i].op] is Category.LINEAR)
                     first = self._cores.setdefault(core, (sig, _with(ranked[:n_first], timed)))
                     if first[0] != sig and not alone:
                         best = self._core_best(*first)
@@ -545,7 +545,7 @@ def _timed(db: TuningDB | None, device: str, versions: str, signature: str,
     free to read. The layout pass times each convolution alone at its own best-ranked templates,
     which can be faster than the ones the candidate's ranking puts first (inception_v3 fp16 on the
     H100, session 34: a template at 2.10 µs in the database, the plan's library call at 2.51)."""
-    if db is None:
+    if db is None or not space:
         return []
     have = db.timed(device, versions, signature)
     return [s for s in space if _schedule_key(s) in have] if have else []
