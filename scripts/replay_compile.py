@@ -165,7 +165,8 @@ def main() -> int:
         r = res.rewrite_search
         print(f"  rewrites found: {[a['rule'] for a in r['applied']]}; "
               + (f"tuned plan {r['plan_us'][0]} us with them, {r['plan_us'][1]} without: "
-                 f"{'kept' if r['kept'] else 'dropped'}" if r.get("plan_us") else "kept"))
+                 f"{'kept' if r['kept'] else 'dropped'}" if r.get("plan_us")
+                 else "kept" if r.get("kept", True) else f"dropped unplanned (windows save {r.get('saved_us')} us)"))
     unpriced = [k.name for k in plan.kernels if k.cost_s >= 1.0]  # no candidate of theirs had a row
     if unpriced:
         print(f"  {len(unpriced)} kernels without a measured candidate (1 s each above): {', '.join(unpriced[:6])}")

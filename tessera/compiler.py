@@ -39,7 +39,7 @@ from tessera.rewrite import convert_precision
 from tessera.rewrite.precision import check_precision, mark_tf32_operands
 from tessera.rewrite.deferred import DEFERRED, defer_normalization
 from tessera.rewrite.merged import merge_weight_matmuls
-from tessera.rewrite.search import GAIN, MEASURED_GAIN, search
+from tessera.rewrite.search import GAIN, MEASURED_GAIN, REPLAN_GAIN, search
 from tessera.runtime.artifact import save_artifact
 from tessera.runtime.executable import Executable
 from tessera.version import __version__
@@ -183,36 +183,59 @@ def compile_model(source: Any, options: CompileOptions | None = None,
         found = None
         unsearched, kept_before = graph, list(rewrites)
         measured = db is not None and profiler is not None
+        shared = PlanCaches()
+        base = None  # the plan without the search's rewrites, where it is made first
+
+        def plan(g: Graph) -> CompileResult:
+            g = convert_precision(g, opt.precision, opt.io)
+            done("precision")
+            return _plan(loaded, fis, g, opt, cost_kind, dev, db, profiler, timings, done, progress, tune_progress,
+                         shared)
+
         if opt.rewrites == "on":  # the analytical model ranks, measurement confirms
+            if measured:
+                # Measured, the plan without the rewrites comes first: it is what `--rewrites off`
+                # compiles, the guard below compares with it, and the search's windows as they are
+                # find their kernels measured. What the rewrites add is the search and, only where
+                # they promise enough, a second plan.
+                base = plan(unsearched)
             found = search(graph, window_cost(opt, cost_kind, dev, db, profiler), budget_s=opt.rewrite_budget_s,
                            estimate=window_cost(opt, "analytical", dev, None, None) if measured else None,
                            gain=MEASURED_GAIN if measured else GAIN)
             graph = found.graph
             rewrites += [a.to_json() for a in found.applied]
             logger.info("rewrites: %d applied at %d site(s) tried, %d window(s) orchestrated in %.1f s "
-                        "(%.1f s ordering sites)", len(found.applied), found.sites, found.evaluated, found.seconds,
-                        found.ordering_s)
+                        "(%.1f s ordering sites), saving %.2f us of their windows", len(found.applied), found.sites,
+                        found.evaluated, found.seconds, found.ordering_s, found.saved_s * 1e6)
         done("rewrites")
-        graph = convert_precision(graph, opt.precision, opt.io)
-        done("precision")
-        shared = PlanCaches()
-        result = _plan(loaded, fis, graph, opt, cost_kind, dev, db, profiler, timings, done, progress, tune_progress,
-                       shared)
-        if found is not None and found.applied and measured:
-            # The search priced windows before post-solve schedule tuning, which can favour the graph
-            # without the rewrites (segformer's attention chain, session 32: 10.0 -> 4.7 µs tuned
-            # without them, 7.3 -> 7.0 with): the rewrites stay only if the whole tuned plan is cheaper.
-            t0 = time.perf_counter()
-            base = _plan(loaded, fis, convert_precision(unsearched, opt.precision, opt.io), opt, cost_kind, dev, db,
-                         profiler, timings, done, progress, tune_progress, shared)
-            found.guard_s = time.perf_counter() - t0
-            found.plan_s = (plan_seconds(result), plan_seconds(base))
-            found.kept = found.plan_s[0] < found.plan_s[1] * (1 - GAIN)
-            logger.info("rewrites: the tuned plan %s %.1f us with them, %.1f us without (planned again in %.1f s)",
-                        "keeps them:" if found.kept else "drops them:", found.plan_s[0] * 1e6, found.plan_s[1] * 1e6,
-                        found.guard_s)
-            if not found.kept:
+        if base is not None and found is not None and found.applied:
+            without_s = plan_seconds(base)
+            if found.saved_s < REPLAN_GAIN * without_s:
+                # Planning again costs about a cold compile of every subgraph the rewrites touch
+                # (segformer_b0 fp16, CPU count: 5151 -> 11589 kernels measured with the second plan),
+                # so windows that promise little of the whole plan are not worth it.
+                found.kept = False
+                logger.info("rewrites: dropped without planning again: their windows save %.2f us, under %.0f%% "
+                            "of the plan without them (%.1f us)", found.saved_s * 1e6, REPLAN_GAIN * 100,
+                            without_s * 1e6)
                 result, rewrites = base, kept_before
+            else:
+                t0 = time.perf_counter()
+                with_them = plan(graph)
+                found.guard_s, found.replanned = time.perf_counter() - t0, True
+                # The search priced windows before post-solve schedule tuning, which can favour the
+                # graph without the rewrites (segformer's attention chain, session 32: 10.0 -> 4.7 us
+                # tuned without them, 7.3 -> 7.0 with): they stay only if the whole tuned plan is cheaper.
+                found.plan_s = (plan_seconds(with_them), without_s)
+                found.kept = found.plan_s[0] < found.plan_s[1] * (1 - GAIN)
+                logger.info("rewrites: the tuned plan %s %.1f us with them, %.1f us without (planned again in %.1f s)",
+                            "keeps them:" if found.kept else "drops them:", found.plan_s[0] * 1e6,
+                            found.plan_s[1] * 1e6, found.guard_s)
+                result, rewrites = (with_them, rewrites) if found.kept else (base, kept_before)
+        elif base is not None:  # nothing applied: the graph searched is the one planned
+            result = base
+        else:
+            result = plan(graph)
         result.rewrites = rewrites
         result.merged = len(merged)
         if found is not None:

@@ -286,13 +286,9 @@ def test_sites_that_share_a_window_are_measured_first_together():
     assert found.evaluated <= 2 * 3  # per window structure: the window and its two best estimates, once
 
 
-@pytest.mark.parametrize("with_s,without_s", [(1e-5, 2e-5), (2e-5, 1e-5), (1e-5, 1.002e-5)])
-def test_a_measured_compile_keeps_rewrites_only_if_the_whole_tuned_plan_is_cheaper(tmp_path, monkeypatch,
-                                                                                   with_s, without_s):
-    """Windows are priced before post-solve schedule tuning, which can favour the graph without the
-    rewrites (segformer's attention, session 32). A measured compile therefore plans both graphs and
-    keeps the rewrites only where the tuned plan with them is cheaper by more than GAIN; otherwise
-    the plan, the artifact's replayed steps and the report are those of the graph without them."""
+def _softmax_matmul_compile(tmp_path, monkeypatch, prices: list[float], replan_gain: float | None = None):
+    """A measured compile (fake GPU) of softmax -> matmul with the rewrites on; `prices` are the
+    tuned plans' times in the order they are priced. Returns (result, model, inputs, prices asked, plans made)."""
     import sys
 
     import torch
@@ -302,40 +298,86 @@ def test_a_measured_compile_keeps_rewrites_only_if_the_whole_tuned_plan_is_cheap
     from fake_profiler import FakeProfiler
     from opcheck import graph_model, rand
 
-    import tessera
     from tessera import compiler
-    from tessera.compiler import CompileOptions, compile_model, write_artifacts
-    from tessera.rewrite.search import GAIN
-    from tessera.tolerance import TOLERANCE, rel_l2
-    from tessera.verify import run_onnxruntime
+    from tessera.compiler import CompileOptions, compile_model
 
     prof = FakeProfiler()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
     monkeypatch.setattr(compiler, "new_profiler", lambda opt: prof)
-    priced = []
-    real = compiler.plan_seconds
+    if replan_gain is not None:
+        monkeypatch.setattr(compiler, "REPLAN_GAIN", replan_gain)
+    priced: list[float] = []
+    real, real_plan = compiler.plan_seconds, compiler._plan
+    plans: list[tuple[str, ...]] = []
 
-    def price(result):  # the plan with the rewrites is priced first, then the one without
+    def price(result):
         priced.append(real(result))
-        return with_s if len(priced) == 1 else without_s
+        return prices[len(priced) - 1]
+
+    def counted(*args, **kwargs):
+        plans.append(tuple(n.op + n.name for n in args[2].nodes))
+        return real_plan(*args, **kwargs)
     monkeypatch.setattr(compiler, "plan_seconds", price)
+    monkeypatch.setattr(compiler, "_plan", counted)
     x, v = rand(2, 5, 7, seed=3), rand(2, 7, 3, seed=4)
     model = graph_model([helper.make_node("Softmax", ["x"], ["p"], axis=-1),
                          helper.make_node("MatMul", ["p", "v"], ["out"])], {"x": x, "v": v}, ["out"])
     result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db"), rewrites="on",
                                                  templates="off"))
+    return result, model, {"x": x, "v": v}, priced, plans
+
+
+def _runs_as_onnxruntime(result, model, feeds, tmp_path) -> None:
+    import torch
+
+    import tessera
+    from tessera.compiler import write_artifacts
+    from tessera.tolerance import TOLERANCE, rel_l2
+    from tessera.verify import run_onnxruntime
+
+    write_artifacts(result, tmp_path / "art")
+    exe = tessera.load(tmp_path / "art", "cpu")  # rebuilds the graph by replaying what the plan kept
+    got = exe(**{k: torch.from_numpy(a) for k, a in feeds.items()})
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    assert rel_l2(got.numpy(), run_onnxruntime(model, feeds)["out"]) < TOLERANCE["fp32"]
+
+
+@pytest.mark.parametrize("with_s,without_s", [(1e-5, 2e-5), (2e-5, 1e-5), (1e-5, 1.002e-5)])
+def test_a_measured_compile_keeps_rewrites_only_if_the_whole_tuned_plan_is_cheaper(tmp_path, monkeypatch,
+                                                                                   with_s, without_s):
+    """Windows are priced before post-solve schedule tuning, which can favour the graph without the
+    rewrites (segformer's attention, session 32). A measured compile therefore plans the graph
+    without them first (what `--rewrites off` compiles), then, where the rewrites promise enough,
+    the graph with them, and keeps them only where that tuned plan is cheaper by more than GAIN;
+    otherwise the plan, the artifact's replayed steps and the report are those of the graph without them."""
+    from tessera.rewrite.search import GAIN
+
+    result, model, feeds, priced, plans = _softmax_matmul_compile(tmp_path, monkeypatch, [without_s, with_s],
+                                                                  replan_gain=0.0)
     search = result.rewrite_search
     assert search["applied"] and len(priced) == 2 and all(p > 0 for p in priced)
+    assert len(plans) == 2 and plans[0] != plans[1]  # the graph as it was first, then the rewritten one
     keep = with_s < without_s * (1 - GAIN)
     assert search["kept"] is keep and search["plan_us"] == [round(with_s * 1e6, 2), round(without_s * 1e6, 2)]
-    assert search["guard_s"] > 0  # the second plan's wall time: with the search's, what the rewrites cost
+    assert search["replanned"] and search["guard_s"] > 0  # the second plan's wall time: what the rewrites add
     steps = [r for r in result.rewrites if isinstance(r, dict)]
     assert (steps == search["applied"]) if keep else steps == []
-    write_artifacts(result, tmp_path / "art")
-    page = (tmp_path / "art" / "report.html").read_text()
+    page_dir = tmp_path / "art"
+    _runs_as_onnxruntime(result, model, feeds, tmp_path)
+    page = (page_dir / "report.html").read_text()
     assert ("they are applied" in page) if keep else ("they are dropped" in page)
-    exe = tessera.load(tmp_path / "art", "cpu")  # rebuilds the graph by replaying what the plan kept
-    got = exe(x=torch.from_numpy(x), v=torch.from_numpy(v))
-    got = got[0] if isinstance(got, (list, tuple)) else got
-    assert rel_l2(got.numpy(), run_onnxruntime(model, {"x": x, "v": v})["out"]) < TOLERANCE["fp32"]
+
+
+def test_rewrites_that_promise_little_of_the_plan_are_dropped_without_a_second_plan(tmp_path, monkeypatch):
+    """The second plan measures every kernel the rewrites change (segformer_b0: about as many as a
+    cold compile again), so a measured compile makes it only where the windows' savings add up to
+    REPLAN_GAIN of the plan without them. Here they cannot: that plan is priced at an hour."""
+    result, model, feeds, priced, plans = _softmax_matmul_compile(tmp_path, monkeypatch, [3600.0])
+    search = result.rewrite_search
+    assert search["applied"] and search["saved_us"] > 0  # the search kept rewrites in its windows...
+    assert len(plans) == 1 and len(priced) == 1  # ...but the graph was planned once, as it was
+    assert not search["kept"] and not search["replanned"] and search["plan_us"] is None and search["guard_s"] == 0
+    assert [r for r in result.rewrites if isinstance(r, dict)] == []
+    _runs_as_onnxruntime(result, model, feeds, tmp_path)
+    assert "too little of the plan" in (tmp_path / "art" / "report.html").read_text()

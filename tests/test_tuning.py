@@ -655,3 +655,48 @@ def test_a_template_schedule_the_database_already_timed_is_read_for_free(tmp_pat
         best = tune_schedules(g, [(k.name, [conv], [], [conv.outputs[0]])], db, prof, "fake", "v1")
     assert _schedule_key(best[k.name][0]) == last and best[k.name][1] == 5e-6
     assert last not in prof.keys
+
+
+def _two_layers():
+    """Two residual MLP layers of one shape (their own weights): y = relu(x @ a + b) @ c + x, twice."""
+    nodes, feeds, x = [], {"x": rand(32, 48, seed=1)}, "x"
+    for i in range(2):
+        nodes += [helper.make_node("MatMul", [x, f"a{i}"], [f"h{i}"]), helper.make_node("Add", [f"h{i}", f"b{i}"], [f"hb{i}"]),
+                  helper.make_node("Relu", [f"hb{i}"], [f"r{i}"]), helper.make_node("MatMul", [f"r{i}", f"c{i}"], [f"o{i}"]),
+                  helper.make_node("Add", [f"o{i}", x], [f"y{i}"])]
+        feeds |= {f"a{i}": Const(rand(48, 64, seed=10 + i)), f"b{i}": Const(rand(64, seed=20 + i)),
+                  f"c{i}": Const(rand(64, 48, seed=30 + i))}
+        x = f"y{i}"
+    return fission(load(graph_model(nodes, feeds, [x], opset=13)).graph).graph
+
+
+def test_a_measured_orchestration_times_every_subgraph_in_one_batch(tmp_path):
+    # segformer_b0 fp16 (CPU count): per subgraph, 22 profiler batches, each ending with the build
+    # workers draining and a second round of few template twins. All subgraphs' candidates are now
+    # measured together: one batch, and one for the twins of the cores it measured.
+    from tessera.cost.schedule_model import GEMM_FAMILIES
+    from tessera.orchestrate.candidates import CandidateRules
+
+    og = build_ograph(_two_layers())
+
+    class Prof(_KeyProfiler):
+        batches = 0
+
+        def measure(self, jobs, record):
+            self.batches += 1
+            self.jobs = getattr(self, "jobs", []) + list(jobs)
+            super().measure(jobs, record)
+
+    with TuningDB(tmp_path / "t.db") as db:
+        prof = Prof({})
+        plan = orchestrate(og, MeasuredCost(og, db, prof, "fake", "v1", templates=True), max_states=8,
+                           rules=CandidateRules(max_linear=1), legality=TritonLegality(templates=True))
+    assert len(plan.subgraphs) >= 2 and prof.batches == 2
+    # Each product shape's first candidate is measured at the first GEMM_FAMILIES tile shapes, once
+    # for both layers: the second layer's core is the first's, so its twins take the fastest of those.
+    firsts = {}
+    for j in prof.jobs:
+        if j.schedule is not None and type(j.schedule).__name__ == "GemmSchedule":
+            firsts.setdefault(j.key.signature, set()).add(j.key.schedule)
+    claimed = [sig for sig, keys in firsts.items() if len(keys) > 1]
+    assert len(claimed) == 2 and all(len(firsts[s]) == GEMM_FAMILIES for s in claimed)  # a, then c

@@ -495,6 +495,9 @@ def _print_compile(result: Any) -> None:
             print(f"  rewrites {'applied' if r.get('kept', True) else 'dropped'}: the tuned plan takes "
                   f"{with_us:.1f} us with them, {without_us:.1f} us without (planned again in "
                   f"{r.get('guard_s', 0.0):.1f} s)")
+        elif r["applied"] and not r.get("kept", True):
+            print(f"  rewrites dropped without planning again: their windows save {r.get('saved_us', 0.0):.2f} us, "
+                  "too little of the plan to measure the kernels they change")
     if result.layouts is not None and result.layouts.regions:
         lay = result.layouts.summary()
         print(f"  layout: {lay['convs_channels_last']} of {lay['convs']} convolutions channels-last "

@@ -191,8 +191,10 @@ class MeasuredCost:
         self._ranked: dict[str, Schedule | None] = {} if ranked is None else ranked
         self._tjobs: dict[tuple[int, int], list[Job]] = {}  # the template lane, where there is one
         self._tspace: dict[str, list[TemplateSchedule]] = {}  # by signature: identical layers generate once
-        # template core (its linear nodes: one matmul, or a chain's two) -> its first candidate's signature and schedules
-        self._cores: dict[frozenset[int], tuple[str, list[TemplateSchedule]]] = {}
+        # A template core (its linear primitives, by what they compute: `_core_id`) -> the signature
+        # of the candidate that claimed it and the schedules that one is measured at.
+        self._cores: dict[str, tuple[str, list[TemplateSchedule]]] = {}
+        self._core_ids: dict[frozenset[int], str] = {}
         self.share_variants = share_variants
         self._written: list[float] | None = None  # bytes each node's outputs take (`_variant`)
         self.stats = {"candidates": 0, "measured": 0, "failed": 0, "seconds": 0.0,
@@ -281,7 +283,8 @@ class MeasuredCost:
                         n_first = CONV_FIRST  # the model's two best (the direct form's best leads where it is near)
                     else:
                         n_first = GEMM_FAMILIES  # the model's best of each of its first tile shapes
-                    core = frozenset(i for i in bits(c.nodes) if CATEGORY_OF[self.og.nodes[i].op] is Category.LINEAR)
+                    core = self._core_id(frozenset(i for i in bits(c.nodes)
+                                                   if CATEGORY_OF[self.og.nodes[i].op] is Category.LINEAR))
                     first = self._cores.setdefault(core, (sig, _with(ranked[:n_first], timed)))
                     if first[0] != sig and not alone:
                         best = self._core_best(*first)
@@ -292,6 +295,17 @@ class MeasuredCost:
             self._tjobs[k] = [Job(Key(self.device, self.versions, sig, _schedule_key(s)), self.og.graph, lib.prims,
                                   lib.prologue, lib.outputs, s, self.precision) for s in self._tspace[sig]]
         return self._tjobs[k]
+
+    def _core_id(self, core: frozenset[int]) -> str:
+        """What a template core computes (the signature of its linear primitives alone), so that the
+        same product in two places (a transformer's repeated layers) is claimed once: with every
+        subgraph's candidates in one batch, a later layer's twin whose signature the first layer's
+        twin shares was otherwise not yet known and claimed its core again, at four schedules."""
+        if core not in self._core_ids:
+            nodes = [self.og.nodes[i] for i in sorted(core)]
+            outs = [o for n in nodes for o in n.outputs if o]
+            self._core_ids[core] = kernel_signature(self.og.graph, nodes, [], outs, math_mode(nodes, self.precision))
+        return self._core_ids[core]
 
     def _core_best(self, sig: str, schedules: Sequence[TemplateSchedule]) -> TemplateSchedule | None:
         """The fastest of a core's first candidate's schedules (its first where all failed);

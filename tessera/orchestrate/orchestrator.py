@@ -27,17 +27,21 @@ def _index(cands: list[Candidate]) -> dict[tuple[int, int], int]:
     return {(c.nodes, c.outputs): k for k, c in enumerate(cands)}
 
 
-def _solve_subgraph(og: OGraph, sub: Subgraph, cost: CostFn, strategy: str, rules: CandidateRules,
-                    legality: KernelLegality, solver: str, time_limit: float
-                    ) -> tuple[list[Candidate], list[float], SubgraphReport]:
-    required = sub.must_output | (og.graph_outputs & sub.members)
+def _candidates(og: OGraph, sub: Subgraph, strategy: str, rules: CandidateRules,
+                legality: KernelLegality) -> tuple[list[Candidate], list[Candidate]]:
+    """A subgraph's candidate kernels (every one, or the greedy plan's) and the greedy plan's."""
     greedy = greedy_candidates(og, sub.members, rules, legality)
     if strategy == "greedy":
-        cands = greedy
-    else:
-        cands = enumerate_candidates(og, sub.members, rules, legality)
-        known = _index(cands)
-        cands += [g for g in greedy if (g.nodes, g.outputs) not in known]
+        return greedy, greedy
+    cands = enumerate_candidates(og, sub.members, rules, legality)
+    known = _index(cands)
+    return cands + [g for g in greedy if (g.nodes, g.outputs) not in known], greedy
+
+
+def _solve_subgraph(og: OGraph, sub: Subgraph, cands: list[Candidate], greedy: list[Candidate], cost: CostFn,
+                    strategy: str, solver: str, time_limit: float
+                    ) -> tuple[list[Candidate], list[float], SubgraphReport]:
+    required = sub.must_output | (og.graph_outputs & sub.members)
     if getattr(cost, "lazy", False):
         # Lazy measurement: unmeasured candidates enter at a lower bound of their cost; the
         # kernels the solver picks are measured and the subgraph re-solved until it picks only
@@ -53,10 +57,7 @@ def _solve_subgraph(og: OGraph, sub: Subgraph, cost: CostFn, strategy: str, rule
             if not todo:
                 break
             cost.prepare(todo)
-    else:
-        prepare = getattr(cost, "prepare", None)
-        if prepare is not None:  # a measured cost: let it measure the whole batch at once
-            prepare(cands)
+    else:  # a measured cost has measured every subgraph's candidates already (`orchestrate`)
         costs = [cost(c) for c in cands]
         order, stats, greedy_order, greedy_s = _pick(sub, cands, costs, greedy, strategy, solver, time_limit, required)
     chosen = [cands[c] for c in order]
@@ -104,20 +105,31 @@ def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: C
     subs, cuts = partition(og, max_states)
     if progress:
         progress(0, og.n)
-    chosen: list[tuple[int, Candidate, float]] = []
-    reports: list[SubgraphReport] = []
+    # Every subgraph's candidates first (a subgraph with too many is split), so that a measured cost
+    # times them all in one batch: per subgraph, each batch ended with the build workers draining
+    # and a small second round (a core's twins at its fastest schedule) that kept few of them busy.
+    found: list[tuple[list[Candidate], list[Candidate]]] = []
     k = 0
     while k < len(subs):
         try:
-            cands, costs, rep = _solve_subgraph(og, subs[k], cost, strategy, rules, legality, solver, time_limit)
+            found.append(_candidates(og, subs[k], strategy, rules, legality))
         except TooManyCandidates:
             subs, cuts = split_subgraph(og, subs, k, max_states)
+            found = found[:k]
             continue
-        chosen += [(subs[k].index, c, s) for c, s in zip(cands, costs)]
-        reports.append(rep)
         k += 1
+    whole = greedy_candidates(og, og.all, rules, legality)  # the greedy baseline's kernels (`_greedy_total`)
+    prepare = getattr(cost, "prepare", None)
+    if prepare is not None:  # lazily measured: the baseline's kernels here, and what each solve picks
+        prepare(whole if getattr(cost, "lazy", False) else [c for cands, _ in found for c in cands] + whole)
+    chosen: list[tuple[int, Candidate, float]] = []
+    reports: list[SubgraphReport] = []
+    for sub, (cands, greedy) in zip(subs, found):
+        picked, costs, rep = _solve_subgraph(og, sub, cands, greedy, cost, strategy, solver, time_limit)
+        chosen += [(sub.index, c, s) for c, s in zip(picked, costs)]
+        reports.append(rep)
         if progress:
-            progress(subs[k - 1].hi, og.n)
+            progress(sub.hi, og.n)
     greedy_total = _greedy_total(og, rules, legality, cost)
     kernels = _kernels(og, chosen)
     return Plan(model=model, strategy=strategy, device=device, precision=precision, cost_model=cost_model,
@@ -132,11 +144,7 @@ def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: C
 
 def _greedy_total(og: OGraph, rules: CandidateRules, legality: KernelLegality, cost: CostFn) -> float:
     """The greedy baseline over the whole graph (no partition cuts)."""
-    cands = greedy_candidates(og, og.all, rules, legality)
-    prepare = getattr(cost, "prepare", None)
-    if prepare is not None:
-        prepare(cands)
-    return sum(cost(c) for c in cands)
+    return sum(cost(c) for c in greedy_candidates(og, og.all, rules, legality))  # measured with the subgraphs
 
 
 def _kernels(og: OGraph, chosen: list[tuple[int, Candidate, float]]) -> list[Kernel]:

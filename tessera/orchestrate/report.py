@@ -275,6 +275,9 @@ def _rewrites(plan: Plan) -> str:
         with_us, without_us = r["plan_us"]
         note += (f'<p class="note">The tuned plan takes {with_us:.1f} µs with these rewrites and {without_us:.1f} µs '
                  f'without: {"they are applied" if r.get("kept", True) else "they are dropped, and the plan runs without them"}.</p>')
+    elif not r.get("kept", True):  # measured, and the windows promised too little to plan again
+        note += (f'<p class="note">Their windows save {r.get("saved_us", 0.0):.2f} µs in all, too little of the plan '
+                 'to measure the kernels they change: they are dropped, and the plan runs without them.</p>')
     rows = [f"<tr><td class=mono>{escape(a['rule'])}</td><td class=mono>{_names(a['roots'])}</td>"
             f"<td class=num>{_us(a['gain_s'])}</td><td class=num>{a['window_nodes']}</td></tr>" for a in r["applied"]]
     return note + _table(["rule", "at node(s)", "window saving µs (whole sequence)", "window nodes"], rows)

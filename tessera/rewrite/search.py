@@ -32,6 +32,10 @@ GAIN = 0.005  # a sequence must save this fraction of its window's cost (the ana
 # A measured window's saving must be larger: on the H100 (session 21) sequences kept for measured
 # savings of 0.4-3% of their windows left the segformer and EfficientViT blocks 5-16% slower.
 MEASURED_GAIN = 0.03
+# A measured compile plans the graph again with the kept rewrites only if their windows' savings add
+# up to this fraction of the plan without them: the second plan measures every kernel the rewrites
+# change, about a cold compile of the subgraphs they touch (issue 17 allows the rewrites 60 s).
+REPLAN_GAIN = 0.03
 TIE = 0.001  # within this, the graph with fewer nodes wins
 SMALL_CONSTANT = 64  # elements: a window's signature holds the values of constants up to this size
 
@@ -59,16 +63,19 @@ class SearchResult:
     seconds: float = 0.0
     ordering_s: float = 0.0  # of `seconds`, spent ordering sites by the model's estimates
     stopped: str = ""  # why the search stopped early, if it did
+    saved_s: float = 0.0  # the kept sequences' window savings, added up: what the rewrites promise the plan
     # Measured compiles: the whole tuned plan with and without the applied rewrites (seconds), and
     # whether they were kept (`compiler.compile_model`); None where no such comparison ran.
     plan_s: tuple[float, float] | None = None
     kept: bool = True
-    guard_s: float = 0.0  # wall seconds of that second plan (with `seconds`: what the rewrites add to a compile)
+    guard_s: float = 0.0  # wall seconds of the plan with them (with `seconds`: what the rewrites add to a compile)
+    replanned: bool = False  # a measured compile planned again with them (the windows promised enough)
 
     def summary(self) -> dict:
         return {"applied": [a.to_json() for a in self.applied], "sites": self.sites, "evaluated": self.evaluated,
                 "cached": self.cached, "seconds": round(self.seconds, 2), "ordering_s": round(self.ordering_s, 2),
-                "stopped": self.stopped, "kept": self.kept, "guard_s": round(self.guard_s, 2),
+                "stopped": self.stopped, "saved_us": round(self.saved_s * 1e6, 2), "replanned": self.replanned,
+                "kept": self.kept, "guard_s": round(self.guard_s, 2),
                 "plan_us": None if self.plan_s is None else [round(x * 1e6, 2) for x in self.plan_s]}
 
 
@@ -158,6 +165,7 @@ def search(graph: Graph, evaluate: Callable[[Graph], float], rules: Mapping[str,
         settled |= {n.name for n in g.nodes} - before
         settled |= {name for _, m in steps for name in m.nodes}
         result.applied += [Applied(r, list(m.roots), saved, size) for r, m in steps]
+        result.saved_s += saved
         pending = None
         logger.debug("rewrite: %s at %s saves %.2f us", " + ".join(r for r, _ in steps), site.roots[0], saved * 1e6)
     result.graph = g
