@@ -297,12 +297,17 @@ class MeasuredCost:
         return self._tjobs[k]
 
     def _core_id(self, core: frozenset[int]) -> str:
-        """What a template core computes (the signature of its linear primitives alone), so that the
-        same product in two places (a transformer's repeated layers) is claimed once: with every
-        subgraph's candidates in one batch, a later layer's twin whose signature the first layer's
-        twin shares was otherwise not yet known and claimed its core again, at four schedules."""
+        """What a template core computes (the signature of its linear primitives alone, and for a
+        GEMM chain of what lies between its two products, which every candidate around it holds),
+        so that the same product in two places (a transformer's repeated layers) is claimed once:
+        with every subgraph's candidates in one batch, a later layer's twin whose signature the
+        first layer's twin shares was otherwise not yet known and claimed its core again."""
         if core not in self._core_ids:
-            nodes = [self.og.nodes[i] for i in sorted(core)]
+            between = 0
+            for a in core:
+                for b in core:
+                    between |= self.og.desc[a] & self.og.anc[b]
+            nodes = [self.og.nodes[i] for i in sorted(set(core) | set(bits(between)))]
             outs = [o for n in nodes for o in n.outputs if o]
             self._core_ids[core] = kernel_signature(self.og.graph, nodes, [], outs, math_mode(nodes, self.precision))
         return self._core_ids[core]
