@@ -369,7 +369,7 @@ def test_a_measured_compile_keeps_rewrites_only_if_the_whole_tuned_plan_is_cheap
     assert ("they are applied" in page) if keep else ("they are dropped" in page)
 
 
-def test_rewrites_that_promise_little_of_the_plan_are_dropped_without_a_second_plan(tmp_path, monkeypatch):
+def test_rewrites_that_promise_little_of_the_plan_are_dropped_without_a_second_plan(tmp_path, monkeypatch, capsys):
     """The second plan measures every kernel the rewrites change (segformer_b0: about as many as a
     cold compile again), so a measured compile makes it only where the windows' savings add up to
     REPLAN_GAIN of the plan without them. Here they cannot: that plan is priced at an hour."""
@@ -381,3 +381,7 @@ def test_rewrites_that_promise_little_of_the_plan_are_dropped_without_a_second_p
     assert [r for r in result.rewrites if isinstance(r, dict)] == []
     _runs_as_onnxruntime(result, model, feeds, tmp_path)
     assert "too little of the plan" in (tmp_path / "art" / "report.html").read_text()
+    from tessera.cli.main import _print_compile
+
+    _print_compile(result)
+    assert "rewrites dropped without planning again" in capsys.readouterr().out
