@@ -281,3 +281,58 @@ def test_greedy_cycle_walk_bound_changes_no_verdict(seed: int) -> None:
         assert bounded == _closes_cycle(og, merged, group)
         verdicts.append(bounded)
     assert any(verdicts) and not all(verdicts)
+
+
+def _residual_layers(n: int, seed: int = 0):
+    """n residual layers of one shape, own weights: x = x + relu(layernorm-ish(x) @ a) @ b."""
+    from onnx import helper
+    from opcheck import Const, graph_model, rand
+
+    nodes, feeds, x = [], {"x": rand(16, 32, seed=seed)}, "x"
+    for i in range(n):
+        nodes += [helper.make_node("ReduceMean", [x], [f"m{i}"], axes=[-1]), helper.make_node("Sub", [x, f"m{i}"], [f"c{i}"]),
+                  helper.make_node("MatMul", [f"c{i}", f"a{i}"], [f"h{i}"]), helper.make_node("Relu", [f"h{i}"], [f"r{i}"]),
+                  helper.make_node("MatMul", [f"r{i}", f"b{i}"], [f"o{i}"]), helper.make_node("Add", [f"o{i}", x], [f"y{i}"])]
+        feeds |= {f"a{i}": Const(rand(32, 48, seed=seed + 10 + i)), f"b{i}": Const(rand(48, 32, seed=seed + 20 + i))}
+        x = f"y{i}"
+    return fission(load(graph_model(nodes, feeds, [x], opset=13)).graph).graph
+
+
+def test_repeated_layers_enumerate_once_and_get_the_same_candidates():
+    """A subgraph whose structure key repeats an earlier one's takes that one's candidates, moved by
+    the distance between them: exactly what enumerating it gives. The first layer reads the graph
+    input and the last writes the graph output, so their keys differ from the middle layers'."""
+    from tessera.orchestrate.orchestrator import _candidates
+    from tessera.orchestrate.repeats import producers, shifted, structure_key
+
+    og = build_ograph(_residual_layers(5))
+    subs, _ = partition(og, 8)
+    assert len(subs) >= 4
+    rules, legality = CandidateRules(max_linear=2), StructuralLegality(prologues=True, chains=True)
+    producer = producers(og)
+    keys = [structure_key(og, s, producer) for s in subs]
+    first: dict[str, int] = {}
+    repeats = 0
+    for k, (s, key) in enumerate(zip(subs, keys)):
+        fresh = _candidates(og, s, "optimal", rules, legality)
+        if key in first:
+            j = first[key]
+            moved = shifted(_candidates(og, subs[j], "optimal", rules, legality)[0], s.lo - subs[j].lo)
+            assert {(c.nodes, c.outputs, c.inputs) for c in moved} == {(c.nodes, c.outputs, c.inputs) for c in fresh[0]}
+            repeats += 1
+        else:
+            first[key] = k
+    assert repeats >= 2 and keys[0] != keys[1] and keys[-1] != keys[-2]
+
+
+def test_a_repeat_changes_nothing_in_the_plan(monkeypatch):
+    from tessera.orchestrate import repeats
+
+    og = build_ograph(_residual_layers(5, seed=3))
+    cost = AnalyticalCost(og, device("h100"))
+    plan = orchestrate(og, cost, max_states=8)
+    calls = iter(range(10 ** 6))
+    monkeypatch.setattr("tessera.orchestrate.orchestrator.structure_key", lambda *a: str(next(calls)))  # never a repeat
+    alone = orchestrate(og, cost, max_states=8)
+    assert [(k.prims, k.outputs) for k in plan.kernels] == [(k.prims, k.outputs) for k in alone.kernels]
+    assert plan.estimated_total_s == alone.estimated_total_s

@@ -700,3 +700,32 @@ def test_a_measured_orchestration_times_every_subgraph_in_one_batch(tmp_path):
             firsts.setdefault(j.key.signature, set()).add(j.key.schedule)
     claimed = [sig for sig, keys in firsts.items() if len(keys) > 1]
     assert len(claimed) == 2 and all(len(firsts[s]) == GEMM_FAMILIES for s in claimed)  # a, then c
+
+
+def test_a_repeated_subgraphs_candidates_are_priced_as_their_originals(tmp_path, monkeypatch):
+    # bert_base fp16 (CPU, a profiler that times nothing): its twelve layers are three distinct
+    # subgraphs; the other nine take moved copies of the candidates (`orchestrate.repeats`), and
+    # the measured cost prices each copy as its original (`MeasuredCost.same`) without working out
+    # its kernel again: 13,021 candidates worked out became 3,526, and the compile 25.9 -> 12.5 s.
+    from test_orchestrate import _residual_layers
+
+    from tessera.orchestrate.candidates import CandidateRules
+
+    og = build_ograph(_residual_layers(6, seed=5))
+
+    def plan_with_repeats(on: bool):
+        if not on:
+            calls = iter(range(10 ** 6))
+            monkeypatch.setattr("tessera.orchestrate.orchestrator.structure_key", lambda *a: str(next(calls)))
+        with TuningDB(tmp_path / f"{on}.db") as db:
+            prof = FakeProfiler()
+            cost = MeasuredCost(og, db, prof, "fake", "v1", templates=True)
+            plan = orchestrate(og, cost, max_states=8, rules=CandidateRules(max_linear=1),
+                               legality=TritonLegality(templates=True))
+            return plan, len(cost._jobs), prof.calls
+
+    with_repeats, worked_out, measured = plan_with_repeats(True)
+    without, worked_out_all, measured_all = plan_with_repeats(False)
+    assert [(k.prims, k.outputs, k.cost_s) for k in with_repeats.kernels] == \
+        [(k.prims, k.outputs, k.cost_s) for k in without.kernels]
+    assert measured == measured_all and worked_out < worked_out_all

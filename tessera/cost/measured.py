@@ -386,6 +386,11 @@ class MeasuredCost:
         logger.info("tuning: %d candidates, %d measured now, %.1f s", len(new), len(self.db) - before,
                     time.perf_counter() - t0)
 
+    def same(self, copy: Candidate, original: Candidate) -> None:
+        """Price `copy` as `original`, measured already: the orchestrator's candidates of a subgraph
+        that repeats another (`orchestrate.repeats`) compute what the originals do."""
+        self._cache[(copy.nodes, copy.outputs)] = self._cache[(original.nodes, original.outputs)]
+
     def known(self, c: Candidate) -> bool:
         """Measured already (in this run or in the database)?"""
         k = (c.nodes, c.outputs)

@@ -18,6 +18,7 @@ from tessera.orchestrate.greedy import greedy_candidates
 from tessera.orchestrate.layout import is_conversion
 from tessera.orchestrate.partition import Subgraph, partition, split_subgraph
 from tessera.orchestrate.plan import Buffer, Kernel, Plan, SubgraphReport
+from tessera.orchestrate.repeats import producers, shifted, structure_key
 
 STRATEGIES = ("optimal", "greedy")
 CostFn = Callable[[Candidate], float]
@@ -109,19 +110,39 @@ def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: C
     # times them all in one batch: per subgraph, each batch ended with the build workers draining
     # and a small second round (a core's twins at its fastest schedule) that kept few of them busy.
     found: list[tuple[list[Candidate], list[Candidate]]] = []
+    origin: list[int | None] = []  # the earlier subgraph found[k] was moved from, if any
+    # A subgraph that repeats an earlier one (a transformer's layers) takes its candidates, moved.
+    producer, first = producers(og), {}
     k = 0
     while k < len(subs):
+        key = structure_key(og, subs[k], producer)
+        if key in first:
+            lo, j = first[key]
+            found.append((shifted(found[j][0], subs[k].lo - lo), shifted(found[j][1], subs[k].lo - lo)))
+            origin.append(j)
+            k += 1
+            continue
         try:
             found.append(_candidates(og, subs[k], strategy, rules, legality))
         except TooManyCandidates:
             subs, cuts = split_subgraph(og, subs, k, max_states)
-            found = found[:k]
+            found, origin = found[:k], origin[:k]
             continue
+        first[key] = (subs[k].lo, k)
+        origin.append(None)
         k += 1
     whole = greedy_candidates(og, og.all, rules, legality)  # the greedy baseline's kernels (`_greedy_total`)
-    prepare = getattr(cost, "prepare", None)
-    if prepare is not None:  # lazily measured: the baseline's kernels here, and what each solve picks
-        prepare(whole if getattr(cost, "lazy", False) else [c for cands, _ in found for c in cands] + whole)
+    prepare, same = getattr(cost, "prepare", None), getattr(cost, "same", None)
+    if prepare is not None and getattr(cost, "lazy", False):  # the baseline's kernels; each solve picks the rest
+        prepare(whole)
+    elif prepare is not None:
+        # A moved candidate computes what its original does (the same kernel signature), so a cost
+        # that can say so (`same`) prices it without working the kernel out again.
+        prepare([c for (cands, _), j in zip(found, origin) if same is None or j is None for c in cands] + whole)
+        for (cands, _), j in zip(found, origin):
+            if same is not None and j is not None:
+                for c, o in zip(cands, found[j][0]):
+                    same(c, o)
     chosen: list[tuple[int, Candidate, float]] = []
     reports: list[SubgraphReport] = []
     for sub, (cands, greedy) in zip(subs, found):
