@@ -16,7 +16,7 @@ from tessera.orchestrate.candidates import (Candidate, CandidateRules, KernelLeg
 from tessera.orchestrate.graphview import OGraph, bits, prologue_of
 from tessera.orchestrate.greedy import greedy_candidates
 from tessera.orchestrate.layout import is_conversion
-from tessera.orchestrate.partition import Subgraph, partition, split_subgraph
+from tessera.orchestrate.partition import Cut, Subgraph, partition, split_subgraph
 from tessera.orchestrate.plan import Buffer, Kernel, Plan, SubgraphReport
 from tessera.orchestrate.repeats import producers, shifted, structure_key
 
@@ -106,12 +106,40 @@ def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: C
     subs, cuts = partition(og, max_states)
     if progress:
         progress(0, og.n)
-    # Every subgraph's candidates first (a subgraph with too many is split), so that a measured cost
-    # times them all in one batch: per subgraph, each batch ended with the build workers draining
-    # and a small second round (a core's twins at its fastest schedule) that kept few of them busy.
+    subs, cuts, found, origin = _all_candidates(og, subs, cuts, strategy, rules, legality, max_states)
+    whole = greedy_candidates(og, og.all, rules, legality)  # the greedy baseline's kernels
+    _measure(cost, found, origin, whole)
+    chosen: list[tuple[int, Candidate, float]] = []
+    reports: list[SubgraphReport] = []
+    for sub, (cands, greedy) in zip(subs, found):
+        picked, costs, rep = _solve_subgraph(og, sub, cands, greedy, cost, strategy, solver, time_limit)
+        chosen += [(sub.index, c, s) for c, s in zip(picked, costs)]
+        reports.append(rep)
+        if progress:
+            progress(sub.hi, og.n)
+    greedy_total = sum(cost(c) for c in whole)  # the greedy baseline over the whole graph (no partition cuts)
+    kernels = _kernels(og, chosen)
+    return Plan(model=model, strategy=strategy, device=device, precision=precision, cost_model=cost_model,
+                kernels=kernels, buffers=_buffers(og, kernels),
+                subgraphs=reports,
+                cuts=[{"position": c.position, "tensors": list(c.tensors), "bytes": c.bytes,
+                       "lost_fusions": [list(e) for e in c.lost_fusions]} for c in cuts],
+                estimated_total_s=sum(k.cost_s for k in kernels), greedy_total_s=greedy_total,
+                orchestrate_s=time.perf_counter() - start, primitives=len(og.graph.nodes),
+                orchestrated_nodes=og.n)
+
+
+def _all_candidates(og: OGraph, subs: list[Subgraph], cuts: list[Cut], strategy: str, rules: CandidateRules,
+                    legality: KernelLegality, max_states: int
+                    ) -> tuple[list[Subgraph], list[Cut], list[tuple[list[Candidate], list[Candidate]]], list[int | None]]:
+    """Every subgraph's candidates (and greedy plan's) before any is priced, so that a measured cost
+    times them all in one batch: per subgraph, each batch ended with the build workers draining and
+    a small second round (a core's twins at its fastest schedule) that kept few of them busy. A
+    subgraph with too many candidates is split (the subgraphs and cuts returned are the final ones).
+    A subgraph that repeats an earlier one (`repeats.structure_key`: a transformer's layers) takes
+    that one's candidates, moved; `origin[k]` names the subgraph they came from (None: enumerated)."""
     found: list[tuple[list[Candidate], list[Candidate]]] = []
-    origin: list[int | None] = []  # the earlier subgraph found[k] was moved from, if any
-    # A subgraph that repeats an earlier one (a transformer's layers) takes its candidates, moved.
+    origin: list[int | None] = []
     producer, first = producers(og), {}
     k = 0
     while k < len(subs):
@@ -131,41 +159,26 @@ def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: C
         first[key] = (subs[k].lo, k)
         origin.append(None)
         k += 1
-    whole = greedy_candidates(og, og.all, rules, legality)  # the greedy baseline's kernels (`_greedy_total`)
+    return subs, cuts, found, origin
+
+
+def _measure(cost: CostFn, found: list[tuple[list[Candidate], list[Candidate]]], origin: list[int | None],
+             whole: list[Candidate]) -> None:
+    """Have a measured cost time every candidate in one batch (lazily measured: only the greedy
+    baseline's, each solve measures what it picks). A moved candidate computes what its original
+    does (one kernel signature), so a cost that can say so (`same`) prices it as that one, without
+    working its kernel out again."""
     prepare, same = getattr(cost, "prepare", None), getattr(cost, "same", None)
-    if prepare is not None and getattr(cost, "lazy", False):  # the baseline's kernels; each solve picks the rest
+    if prepare is None:
+        return
+    if getattr(cost, "lazy", False):
         prepare(whole)
-    elif prepare is not None:
-        # A moved candidate computes what its original does (the same kernel signature), so a cost
-        # that can say so (`same`) prices it without working the kernel out again.
-        prepare([c for (cands, _), j in zip(found, origin) if same is None or j is None for c in cands] + whole)
-        for (cands, _), j in zip(found, origin):
-            if same is not None and j is not None:
-                for c, o in zip(cands, found[j][0]):
-                    same(c, o)
-    chosen: list[tuple[int, Candidate, float]] = []
-    reports: list[SubgraphReport] = []
-    for sub, (cands, greedy) in zip(subs, found):
-        picked, costs, rep = _solve_subgraph(og, sub, cands, greedy, cost, strategy, solver, time_limit)
-        chosen += [(sub.index, c, s) for c, s in zip(picked, costs)]
-        reports.append(rep)
-        if progress:
-            progress(sub.hi, og.n)
-    greedy_total = _greedy_total(og, rules, legality, cost)
-    kernels = _kernels(og, chosen)
-    return Plan(model=model, strategy=strategy, device=device, precision=precision, cost_model=cost_model,
-                kernels=kernels, buffers=_buffers(og, kernels),
-                subgraphs=reports,
-                cuts=[{"position": c.position, "tensors": list(c.tensors), "bytes": c.bytes,
-                       "lost_fusions": [list(e) for e in c.lost_fusions]} for c in cuts],
-                estimated_total_s=sum(k.cost_s for k in kernels), greedy_total_s=greedy_total,
-                orchestrate_s=time.perf_counter() - start, primitives=len(og.graph.nodes),
-                orchestrated_nodes=og.n)
-
-
-def _greedy_total(og: OGraph, rules: CandidateRules, legality: KernelLegality, cost: CostFn) -> float:
-    """The greedy baseline over the whole graph (no partition cuts)."""
-    return sum(cost(c) for c in greedy_candidates(og, og.all, rules, legality))  # measured with the subgraphs
+        return
+    prepare([c for (cands, _), j in zip(found, origin) if same is None or j is None for c in cands] + whole)
+    for (cands, _), j in zip(found, origin):
+        if same is not None and j is not None:
+            for c, o in zip(cands, found[j][0]):
+                same(c, o)
 
 
 def _kernels(og: OGraph, chosen: list[tuple[int, Candidate, float]]) -> list[Kernel]:
