@@ -336,3 +336,6 @@ def test_a_repeat_changes_nothing_in_the_plan(monkeypatch):
     alone = orchestrate(og, cost, max_states=8)
     assert [(k.prims, k.outputs) for k in plan.kernels] == [(k.prims, k.outputs) for k in alone.kernels]
     assert plan.estimated_total_s == alone.estimated_total_s
+    moved = [s for s in plan.subgraphs if "candidates_of" in s.solver]  # plan.json and the report say so
+    assert moved and all(s.solver["candidates_of"] < s.index for s in moved)
+    assert not any("candidates_of" in s.solver for s in alone.subgraphs)

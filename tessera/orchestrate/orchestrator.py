@@ -111,8 +111,10 @@ def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: C
     _measure(cost, found, origin, whole)
     chosen: list[tuple[int, Candidate, float]] = []
     reports: list[SubgraphReport] = []
-    for sub, (cands, greedy) in zip(subs, found):
+    for sub, (cands, greedy), j in zip(subs, found, origin):
         picked, costs, rep = _solve_subgraph(og, sub, cands, greedy, cost, strategy, solver, time_limit)
+        if j is not None:  # plan.json and the report say whose candidates it took
+            rep.solver["candidates_of"] = subs[j].index
         chosen += [(sub.index, c, s) for c, s in zip(picked, costs)]
         reports.append(rep)
         if progress:
