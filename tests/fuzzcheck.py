@@ -410,6 +410,9 @@ def judge(spec: GraphSpec, x: Mapping[str, np.ndarray], ref: Mapping[str, np.nda
     tie = near_tie(spec, x)
     if tie:
         return Outcome("skip", "near-tie", detail + f"; {tie}", worst, floor)
+    step = narrow_step(spec, ref, got)
+    if step:
+        return Outcome("skip", "narrow-output-step", detail + f"; {step}", worst, floor)
     if p == "fp32" and worst < REFERENCE_SLACK * tol and model is not None:
         # onnxruntime's own float32 rounding: tessera matches the float64 value and onnxruntime does not.
         exact = exact_outputs(model, x)
@@ -465,6 +468,26 @@ def _gap(a: np.ndarray, b: np.ndarray) -> float:
     g = np.abs(a - b) / (np.abs(a) + np.abs(b) + 1e-30)
     g = g[np.isfinite(g)]
     return float(g.min()) if g.size else math.inf
+
+
+def narrow_step(spec: GraphSpec, ref: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]) -> str:
+    """Why outputs that miss the tolerance are the precision's rounding after all ('' if they are
+    not): each is stored in float16 or bfloat16, and differs from the reference in at most one
+    element in a hundred (and one), by one step of its type. A value computed in float32 that lies
+    within float32 noise of the narrow type's rounding boundary lands on either side of it: a
+    float32 ConvTranspose cast to float16 missed 1e-5 by one element one step off (session 35).
+    A kernel that computed in the narrow type where float32 was asked would be off in most elements."""
+    tol = TOLERANCE[spec.precision]
+    for o in spec.outputs:
+        r, g = ref[o], got[o]
+        if rel_l2(g, r) < tol:
+            continue
+        if r.dtype not in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+            return ""
+        off = np.abs(g.astype(np.float64) - r.astype(np.float64))
+        if not np.all(off <= np.spacing(np.abs(r)).astype(np.float64)) or (off > 0).sum() > 1 + r.size // 100:
+            return ""
+    return "outputs in a narrow type one step off in at most 1% of their elements"
 
 
 def near_tie(spec: GraphSpec, x: Mapping[str, np.ndarray]) -> str:
