@@ -93,9 +93,9 @@ def library_wins(plan: object, costs: list, db: TuningDB) -> None:
         s = r["seconds"]  # None for a schedule that failed
         if str(r["schedule"]).startswith(("conv-", "gemm-", "chain-")) and s is not None and math.isfinite(float(s)):
             templates.setdefault(str(r["signature"]), []).append(float(s) * 1e6)
+    indexed = [(cost, {n.name: i for i, n in enumerate(cost.og.nodes)}) for cost in costs]
     for k in plan.kernels:  # type: ignore[attr-defined]
-        for cost in costs:  # one per subgraph; the kernel's prims are named in one of them
-            index = {n.name: i for i, n in enumerate(cost.og.nodes)}
+        for cost, index in indexed:  # one per subgraph; the kernel's prims are named in one of them
             if not all(p in index for p in k.prims):
                 continue
             nodes = sum(1 << index[p] for p in k.prims)

@@ -33,6 +33,7 @@ from tessera.codegen.kernels import (AnySchedule, ChainSchedule, ConvSchedule, G
 from tessera.codegen.triton_ops import Unsupported
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import Category, Prim
+from tessera.ir.signature import kernel_signature
 from tessera.orchestrate.candidates import StructuralLegality, transposes_matrix
 from tessera.orchestrate.graphview import OGraph, bits, is_view, prologue_of  # noqa: F401 - prologue_of is used from here too
 
@@ -300,8 +301,6 @@ class TritonLegality:
         pro = prologue_of(og, prims)
         if self.shared is None:
             return self._build(og, prims, pro, outputs)
-        from tessera.cost.measured import kernel_signature  # cost/ builds on codegen/
-
         sig = kernel_signature(og.graph, prims, pro, outputs)
         if sig not in self.shared:
             self.shared[sig] = self._build(og, prims, pro, outputs)

@@ -10,7 +10,6 @@ real kernels; tests pass a fake one.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from dataclasses import dataclass, replace
@@ -26,6 +25,7 @@ from tessera.cost.db import Key, TuningDB
 from tessera.cost.schedule_model import GEMM_FAMILIES
 from tessera.cost.devices import DEVICES, Device
 from tessera.ir.graph import Graph, Node
+from tessera.ir.signature import kernel_signature  # noqa: F401 - imported from here by callers
 from tessera.ir.prims import CATEGORY_OF, Category
 from tessera.log import logger
 from tessera.orchestrate.candidates import Candidate
@@ -40,34 +40,6 @@ def math_mode(prims: Sequence[Node], precision: str) -> str:
     if precision in ("fp32", "tf32") and any(n.op in _LIBRARY_MATH for n in prims):
         return precision
     return ""
-
-
-def kernel_signature(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], outputs: Sequence[str],
-                     math: str = "") -> str:
-    """A stable name for what a kernel computes: ops, attributes, types and wiring, not tensor names
-    (and the math mode, where it matters: `math_mode`)."""
-    ids: dict[str, str] = {}
-
-    def tid(t: str) -> str:
-        if t not in ids:
-            # A scalar constant's value is in the generated source (Graph.scalar_constant).
-            one = graph.scalar_constant(t) if t else None
-            # A tensor stored rounded to tf32 is written or read differently (Graph.tf32_rounded).
-            mark = (f"={one!r}" if one is not None else "") + ("~tf32" if t in graph.tf32_rounded else "")
-            ids[t] = f"t{len(ids)}:{graph.types[t]}{mark}" if t else ""
-        return ids[t].split(":")[0] if ids[t] else ""
-
-    parts = []
-    for n in list(prologue) + list(prims):
-        ins = [tid(t) for t in n.inputs]
-        outs = [tid(t) for t in n.outputs]
-        attrs = sorted((k, repr(v)) for k, v in n.attrs.items())
-        parts.append(f"{n.op}({','.join(ins)})->{','.join(outs)}{attrs}")
-    parts.append("types:" + ";".join(ids.values()))
-    parts.append("writes:" + ",".join(tid(t) for t in outputs))
-    if math:
-        parts.append("math:" + math)
-    return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:24]
 
 
 FAILED_S = 1.0

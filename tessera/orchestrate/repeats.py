@@ -8,20 +8,19 @@ describes all of that relative to the subgraph's first node, so two subgraphs wi
 the same candidates, each node set moved by the distance between them (`shifted`). BERT's twelve
 layers are then enumerated once; its other eleven subgraphs take a copy.
 
-What the key holds, per member in order: its op, attributes and output types, whether later
-subgraphs or the graph's outputs read it, and for each input where it comes from: a member (by
-place), an orchestrated node before the subgraph (by distance, with the tensor's type), a free
-node (by its own description, recursively), or a tensor from outside the orchestrated nodes (by
-first appearance, its type, whether it is a constant, a one-element constant's value, and its
-tf32 rounding): as `cost.measured.kernel_signature` tells kernels apart, since the code generator
-reads no more of a constant than its one value.
+The key is the members' kernel signature (`ir.signature`: ops, attributes, types, wiring, a
+one-element constant's value, with their free prologue, as the code generator sees them), plus
+what a signature leaves out and enumeration reads: where each tensor from outside comes from (an
+orchestrated node before the subgraph, by distance; a constant; a graph input), and which members
+later subgraphs or the graph's outputs read.
 """
 from __future__ import annotations
 
 import hashlib
 
+from tessera.ir.signature import kernel_signature
 from tessera.orchestrate.candidates import Candidate
-from tessera.orchestrate.graphview import OGraph
+from tessera.orchestrate.graphview import OGraph, prologue_of
 from tessera.orchestrate.partition import Subgraph
 
 
@@ -29,40 +28,21 @@ def structure_key(og: OGraph, sub: Subgraph, producer: dict[str, tuple[int, int]
     """What subgraph `sub`'s candidates depend on, relative to its first node (see the module
     docstring). `producer`: tensor -> (orchestrated node, output slot), for every orchestrated node."""
     g = og.graph
-    free_by_output = {o: f for i in range(sub.lo, sub.hi) for f in og.free[og.nodes[i].name] for o in f.outputs if o}
-    ids: dict[str, str] = {}  # tensors from outside and free nodes' outputs, by first appearance
-
-    def tensor(t: str) -> str:
-        if not t:
-            return "-"
-        where = producer.get(t)
-        if where is not None:
-            p, slot = where
-            return f"n{p - sub.lo}.{slot}" if p >= sub.lo else f"b{p - sub.lo}.{slot}:{g.types[t]}"
-        if t not in ids:
-            f = free_by_output.get(t)
-            if f is not None:
-                ids[t] = f"f{len(ids)}"
-                ids[t] += f"={f.op}({','.join(tensor(x) for x in f.inputs)}){_attrs(f)}:{g.types[t]}"
-            else:
-                const = "c" if t in g.constants else "i"
-                ids[t] = (f"x{len(ids)}:{g.types[t]}:{const}={g.scalar_constant(t)!r}"
-                          f"{'~tf32' if t in g.tf32_rounded else ''}")
-        return ids[t].split("=")[0].split(":")[0]
-
-    parts = []
-    for i in range(sub.lo, sub.hi):
-        n = og.nodes[i]
-        ins = ",".join(tensor(t) for t in n.inputs)
-        outs = ",".join(f"{g.types[o]}{'~tf32' if o in g.tf32_rounded else ''}" if o else "-" for o in n.outputs)
-        read = f"{(sub.must_output >> i) & 1}{(og.graph_outputs >> i) & 1}"
-        parts.append(f"{n.op}({ins})->{outs}{_attrs(n)}|{read}")
-    parts.append("tensors:" + ";".join(ids.values()))
-    return hashlib.sha1("\n".join(parts).encode()).hexdigest()
-
-
-def _attrs(n: object) -> str:
-    return repr(sorted((k, repr(v)) for k, v in n.attrs.items()))  # type: ignore[attr-defined]
+    members = og.nodes[sub.lo:sub.hi]
+    pro = prologue_of(og, members)
+    made = {o for n in [*pro, *members] for o in n.outputs if o}
+    outside = []
+    for n in [*pro, *members]:
+        for t in n.inputs:
+            if not t or t in made:
+                continue
+            where = producer.get(t)
+            outside.append(f"{where[0] - sub.lo}.{where[1]}" if where is not None
+                           else "c" if t in g.constants else "i")
+    read = [f"{(sub.must_output >> i) & 1}{(og.graph_outputs >> i) & 1}" for i in range(sub.lo, sub.hi)]
+    outs = [o for n in members for o in n.outputs if o]
+    return hashlib.sha1("|".join([kernel_signature(g, members, pro, outs), ",".join(outside), "".join(read)])
+                        .encode()).hexdigest()
 
 
 def producers(og: OGraph) -> dict[str, tuple[int, int]]:
