@@ -18,12 +18,15 @@ dynamo's guards on module state and without (`bench --guards skip-modules`), and
 `torch.compile, skip-modules` rows the backend's call without them.
 Each layer's cost is its difference from the one before. The two latency columns synchronize
 after every call, so host time adds to GPU time as in the bench's wall time per call. With --out, a cProfile of the last
-(`profile_MODEL.txt`, cumulative time) says which Python functions take the rest.
+(`profile_MODEL.txt`, and `profile_MODEL_skip-modules.txt` without the module guards; cumulative
+time) says which Python functions take the rest. The `bench:` rows time the ONNX path's replay and the
+backend's call (skip-modules) with the bench's own clock, `tessera.bench.median_ms`.
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import os
 import pstats
@@ -39,7 +42,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tessera import zoo  # noqa: E402
-from tessera.bench import guard_options  # noqa: E402
+from tessera.bench import guard_options, median_ms  # noqa: E402
+from tessera.runtime.profile import profile_executable  # noqa: E402
 from tessera.torch_backend import tessera_backend  # noqa: E402
 
 
@@ -126,6 +130,17 @@ def main() -> int:
             unguarded(*args)
             row["torch.compile, skip-modules"] = per_call_us(lambda: unguarded(*args))
             row["torch.compile, skip-modules, latency"] = per_call_us(lambda: unguarded(*args), sync_each=True)
+            # the bench's own clock (do_bench: an L2 flush before each call, no synchronize between calls)
+            row["bench: replay"] = median_ms(lambda: exe.run_static(bound), torch.device(dev)) * 1e3
+            row["bench: torch.compile, skip-modules"] = median_ms(lambda: unguarded(*args), torch.device(dev)) * 1e3
+            gc.disable()  # is it the collector, in a process whose heap holds a whole compile?
+            row["bench: torch.compile, skip-modules, gc off"] = median_ms(lambda: unguarded(*args), torch.device(dev)) * 1e3
+            gc.enable()
+            if dev == "cuda":  # does a torch.profiler session before (the bench's --profile) slow the host?
+                profile_executable(exe, dict(zip(exe.graph.inputs, ins)))
+                row["bench: torch.compile, skip-modules, after a profile"] = \
+                    median_ms(lambda: unguarded(*args), torch.device(dev)) * 1e3
+                row["bench: replay, after a profile"] = median_ms(lambda: exe.run_static(bound), torch.device(dev)) * 1e3
             for guards, opts in (("all", {}), ("skip-modules", skip)):
                 trivial = torch.compile(model, backend=lambda gm, ex: (lambda *x: out), **({"options": opts} if opts else {}))
                 trivial(*args)
@@ -134,15 +149,16 @@ def main() -> int:
             print(name, {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
             if a.out:
                 a.out.mkdir(parents=True, exist_ok=True)
-                prof = cProfile.Profile()
-                prof.enable()
-                for _ in range(200):
-                    fn(*args)
-                _sync()
-                prof.disable()
-                s = io.StringIO()
-                pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(45)
-                (a.out / f"profile_{name}.txt").write_text(s.getvalue())
+                for suffix, call in (("", fn), ("_skip-modules", unguarded)):
+                    prof = cProfile.Profile()
+                    prof.enable()
+                    for _ in range(200):
+                        call(*args)
+                    _sync()
+                    prof.disable()
+                    s = io.StringIO()
+                    pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(45)
+                    (a.out / f"profile_{name}{suffix}.txt").write_text(s.getvalue())
     where = torch.cuda.get_device_name() if dev == "cuda" else "CPU"
     print(f"\n{where}, {a.cost} cost, {a.precision}; µs per call in steady state"
           + (", the replay stubbed out (host time only)" if a.stub_replay else ""))
@@ -152,7 +168,7 @@ def main() -> int:
         print(f"| {r['model']} | {r['replay']:.1f} | {r['exe(*inputs)']:.1f} | {r['CompiledModule']:.1f} | "
               f"{r['torch.compile']:.1f} | {r['replay, latency']:.1f} | {r['torch.compile, latency']:.1f} |"
               )
-    extra = [k for r in rows for k in r if k.startswith(("trivial", "torch.compile, skip"))]
+    extra = [k for r in rows for k in r if k.startswith(("trivial", "torch.compile, skip", "bench:"))]
     for k in dict.fromkeys(extra):
         print(f"{k}: " + ", ".join(f"{r['model']} {r[k]:.1f}" for r in rows if k in r))
     return 0

@@ -420,6 +420,44 @@ def test_batched_matmul_viewed_before_its_bias():
     assert [n.op for n in _linear_step(exe).impl.fused] == ["reshape", "add"]
 
 
+# op, x shape, x's integer range, weight shape, whether the call computes padded channels (columns).
+_BIAS_CASES = {
+    "conv1x1_padded": ("Conv", (1, 16, 3, 5), (15, 20), (3, 16, 1, 1), True),  # 3 -> 8 channels: a GEMM
+    "conv3x3_padded": ("Conv", (1, 2, 5, 6), (14, 17), (3, 2, 3, 3), True),  # 3 -> 8 channels: F.conv2d
+    "matmul_padded": ("MatMul", (512, 16), (15, 20), (16, 9), True),  # 9 -> 16 columns
+    "conv_transpose": ("ConvTranspose", (1, 16, 3, 5), (8, 9), (16, 2, 1, 2), False),  # 32 taps inside
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BIAS_CASES))
+def test_the_library_call_adds_the_bias_before_it_rounds(case):
+    """A linear result plus a bias that nearly cancels it is rounded to bf16 once, as the ONNX node
+    is. Integers keep every sum exact in float32: products of ones sum to about 240..320, the bias
+    is -272 (a bf16 value), so the result is an integer below 256, a bf16 value; the sum alone,
+    rounded to bf16 first (spacing 2 past 256), is off by one in about half the elements. Found by
+    the fuzzer (session 35: a bf16 1x1 Conv whose one output channel was padded to 8): the cut back
+    to one channel sat between the call and its bias add, so a generated kernel added the bias to
+    the rounded sum. ConvTranspose added its bias after the call. (On the CPU, where these run:
+    oneDNN and the GEMM add the bias before they round. On CUDA, torch adds a cuDNN convolution's
+    bias in a second kernel, after rounding.)"""
+    op, xs, (lo, hi), ws, padded = _BIAS_CASES[case]
+    x = np.random.default_rng(5).integers(lo, hi + 1, xs).astype(np.float32)
+    nb = ws[-1] if op == "MatMul" else ws[1] if op == "ConvTranspose" else ws[0]
+    inputs = {"x": x, "w": Const(np.ones(ws, np.float32)), "b": Const(np.full(nb, -272.0, np.float32))}
+    if op == "MatMul":
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"], ["out"])]
+    else:
+        nodes = [helper.make_node(op, ["x", "w", "b"], ["out"])]
+    m = graph_model(nodes, inputs, ["out"], opset=17)
+    exact = run_onnxruntime(m, {"x": x})["out"]  # float32 sums of integers: exact
+    assert np.abs(exact).max() < 256 and (exact != 0).any()
+    exe = tessera.compile(m, tessera.CompileOptions(cost="analytical", precision="bf16", layout="nhwc"))
+    got = exe.run(x=torch.from_numpy(x))["out"].float().numpy()
+    assert np.array_equal(got, exact), f"{int((got != exact).sum())} of {got.size} elements rounded twice"
+    (step,) = [s for s in exe.steps if s.impl.backend == "linear"]
+    assert step.impl.bias and (step.impl.cut is not None) == padded  # the call adds it, padded or not
+
+
 @pytest.mark.parametrize("shape,perm,fused", [
     ((2, 3, 5, 7), (0, 1, 3, 2), True),   # attention's K^T: a transposed view for cuBLAS
     ((5, 7), (1, 0), True),

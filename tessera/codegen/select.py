@@ -31,6 +31,7 @@ from tessera.codegen.gemm import generate_gemm
 from tessera.codegen.kernels import (AnySchedule, ChainSchedule, ConvSchedule, GemmSchedule, KernelSource, Schedule,
                                      generate)
 from tessera.codegen.triton_ops import Unsupported
+from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import Category, Prim
 from tessera.ir.signature import kernel_signature
@@ -63,10 +64,13 @@ class KernelImpl:
     # Linear kernels: what the library call absorbs. `bias` is a constant-derived tensor
     # holding one value per output column (matmul) or channel (conv); `fused` are the
     # epilogue nodes the call computes (the bias add, then the nodes of `activation`: None,
-    # "relu" or "gelu_tanh", cuBLASLt's RELU_BIAS and GELU_BIAS epilogues).
+    # "relu" or "gelu_tanh", cuBLASLt's RELU_BIAS and GELU_BIAS epilogues). `cut` (fp16/bf16) is the
+    # SLICE, the first of `fused`, that cuts a result whose channels (columns) the layout pass
+    # padded back to the bias add's shape: the call adds the bias zero-padded, then cuts its result.
     bias: str | None = None
     activation: str | None = None
     fused: list[Node] = field(default_factory=list)
+    cut: Node | None = None
     # Transposes of a matmul operand (`operand_views`) the library call reads as strided views.
     views: list[Node] = field(default_factory=list)
 
@@ -150,6 +154,7 @@ def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], out
         if written:
             raise Unsupported(f"{root.name}: a library call reads {written[0]} as a view and cannot write it")
         impl.bias, impl.fused, impl.activation = _library_epilogue(graph, nodes, prologue, root, outputs)
+        impl.cut = impl.fused[0] if impl.fused and impl.fused[0].op == Prim.SLICE.value else None
         done = {root.name} | {n.name for n in impl.fused}
         epi = [n for n in _epilogue(graph, nodes, root) if n.name not in done]
         # Kept only by the fused add: the bias's own producers, folded once at load.
@@ -209,8 +214,18 @@ def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[No
     producer = {o: n for n in nodes for o in n.outputs}
     r = root.outputs[0]
     matmul = root.op == Prim.MATMUL.value
+    # A result whose channels (matmul: columns) the layout pass padded is cut back by a SLICE
+    # before the bias add (orchestrate/layout.py). In fp16/bf16 the call takes the bias zero-padded
+    # and the cut follows it: left to the generated epilogue, the bias would be added to a result
+    # already rounded to the narrow type, a second rounding that a bias nearly cancelling the sum
+    # amplifies (the fuzzer's bf16 1x1 Conv, 2.2% off). A float32 result keeps its cut in the
+    # epilogue, which also adds the bias: a second float32 rounding is noise, and a generated
+    # kernel cuts the padded channels as it reads them, where the cut after the call is a copy.
+    narrow = graph.types[r].dtype in (DType.FLOAT16, DType.BFLOAT16)
+    cut = _cut_back(graph, readers, r, outputs, graph.types[r].rank - 1 if matmul else 1) if narrow else []
+    r = cut[0].outputs[0] if cut else r
     # A matmul result may be reshaped (a view) before its bias add, if the columns stay last.
-    views = _views(graph, readers, r, outputs, columns=True) if matmul else []
+    views = cut + (_views(graph, readers, r, outputs, columns=True) if matmul else [])
     r = views[-1].outputs[0] if views else r
     if r in outputs or len(readers.get(r, [])) != 1 or readers[r][0].op != Prim.ADD.value:
         return None, [], None
@@ -254,6 +269,20 @@ def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[No
     if any(o in graph.tf32_rounded for n in after for o in n.outputs):
         return src, fused, None
     return src, fused + after, GELU_TANH
+
+
+def _cut_back(graph: Graph, readers: dict[str, list[Node]], t: str, outputs: Sequence[str],
+              axis: int) -> list[Node]:
+    """[the SLICE that alone reads `t` and keeps a leading part of `axis` only], or [] where there is none
+    (or `t` is a kernel output: the library call writes only the last tensor it computes)."""
+    rs = readers.get(t, [])
+    if t in outputs or len(rs) != 1 or rs[0].op != Prim.SLICE.value:
+        return []
+    a, shape, out = rs[0].attrs, graph.types[t].shape, graph.types[rs[0].outputs[0]].shape
+    if any(int(v) != 0 for v in a["starts"]) or any(int(v) != 1 for v in a["steps"]) or len(out) != len(shape) \
+            or any(m != n for d, (m, n) in enumerate(zip(shape, out)) if d != axis):
+        return []
+    return [rs[0]]
 
 
 def _views(graph: Graph, readers: dict[str, list[Node]], t: str, outputs: Sequence[str],

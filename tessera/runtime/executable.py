@@ -13,7 +13,7 @@ CPU the same kernels run through Triton's interpreter.
 from __future__ import annotations
 
 from contextlib import nullcontext, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -105,9 +105,9 @@ class Executable:
             self.steps.append(Step(impl, kernel))
         self._fold_torch_prologues()
         self._stored_constants()
-        # Bias vectors the library calls take (constant-derived, computed once).
-        self._bias = {s.impl.name: self.constants[s.impl.bias].reshape(-1).contiguous()
-                      for s in self.steps if s.impl.bias}
+        # Bias vectors the library calls take (constant-derived, computed once); zero-padded to the
+        # call's channels (columns) where the layout pass padded them (`KernelImpl.cut`).
+        self._bias = {s.impl.name: self._padded_bias(s.impl) for s in self.steps if s.impl.bias}
         # Constant weights of convolutions whose input is stored channels-last take the same
         # layout once, here, so cuDNN runs its NHWC kernels with no conversion per call. Generated
         # kernels (a convolution template among them) address a weight by its type's layout, so
@@ -485,6 +485,20 @@ class Executable:
             env.update({t: round_tf32(v) if t in self.graph.tf32_rounded else v
                         for t, v in self._torch(impl.prims, env).items() if t in impl.outputs})
 
+    @staticmethod
+    def _bias_axis(impl: KernelImpl) -> int:
+        """The axis of a linear result its bias varies along: channels (conv), columns (matmul, last)."""
+        assert impl.linear is not None
+        return -1 if impl.linear.op == Prim.MATMUL.value else 1
+
+    def _padded_bias(self, impl: KernelImpl) -> torch.Tensor:
+        assert impl.linear is not None and impl.bias is not None
+        b = self.constants[impl.bias].reshape(-1)
+        if impl.cut is not None:
+            n = self.graph.types[impl.linear.outputs[0]].shape[self._bias_axis(impl)]
+            b = torch.nn.functional.pad(b, (0, n - b.numel()))
+        return b.contiguous()
+
     def _linear(self, impl: KernelImpl, env: dict[str, torch.Tensor]) -> None:
         """The library call of a linear kernel (with the bias and activation it absorbs)."""
         root = impl.linear
@@ -495,15 +509,27 @@ class Executable:
             if not self.graph.types[root.outputs[0]].plain else None
         if gemm is not None:
             last = impl.fused[-1].outputs[0] if impl.bias else root.outputs[0]
-            env[last] = self._settle(last, gemm)
+            env[last] = self._settle(last, self._cut(impl, last, gemm))
         elif impl.bias:
             last = impl.fused[-1].outputs[0]
-            y = run_linear_fused(root, args, self.graph.types[last], self._bias[impl.name], impl.activation)
-            env[last] = self._settle(last, y)
+            out = self.graph.types[last]
+            if impl.cut is not None:  # the call computes the padded channels (columns), then the cut
+                axis, shape = self._bias_axis(impl), list(out.shape)
+                shape[axis] = self.graph.types[root.outputs[0]].shape[axis]
+                out = replace(out, shape=tuple(shape))
+            y = run_linear_fused(root, args, out, self._bias[impl.name], impl.activation)
+            env[last] = self._settle(last, self._cut(impl, last, y))
         else:
             outs = run_node(root, args, [self.graph.types[o] for o in root.outputs if o], device=self.device,
                             opsets=self.graph.opsets)
             env.update({o: self._settle(o, y) for o, y in zip([o for o in root.outputs if o], outs)})
+
+    def _cut(self, impl: KernelImpl, last: str, y: torch.Tensor) -> torch.Tensor:
+        """`y`, the library result of `impl` computed on padded channels (columns), cut back to `last`."""
+        if impl.cut is None:
+            return y
+        axis = self._bias_axis(impl)
+        return y.narrow(axis, 0, self.graph.types[last].shape[axis])
 
     def _settle(self, t: str, y: torch.Tensor) -> torch.Tensor:
         """`y` in the memory layout the plan gave `t`: generated kernels address it by that layout.

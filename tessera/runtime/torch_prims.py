@@ -329,8 +329,7 @@ def run_linear_fused(node: Node, args: Sequence[torch.Tensor], out: TensorType, 
             padding = [0] * n
         y = _CONV[n](x, w, bias, tuple(a["strides"]), tuple(padding), tuple(a["dilations"]), a["group"])
     else:
-        y = _conv_transpose(node, args, out, args[0].device)
-        y = y + bias.reshape([1, -1] + [1] * (y.dim() - 2))
+        y = _conv_transpose(node, args, out, args[0].device, bias)
     return _conform(node, _activate(y, activation), out)
 
 
@@ -379,11 +378,14 @@ def _conv(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.de
     return _CONV[n](x, w, None, tuple(a["strides"]), tuple(padding), tuple(a["dilations"]), a["group"])
 
 
-def _conv_transpose(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+def _conv_transpose(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
     # The full output (pads 0) is cropped by pb at the start and pe at the end;
     # output_padding extends it at the end with positions no input reaches (0).
     # torch crops symmetrically and refuses output_padding >= max(stride, dilation):
     # let it do min(pb, pe) and the output_padding it takes, crop/extend the rest.
+    # A `bias` (one value per output channel) goes into the call, which adds it before it rounds
+    # its fp16/bf16 result; added afterwards, the sum would be rounded twice.
     x, w = args
     a = node.attrs
     n = _spatial_rank(node, x)
@@ -393,10 +395,13 @@ def _conv_transpose(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev
     # either: the zeros we append have to follow the full output's last position.
     sym = [min(p[i], p[i + n]) if takes[i] else 0 for i in range(n)]
     top = [op[i] if takes[i] else 0 for i in range(n)]
-    y = _CONV_T[n](x, w, None, tuple(s), tuple(sym), tuple(top), a["group"], tuple(d))
     fix = [(sym[i] - p[i], (op[i] - top[i]) - (p[i + n] - sym[i])) for i in range(n)]
+    extends = any(v > 0 for f in fix for v in f)  # positions no input reaches hold the bias alone
+    y = _CONV_T[n](x, w, None if extends else bias, tuple(s), tuple(sym), tuple(top), a["group"], tuple(d))
     if any(v for f in fix for v in f):
         y = F.pad(y, [v for f in reversed(fix) for v in f])  # negative pads crop
+    if extends and bias is not None:
+        y = y + bias.reshape([1, -1] + [1] * n)
     return y
 
 
