@@ -205,6 +205,11 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
             on_entry({**_document(name, precision, dev, timing, guards, entries), "partial": True})
 
     reps = 30 if dev.type == "cuda" else 1  # a CPU profile runs Triton's interpreter: one call is plenty
+    # Run profiles wait until every contender is timed: in a process with CUDA graphs, torch.profiler
+    # leaves CUPTI attached after its session (TEARDOWN_CUPTI=0), and every later CUDA API call on the
+    # host pays for it. A contender timed after a profile was slowed where its host work shows (on an
+    # H100, bert_base through the backend: 399 -> 426 µs per call, scripts/results/bench/session36).
+    profiles: list[tuple[int, Callable[[], Any]]] = []
     _set_precision(precision)
     for strategy in strategies:
         # "optimal-notemplates": the same strategy with GEMM/conv templates off (library kernels only),
@@ -252,7 +257,7 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
             "rewrites": result.rewrite_search,
             "plan": _plan_rows(exe)}))
         if run_profile:
-            entries[-1].extra["run_profile"] = profile_executable(exe, feeds, reps).to_json()
+            profiles.append((len(entries) - 1, lambda exe=exe, feeds=feeds: profile_executable(exe, feeds, reps)))
         checkpoint()
     if module is not None:
         module = module.to(dev)
@@ -262,6 +267,7 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
             dt = torch.float16 if precision == "fp16" else torch.bfloat16
             module = (copy.deepcopy(module) if DYNAMO in peers else module).to(dt)  # to() converts in place
             args = [a.to(dt) if a.is_floating_point() else a for a in args]
+        torch._dynamo.reset()  # this row's torch.compile contenders start from nothing an earlier row compiled
         for peer in peers:
             if peer not in PEERS + (DYNAMO,):
                 raise TesseraError(f"unknown peer {peer!r}; choose from {', '.join(PEERS + (DYNAMO,))}")
@@ -269,7 +275,9 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
             if peer == DYNAMO:  # the fp32 module, as the ONNX path compiles the fp32 model, at the same precision
                 from tessera.torch_backend import dynamo_compile
 
-                torch._dynamo.reset()
+                # No torch._dynamo.reset() here: it would make the torch.compile contenders before this
+                # one compile again when their profiles run last. Dynamo keeps each backend's graphs
+                # apart (its BACKEND_MATCH check), so Inductor's never answer for tessera's.
                 fn, compiled = dynamo_compile(fp32_module, CompileOptions(
                     precision=precision, cost=cost, db=db, solver=solver,
                     io="precision" if any("precisionio" in s.split("-") for s in strategies) else "model"),
@@ -302,8 +310,12 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
             logger.info("bench %s %s: %s warmed up in %.1f s, %.3f ms", name, precision, peer, warm, ms)
             entries.append(Entry(peer, ms, err, ok, extra={"warmup_s": round(warm, 2), **extra}))
             if run_profile:
-                entries[-1].extra["run_profile"] = profile_callable(lambda: fn(*call), reps, dev, peer).to_json()
+                profiles.append((len(entries) - 1,
+                                 lambda fn=fn, call=call, peer=peer: profile_callable(lambda: fn(*call), reps, dev, peer)))
             checkpoint()
+    for i, run in profiles:
+        entries[i].extra["run_profile"] = run().to_json()
+        checkpoint()
     return _document(name, precision, dev, timing, guards, entries)
 
 
