@@ -154,10 +154,13 @@ def test_suite_targets_take_the_geomean_and_count_max_autotune(tmp_path):
     suite = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(suite)
 
-    def row(model, ratio, ms, autotune_ms=None, passed=True):
+    def row(model, ratio, ms, autotune_ms=None, passed=True, peer_gpu_us=None):
         entries = [{"name": "tessera-optimal-precisionio", "ms": ms, "passed": passed, "vs_best_peer": ratio}]
         if autotune_ms is not None:
             entries.append({"name": "inductor-max-autotune", "ms": autotune_ms, "passed": True})
+        for i, us in enumerate(peer_gpu_us or []):  # peers' run profiles: their GPU kernel time per call
+            entries.append({"name": f"peer{i}", "ms": 9.0, "passed": True,
+                            "extra": {"run_profile": {"device": "cuda", "total_us": us}}})
         f = tmp_path / f"bench_{model}.json"
         f.write_text(json.dumps({"model": model, "precision": "fp16", "entries": entries}))
         return f
@@ -168,6 +171,10 @@ def test_suite_targets_take_the_geomean_and_count_max_autotune(tmp_path):
     assert "geomean tessera / best peer: 0.630 (1.59x faster)" in text  # (0.5 * 2 * 0.25) ** (1/3)
     assert "max-autotune finished in 2 rows; tessera faster in 1" in text
     assert "failed its check in: b fp16" in text
+    assert "GPU kernel time alone" not in text  # no row has a peer's GPU profile
+    # against the least GPU time of any peer: 1000/800 and 1000/4000
+    text = suite.targets([row("d", 0.5, 1.0, peer_gpu_us=[900.0, 800.0]), row("e", 0.5, 1.0, peer_gpu_us=[4000.0])])
+    assert "GPU kernel time alone (run profiles, 2 rows): tessera ahead in 1, geomean 0.559 (1.79x faster)" in text
 
 
 @pytest.mark.gpu
