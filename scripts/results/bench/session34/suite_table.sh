@@ -1,21 +1,9 @@
 #!/bin/bash
-# Issue 14's H100 suite at the pinned 583a413, assembled from the sessions' committed row archives:
-# the table, the targets under it, and what each plan fused. Add a session's new rows to ROWS.
-#   bash scripts/results/bench/session34/suite_table.sh [OUT_DIR]
-set -euo pipefail
-cd "$(dirname "$0")/../../../.."
-out=${1:-/tmp/suite_h100}
-rm -rf "$out" && mkdir -p "$out/rows"
-# archive (relative to scripts/results/bench) and the row inside it; a row that ran twice is named once
+# Issue 14's H100 suite at the pinned 583a413 as session 34 left it (12 rows): session 36's script
+# over those rows.   bash scripts/results/bench/session34/suite_table.sh [OUT_DIR]
 ROWS="session32/call2/rows.tgz:bert_base_fp16 session32/call1/rows.tgz:mobilenet_v2_tf32
 session32/call4/rows.tgz:resnet50_fp16 session33/call1/rows.tgz:candy_fp16 session33/call1/rows.tgz:gpt2_fp16
 session33/call2/rows.tgz:gpt2_tf32 session33/call2/rows.tgz:candy_tf32 session33/call3/rows.tgz:bert_base_tf32
 session34/call3/rows.tgz:inception_v3_fp16 session34/call3/rows.tgz:mobilenet_v2_fp16
-session34/call3/rows.tgz:resnet50_tf32 session34/call4/rows.tgz:inception_v3_tf32"
-for r in $ROWS; do
-    tgz=${r%%:*}; row=${r##*:}
-    tar -xzf "scripts/results/bench/$tgz" -C "$out" "rows/$row/bench_$row.json"
-done
-python3 scripts/bench_suite.py --table --kinds "$out"/rows/*/bench_*.json
-echo
-python3 scripts/fusion_summary.py "$out"/rows/*/bench_*.json
+session34/call3/rows.tgz:resnet50_tf32 session34/call4/rows.tgz:inception_v3_tf32" \
+    exec bash "$(dirname "$0")/../session36/suite_table.sh" "$@"
