@@ -272,7 +272,7 @@ def test_tiled_transposes(shape, perm, schedule):
     m, feeds = _transpose_add_model(shape, perm)
     ks = check_kernel(m, feeds, schedule)
     assert "tiled pointwise" in ks.source and ks.rnumel == shape[perm[-1]]
-    assert (f"for r" in ks.source) == (not schedule.persistent)
+    assert ("for r" in ks.source) == (not schedule.persistent)
 
 
 def test_tiled_schedules_only_for_transposing_kernels():

@@ -326,8 +326,6 @@ def test_repeated_layers_enumerate_once_and_get_the_same_candidates():
 
 
 def test_a_repeat_changes_nothing_in_the_plan(monkeypatch):
-    from tessera.orchestrate import repeats
-
     og = build_ograph(_residual_layers(5, seed=3))
     cost = AnalyticalCost(og, device("h100"))
     plan = orchestrate(og, cost, max_states=8)

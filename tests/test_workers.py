@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -409,14 +408,6 @@ def test_a_callers_profiler_serves_several_compiles_and_stays_open(tmp_path, mon
     monkeypatch.setattr(compiler, "new_profiler", lambda opt: Own(workers=1))
     compiler.compile_model(models_dir() / "gemm_g2.onnx", opts)
     assert closed == [True]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_timing_rotates_large_float_constants_as_stored():

@@ -28,7 +28,7 @@ from tessera.codegen.chain import chain_roots, generate_chain
 from tessera.codegen.conv import generate_conv
 from tessera.codegen.gelu import GELU_TANH, gelu_tanh_nodes
 from tessera.codegen.gemm import generate_gemm
-from tessera.codegen.kernels import (AnySchedule, ChainSchedule, ConvSchedule, GemmSchedule, KernelSource, Schedule,
+from tessera.codegen.kernels import (AnySchedule, ChainSchedule, ConvSchedule, GemmSchedule, KernelSource,
                                      generate)
 from tessera.codegen.triton_ops import Unsupported
 from tessera.ir.dtype import DType
