@@ -198,6 +198,8 @@ def main() -> int:
     tmp = tempfile.TemporaryDirectory(prefix="tessera_fuzz_")
     os.environ["TESSERA_CACHE"] = tmp.name  # generated kernel files: one throwaway cache per run
     db = args.db or str(Path(tmp.name) / "tuning.db")
+    if args.out.is_dir():  # found only after minutes of fuzzing, when the summary is written
+        ap.error(f"--out names a file (the JSON summary; failures go beside it), and {args.out} is a directory")
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
     commit = git_commit()  # at the start: the code that ran

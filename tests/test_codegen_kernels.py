@@ -188,6 +188,34 @@ def test_persistent_block_shorter_than_row_is_unsupported():
         one_kernel(graph, Schedule(1, 64, 4, True))
 
 
+@pytest.mark.parametrize("shape", [(1, 1), (1, 1, 1, 1), (3, 1), (2, 1, 3)])
+def test_literal_only_primitive_in_a_row_reduction(shape):
+    """BatchNorm's variance + epsilon has literals only: Triton gets it as a 0-d tensor, of no
+    rank, so with a 1x1 input (its one element a scalar load) the normalized value is a scalar too
+    and its store broadcasts it to the 2-D block (a rank-1 tl.full([1], ...) could not be)."""
+    x, c = rand(*shape, seed=1), shape[1]
+    m = graph_model([
+        helper.make_node("BatchNormalization", ["x", "s", "b", "mu", "var"], ["y"], epsilon=1e-5),
+        helper.make_node("Softmax", ["y"], ["out"], axis=-1),
+    ], {"x": x, "s": Const(rand(c, seed=2)), "b": Const(rand(c, seed=3)), "mu": Const(rand(c, seed=4)),
+        "var": Const(rand(c, seed=5, lo=0.5, hi=2))}, ["out", "y"], opset=15)
+    ks = check_kernel(m, {"x": x})
+    assert "row reduction" in ks.source and "tl.full([1]," not in ks.source
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 1)])
+def test_infinite_exponent_in_a_row_reduction(shape):
+    # x ** inf keeps e**(y ln|x|), its literal exponent a 0-d tensor: with a 1x1 input the power is
+    # a scalar, stored as the second output (rank 1 before: "Cannot broadcast, rank mismatch").
+    x = rand(*shape, seed=6, lo=0.25, hi=0.75)
+    m = graph_model([
+        helper.make_node("Pow", ["x", "p"], ["y"]),
+        helper.make_node("Softmax", ["y"], ["out"], axis=-1),
+    ], {"x": x, "p": Const(np.array(np.inf, np.float32))}, ["out", "y"], opset=13)
+    ks = check_kernel(m, {"x": x})
+    assert "row reduction" in ks.source and "tl.full([1]," not in ks.source
+
+
 # ---- pooling ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("attrs", [
     {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},

@@ -184,8 +184,11 @@ class Emitter:
             # tl.where(1, ...) it is an int32 condition, which Triton deprecates (found by the fuzzer).
             return args[1] if args[0].literal else args[2]
         if all(a.is_literal for a in args):  # give Triton a tensor to work on
+            # 0-d, like every value of no index (deps): stores and 2-D blocks broadcast it by
+            # splatting. tl.full([1], ...) was rank 1, and a row kernel's tl.broadcast_to(v,
+            # [XBLOCK, 1]) of it failed (a 1x1 input's BatchNorm, found by the fuzzer).
             a0 = args[0]
-            args[0] = Val(f"tl.full([1], {a0.expr}, {COMPUTE[a0.dtype]})", a0.dtype)
+            args[0] = Val(f"tl.full([], {a0.expr}, {COMPUTE[a0.dtype]})", a0.dtype)
         deps = frozenset().union(*(a.deps for a in args))
         expr = elementwise(prim, args, out, node.attrs, lambda e, d: self.emit(e, d))
         return Val(self.emit(expr, deps), out, deps)

@@ -120,8 +120,8 @@ def _pow(x: Val, y: Val, emit: Emit, deps: frozenset[str]) -> str:
                    -0.5: f"1.0 / tl.sqrt({x.expr})", 0.0: f"{x.expr} * 0.0 + 1.0"}
         if k in special:
             return special[k]
-        if not math.isfinite(k):  # the general rule below needs a tensor
-            y = Val(f"tl.full([1], {y.expr}, tl.float32)", y.dtype)
+        if not math.isfinite(k):  # the general rule below needs a tensor: 0-d, as x may be
+            y = Val(f"tl.full([], {y.expr}, tl.float32)", y.dtype)
     # x**y = e**(y ln|x|), negative only for x < 0 and odd integer y, NaN for x < 0 and fractional y.
     r = emit(f"tl.exp({y.expr} * tl.log(tl.abs({x.expr})))", deps)
     if y.is_literal:  # a finite literal: the sign rule decided here
