@@ -64,19 +64,28 @@ class KernelImpl:
     # Linear kernels: what the library call absorbs. `bias` is a constant-derived tensor
     # holding one value per output column (matmul) or channel (conv); `fused` are the
     # epilogue nodes the call computes (the bias add, then the nodes of `activation`: None,
-    # "relu" or "gelu_tanh", cuBLASLt's RELU_BIAS and GELU_BIAS epilogues). `cut` (fp16/bf16) is the
-    # SLICE, the first of `fused`, that cuts a result whose channels (columns) the layout pass
+    # "relu" or "gelu_tanh", cuBLASLt's RELU_BIAS and GELU_BIAS epilogues). `cut` (fp16/bf16, a property) is
+    # the SLICE, the first of `fused`, that cuts a result whose channels (columns) the layout pass
     # padded back to the bias add's shape: the call adds the bias zero-padded, then cuts its result.
     bias: str | None = None
     activation: str | None = None
     fused: list[Node] = field(default_factory=list)
-    cut: Node | None = None
     # Transposes of a matmul operand (`operand_views`) the library call reads as strided views.
     views: list[Node] = field(default_factory=list)
 
     @property
     def nodes(self) -> list[Node]:
         return self.prologue + self.prims
+
+    @property
+    def cut(self) -> Node | None:
+        """The SLICE leading `fused` (`_library_epilogue` puts one there only to cut padding back)."""
+        return self.fused[0] if self.fused and self.fused[0].op == Prim.SLICE.value else None
+
+
+def bias_axis(root: Node) -> int:
+    """The axis of a linear result its bias varies along: a matmul's columns (last), a conv's channels."""
+    return -1 if root.op == Prim.MATMUL.value else 1
 
 
 def _linear_root(nodes: Sequence[Node]) -> Node | None:
@@ -154,7 +163,6 @@ def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], out
         if written:
             raise Unsupported(f"{root.name}: a library call reads {written[0]} as a view and cannot write it")
         impl.bias, impl.fused, impl.activation = _library_epilogue(graph, nodes, prologue, root, outputs)
-        impl.cut = impl.fused[0] if impl.fused and impl.fused[0].op == Prim.SLICE.value else None
         done = {root.name} | {n.name for n in impl.fused}
         epi = [n for n in _epilogue(graph, nodes, root) if n.name not in done]
         # Kept only by the fused add: the bias's own producers, folded once at load.
@@ -222,7 +230,7 @@ def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[No
     # epilogue, which also adds the bias: a second float32 rounding is noise, and a generated
     # kernel cuts the padded channels as it reads them, where the cut after the call is a copy.
     narrow = graph.types[r].dtype in (DType.FLOAT16, DType.BFLOAT16)
-    cut = _cut_back(graph, readers, r, outputs, graph.types[r].rank - 1 if matmul else 1) if narrow else []
+    cut = _cut_back(graph, readers, r, outputs, bias_axis(root) % graph.types[r].rank) if narrow else []
     r = cut[0].outputs[0] if cut else r
     # A matmul result may be reshaped (a view) before its bias add, if the columns stay last.
     views = cut + (_views(graph, readers, r, outputs, columns=True) if matmul else [])

@@ -25,7 +25,7 @@ from tessera.cost.db import Key, TuningDB
 from tessera.cost.schedule_model import GEMM_FAMILIES
 from tessera.cost.devices import DEVICES, Device
 from tessera.ir.graph import Graph, Node
-from tessera.ir.signature import kernel_signature  # noqa: F401 - imported from here by callers
+from tessera.ir.signature import kernel_signature
 from tessera.ir.prims import CATEGORY_OF, Category
 from tessera.log import logger
 from tessera.orchestrate.candidates import Candidate

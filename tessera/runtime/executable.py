@@ -21,7 +21,7 @@ import torch
 
 from tessera.codegen.kernels import schedule_from_json
 from tessera.codegen.launch import KernelCompileError, TritonKernel, use_interpreter
-from tessera.codegen.select import KernelImpl, implement
+from tessera.codegen.select import KernelImpl, bias_axis, implement
 from tessera.codegen.triton_ops import Unsupported
 from tessera.errors import ShapeError, TesseraError, gpu_fault
 from tessera.ir.graph import Graph, Node
@@ -485,17 +485,11 @@ class Executable:
             env.update({t: round_tf32(v) if t in self.graph.tf32_rounded else v
                         for t, v in self._torch(impl.prims, env).items() if t in impl.outputs})
 
-    @staticmethod
-    def _bias_axis(impl: KernelImpl) -> int:
-        """The axis of a linear result its bias varies along: channels (conv), columns (matmul, last)."""
-        assert impl.linear is not None
-        return -1 if impl.linear.op == Prim.MATMUL.value else 1
-
     def _padded_bias(self, impl: KernelImpl) -> torch.Tensor:
         assert impl.linear is not None and impl.bias is not None
         b = self.constants[impl.bias].reshape(-1)
         if impl.cut is not None:
-            n = self.graph.types[impl.linear.outputs[0]].shape[self._bias_axis(impl)]
+            n = self.graph.types[impl.linear.outputs[0]].shape[bias_axis(impl.linear)]
             b = torch.nn.functional.pad(b, (0, n - b.numel()))
         return b.contiguous()
 
@@ -514,7 +508,7 @@ class Executable:
             last = impl.fused[-1].outputs[0]
             out = self.graph.types[last]
             if impl.cut is not None:  # the call computes the padded channels (columns), then the cut
-                axis, shape = self._bias_axis(impl), list(out.shape)
+                axis, shape = bias_axis(root), list(out.shape)
                 shape[axis] = self.graph.types[root.outputs[0]].shape[axis]
                 out = replace(out, shape=tuple(shape))
             y = run_linear_fused(root, args, out, self._bias[impl.name], impl.activation)
@@ -528,7 +522,8 @@ class Executable:
         """`y`, the library result of `impl` computed on padded channels (columns), cut back to `last`."""
         if impl.cut is None:
             return y
-        axis = self._bias_axis(impl)
+        assert impl.linear is not None
+        axis = bias_axis(impl.linear)
         return y.narrow(axis, 0, self.graph.types[last].shape[axis])
 
     def _settle(self, t: str, y: torch.Tensor) -> torch.Tensor:
