@@ -77,13 +77,13 @@ def coop_left(a, b, d, c, out, sync, M, K, N, L,
         bi, r = q // (mt * lt), q % (mt * lt)
         pm, pl = r // lt, r % lt
         _wait(sync + 2 + bi * mt + pm, nt)
-        om, ol, on = pm * BM + rows, pl * BL + tl.arange(0, BL), tl.arange(0, BN)
-        acc = tl.zeros([BM, BL], dtype=tl.float32)
+        om2, ol2, on2 = pm * BM + rows, pl * BL + tl.arange(0, BL), tl.arange(0, BN)
+        acc2 = tl.zeros([BM, BL], dtype=tl.float32)
         for n0 in range(0, N, BN):
-            x = tl.load(c + bi * M * N + om[:, None] * N + (n0 + on)[None, :], cache_modifier=".cg")
-            y = tl.load(d + bi * N * L + (n0 + on)[:, None] * L + ol[None, :])
-            acc = tl.dot(x, y, acc)
-        tl.store(out + bi * M * L + om[:, None] * L + ol[None, :], acc.to(out.dtype.element_ty))
+            x2 = tl.load(c + bi * M * N + om2[:, None] * N + (n0 + on2)[None, :], cache_modifier=".cg")
+            y2 = tl.load(d + bi * N * L + (n0 + on2)[:, None] * L + ol2[None, :])
+            acc2 = tl.dot(x2, y2, acc2)
+        tl.store(out + bi * M * L + om2[:, None] * L + ol2[None, :], acc2.to(out.dtype.element_ty))
     _finish(sync, 2 + nb * mt, tl.num_programs(0))
 
 
@@ -127,13 +127,13 @@ def coop_right(a, b, d, x_ws, part, out, sync, M, K, N, L,
         bi, r = q // (mt * lt), q % (mt * lt)
         pm, pl = r // lt, r % lt
         _wait(sync + 2 + bi * lt + pl, kt)
-        om, ol2, ok = pm * BM + tl.arange(0, BM), pl * BL1 + ol, tl.arange(0, BK2)
-        acc = tl.zeros([BM, BL1], dtype=tl.float32)
+        om2, ol2, ok2 = pm * BM + tl.arange(0, BM), pl * BL1 + ol, tl.arange(0, BK2)
+        acc2 = tl.zeros([BM, BL1], dtype=tl.float32)
         for k0 in range(0, K, BK2):
-            x = tl.load(a + bi * M * K + om[:, None] * K + (k0 + ok)[None, :])
-            y = tl.load(x_ws + bi * K * L + (k0 + ok)[:, None] * L + ol2[None, :], cache_modifier=".cg")
-            acc = tl.dot(x, y, acc)
-        tl.store(out + bi * M * L + om[:, None] * L + ol2[None, :], acc.to(out.dtype.element_ty))
+            x2 = tl.load(a + bi * M * K + om2[:, None] * K + (k0 + ok2)[None, :])
+            y2 = tl.load(x_ws + bi * K * L + (k0 + ok2)[:, None] * L + ol2[None, :], cache_modifier=".cg")
+            acc2 = tl.dot(x2, y2, acc2)
+        tl.store(out + bi * M * L + om2[:, None] * L + ol2[None, :], acc2.to(out.dtype.element_ty))
     _finish(sync, 2 + nb * lt + nb * kt * lt, tl.num_programs(0))
 
 

@@ -1,0 +1,79 @@
+"""A chain of two products grouped the other way, where that does fewer multiply-adds.
+
+    (a @ b) @ d  =  a @ (b @ d)        (a: M x K, b: K x N, d: N x L, the same batch axes)
+
+Matrix products are associative. (a @ b) @ d costs M·N·(K+L) multiply-adds and a @ (b @ d) costs
+K·L·(M+N); the rule proposes only the cheaper grouping, in either direction, and the search keeps it
+where the window orchestrates cheaper. MCFuser's GEMM chains G8-G12 do 5-8 times less work the other
+way (two cuBLAS calls: 0.49-0.91 of the first grouping's time on the H100 in fp16, session 37); where
+the inner product's operands are weights, the new inner product folds at compile time.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tessera.ir.builder import PrimBuilder
+from tessera.ir.graph import Graph, Node
+from tessera.ir.prims import Prim
+from tessera.rewrite.rules.base import Match, Rule, View, is_float, new_graph, odd_shape
+
+
+def _sizes(view: View, a: str, b: str, d: str) -> tuple[int, int, int, int] | None:
+    """(M, K, N, L) of a @ b @ d, or None unless all three are matrices with the same batch axes."""
+    sa, sb, sd = view.shape(a), view.shape(b), view.shape(d)
+    if not (len(sa) == len(sb) == len(sd) >= 2) or not (sa[:-2] == sb[:-2] == sd[:-2]):
+        return None
+    return sa[-2], sa[-1], sb[-1], sd[-1]
+
+
+def _match(view: View, node: Node) -> Match | None:
+    if node.op != Prim.MATMUL.value or not is_float(view, node.outputs[0]):
+        return None
+    left, right = node.inputs
+    inner = view.made_by(left, Prim.MATMUL)
+    if inner is not None and view.private(left):  # (a @ b) @ d -> a @ (b @ d)
+        a, b, d = inner.inputs[0], inner.inputs[1], right
+        sizes = _sizes(view, a, b, d)
+        if sizes is not None:
+            m, k, n, l_ = sizes
+            if k * l_ * (m + n) < m * n * (k + l_):
+                return Match("matmul_associative", (node.name,), (node.name, inner.name),
+                             {"a": a, "b": b, "d": d, "inner_right": True})
+    inner = view.made_by(right, Prim.MATMUL)
+    if inner is not None and view.private(right):  # a @ (b @ d) -> (a @ b) @ d
+        a, b, d = left, inner.inputs[0], inner.inputs[1]
+        sizes = _sizes(view, a, b, d)
+        if sizes is not None:
+            m, k, n, l_ = sizes
+            if m * n * (k + l_) < k * l_ * (m + n):
+                return Match("matmul_associative", (node.name,), (node.name, inner.name),
+                             {"a": a, "b": b, "d": d, "inner_right": False})
+    return None
+
+
+def _build(view: View, m: Match, b: PrimBuilder) -> list[str]:
+    a, w, d = m.data["a"], m.data["b"], m.data["d"]
+    if m.data["inner_right"]:
+        return [b.matmul(a, b.matmul(w, d))]
+    return [b.matmul(b.matmul(a, w), d)]
+
+
+def _instance(rng: np.random.Generator) -> Graph:
+    """Either grouping, with sizes that make the other one cheaper (big outer sizes, small inner
+    ones, or the reverse)."""
+    batch = odd_shape(rng, int(rng.integers(0, 2)), 1)
+    big, small = (lambda: int(rng.choice([7, 11, 13]))), (lambda: int(rng.choice([1, 2, 3])))
+    left_first = bool(rng.integers(0, 2))
+    if left_first:  # (a @ b) @ d with M, N big and K, L small
+        m, k, n, l_ = big(), small(), big(), small()
+    else:  # a @ (b @ d) with K, L big and M, N small
+        m, k, n, l_ = small(), big(), small(), big()
+    g, b = new_graph({"a": (*batch, m, k), "b": (*batch, k, n), "d": (*batch, n, l_)})
+    a = b.unary(Prim.TANH, "a")  # the chain reads a computed tensor, as in a model
+    g.outputs = [b.matmul(b.matmul(a, "b"), "d") if left_first else b.matmul(a, b.matmul("b", "d"))]
+    return g
+
+
+MATMUL_ASSOCIATIVE = Rule("matmul_associative", "(a @ b) @ d = a @ (b @ d)", _match, _build, _instance)
+
+RULES = (MATMUL_ASSOCIATIVE,)
