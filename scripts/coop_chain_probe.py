@@ -28,11 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-SHAPES = {  # (batch, M, K, N, L): a is M×K, b is K×N, d is N×L (../shared/models/gemm_g*.onnx)
-    4: (1, 512, 256, 512, 256), 5: (1, 512, 512, 512, 256), 6: (1, 512, 1024, 512, 256),
-    7: (1, 512, 128, 512, 128), 8: (1, 1024, 128, 512, 128), 9: (1, 2048, 128, 512, 128),
-    10: (1, 1024, 128, 1024, 128), 11: (4, 1024, 128, 1024, 128), 12: (8, 1024, 128, 1024, 128),
-}
+from reassoc_probe import SHAPES, graph_us  # (the script's folder is on sys.path)
+
 
 
 @triton.jit
@@ -185,30 +182,6 @@ def right_configs(m, k, n, l):
     for bk1, bl1, bn, s, bm, w in itertools.product((64,), (64,), (64,), (2, 4, 8), (64, 128), (4,)):
         if k % bk1 == 0 and l % bl1 == 0 and (n // s) % bn == 0 and m % bm == 0:
             yield (bk1, bl1, bn, s, bm, 64, w, 3)
-
-
-def graph_us(fn, calls: int) -> float:
-    """Least mean µs per call over five replays of one CUDA graph holding `calls` calls."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) * 1000 / calls)
-    return best
 
 
 def operands(bs, m, k, n, l, dtype, device):

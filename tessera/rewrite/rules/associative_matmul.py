@@ -30,24 +30,20 @@ def _match(view: View, node: Node) -> Match | None:
     if node.op != Prim.MATMUL.value or not is_float(view, node.outputs[0]):
         return None
     left, right = node.inputs
-    inner = view.made_by(left, Prim.MATMUL)
-    if inner is not None and view.private(left):  # (a @ b) @ d -> a @ (b @ d)
-        a, b, d = inner.inputs[0], inner.inputs[1], right
+    for inner_right, operand in ((True, left), (False, right)):
+        # inner_right: (a @ b) @ d -> a @ (b @ d); else a @ (b @ d) -> (a @ b) @ d
+        inner = view.made_by(operand, Prim.MATMUL)
+        if inner is None or not view.private(operand):
+            continue
+        a, b, d = (*inner.inputs, right) if inner_right else (left, *inner.inputs)
         sizes = _sizes(view, a, b, d)
-        if sizes is not None:
-            m, k, n, l_ = sizes
-            if k * l_ * (m + n) < m * n * (k + l_):
-                return Match("matmul_associative", (node.name,), (node.name, inner.name),
-                             {"a": a, "b": b, "d": d, "inner_right": True})
-    inner = view.made_by(right, Prim.MATMUL)
-    if inner is not None and view.private(right):  # a @ (b @ d) -> (a @ b) @ d
-        a, b, d = left, inner.inputs[0], inner.inputs[1]
-        sizes = _sizes(view, a, b, d)
-        if sizes is not None:
-            m, k, n, l_ = sizes
-            if m * n * (k + l_) < k * l_ * (m + n):
-                return Match("matmul_associative", (node.name,), (node.name, inner.name),
-                             {"a": a, "b": b, "d": d, "inner_right": False})
+        if sizes is None:
+            continue
+        m, k, n, l_ = sizes
+        now, other = m * n * (k + l_), k * l_ * (m + n)  # multiply-adds of (a @ b) @ d, a @ (b @ d)
+        if (other < now) if inner_right else (now < other):
+            return Match("matmul_associative", (node.name,), (node.name, inner.name),
+                         {"a": a, "b": b, "d": d, "inner_right": inner_right})
     return None
 
 
