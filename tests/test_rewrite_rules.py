@@ -41,7 +41,10 @@ def test_rule_holds_on_random_instances(name: str) -> None:
             got = run(h, feeds, exact=True)
             for o in g.outputs:
                 assert got[o].shape == want[o].shape
-                np.testing.assert_allclose(got[o], want[o], rtol=1e-9, atol=1e-12,
+                # exact equations to float64 rounding; a folded constant to its one rounding, scaled by
+                # the largest output (the products after it sum a few rounded terms)
+                tol = max(1e-9, 8 * rule.rounding)
+                np.testing.assert_allclose(got[o], want[o], rtol=tol, atol=max(1e-12, tol * np.abs(want[o]).max()),
                                            err_msg=f"{name}, instance {trial}, output {o}")
             rewritten += 1
     assert rewritten >= TRIALS // 2, f"{name}: only {rewritten} of {TRIALS} instances could be rewritten"

@@ -400,3 +400,26 @@ def test_a_gemm_chain_is_regrouped_where_the_other_grouping_prices_cheaper(case,
         first = next(n for n in result.graph.nodes if n.op == Prim.MATMUL.value)
         assert first.inputs == ("b", "d")  # the inner product is now b @ d
         assert verify(MODELS / f"{case}.onnx", stage="rewrites").passed
+
+
+def test_a_chain_through_two_weights_is_regrouped_and_the_weights_product_folded(tmp_path):
+    """x @ w1 @ w2 with w1 16x512 and w2 512x16: x @ (w1 @ w2) does 16x less work, and w1 @ w2 is a
+    constant, so the plan keeps one product and the compiled model still checks."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tessera.compiler import CompileOptions, compile_model
+
+    rng = np.random.default_rng(7)
+    weights = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+               for n, s in (("w1", (16, 512)), ("w2", (512, 16)))]
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["h"]),
+                               helper.make_node("MatMul", ["h", "w2"], ["y"])], "lowrank",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024, 16])], weights)
+    path = tmp_path / "lowrank.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    result = compile_model(path, CompileOptions(cost="analytical", rewrites="on"))
+    assert [a["rule"] for a in result.rewrites] == ["matmul_associative", "fold_constant_matmul"]
+    assert [n.op for n in result.graph.nodes] == [Prim.MATMUL.value]
+    assert verify(path, stage="rewrites").passed

@@ -74,6 +74,9 @@ class Rule:
     match: Callable[[View, Node], Match | None]
     build: Callable[[View, Match, PrimBuilder], list[str]]
     instance: Callable[[np.random.Generator], Graph]
+    # The relative rounding the right-hand side may add: 0 for an exact equation; a constant computed
+    # at compile time is rounded once to its tensor's dtype (float32: 2^-24), and proven to that.
+    rounding: float = 0.0
 
 
 class NotApplicable(Exception):
