@@ -77,7 +77,7 @@ def main() -> None:
         dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         args.out.write_text(json.dumps({"device": dev, "date": time.strftime("%Y-%m-%d"),
                                         "precision": args.precision, "cost": args.cost, "rows": rows}, indent=1))
-    print(f"\n| model | compile s | run --check | rel L2 | warnings |\n| --- | ---: | --- | --- | ---: |")
+    print("\n| model | compile s | run --check | rel L2 | warnings |\n| --- | ---: | --- | --- | ---: |")
     for r in rows:
         if "skipped" in r:
             print(f"| {r['model']} | - | skipped ({r['skipped']}) | - | - |")

@@ -7,7 +7,7 @@ and compares with torch's conv2d. Writes the TTGIR and PTX of three variants to 
     TESSERA_TEST_DEVICE=cuda OUT=out PYTHONPATH=. python scripts/flatk_bisect.py
 Result: scripts/results/templates_gpu/bisect_ec093a5.txt.
 """
-import importlib.util, itertools, sys, tempfile
+import importlib.util, sys, tempfile
 sys.path.insert(0, "tests")
 import torch, triton
 from test_conv_template import conv_relu, conv_kernel

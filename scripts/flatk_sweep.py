@@ -4,7 +4,7 @@ every generator case of tests/test_conv_template.py under its ranked schedule (f
     TESSERA_TEST_DEVICE=cuda PYTHONPATH=. python scripts/flatk_sweep.py
 Result: scripts/results/templates_gpu/flatk_sweep_ec093a5.txt.
 """
-import sys, itertools, traceback
+import sys, itertools
 sys.path.insert(0, "tests")
 import numpy as np
 from test_conv_template import conv_relu, conv_kernel, run_template, CASES

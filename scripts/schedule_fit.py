@@ -17,7 +17,6 @@ import itertools
 import json
 import statistics
 import sys
-from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 

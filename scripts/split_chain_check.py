@@ -17,7 +17,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import onnx
 import torch
 import triton.testing

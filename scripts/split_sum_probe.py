@@ -30,7 +30,7 @@ from tessera.codegen.chain import chain_problem, chain_schedules, generate_chain
 from tessera.codegen.kernels import ChainSchedule
 from tessera.compiler import CompileOptions, compile_model
 from tessera.runtime.torch_prims import TORCH_DTYPES
-from tessera.zoo import build, make
+from tessera.zoo import build
 
 
 def atomic(src: str) -> str:

@@ -8,7 +8,6 @@ Prints each tuning row (schedule, seconds, reason): miscompiled template candida
 import os, sqlite3, sys, tempfile
 os.environ.setdefault("TESSERA_TEST_DEVICE", "cuda")  # else the test helpers pick Triton's interpreter
 sys.path.insert(0, "tests")
-import numpy as np
 from test_conv_template import conv_relu
 import tessera
 from tessera.compiler import CompileOptions
