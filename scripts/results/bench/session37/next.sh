@@ -5,6 +5,8 @@
 # 1: issue 15, gemm_g4-g12 then g1-g3, fp16, with the regrouping rule (--rewrites on, first, from an empty database) beside
 #    rewrites off and eager's two calls, GPU time (~450 s).
 # 2: the same in tf32.
+# Table (issue 15): python scripts/mcfuser_table.py scripts/results/mcfuser/h100_2026-11-24/s1[345]/*/ \
+#    scripts/results/bench/session37/call15_attn_s6 <the new gemm folders>
 # 3: issue 17, segformer_b0 and candy tf32, rewrites on then off (the full-model rows session 37 ran in fp16).
 nvidia-smi -L | grep -q H100 || { nvidia-smi -L; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/highspy*.whl || exit 1
