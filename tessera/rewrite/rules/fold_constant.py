@@ -48,7 +48,8 @@ def _build(view: View, m: Match, b: PrimBuilder) -> list[str]:
     one = Graph("fold", GraphKind.PRIMITIVE, outputs=[node.outputs[0]], nodes=[node],
                 types={t: g.types[t] for t in (*node.inputs, node.outputs[0]) if t},
                 constants={t: g.constants[t] for t in node.inputs if t})
-    value = run(one, {}, exact=node.op == Prim.MATMUL.value)[node.outputs[0]]  # exact: float64, rounded once
+    # float64, rounded once by `const` to the tensor's type: a product's one rounding, a layout's none
+    value = run(one, {}, exact=True)[node.outputs[0]]
     return [b.const(value, "folded", g.types[node.outputs[0]].dtype)]
 
 
