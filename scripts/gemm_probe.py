@@ -49,6 +49,14 @@ SHAPES = [
     ("mlp up 768->3072", 128, 768, 3072),
     ("mlp down 3072->768", 128, 3072, 768),
 ]
+# (label, M, K, N): the two products of issue 15's GEMM chains G4-G10 in the other grouping
+# (X = B·D, then A·X; `rewrite/rules/associative_matmul.py`), the rows still above 0.67 of eager.
+CHAIN_SHAPES = [
+    ("g4 b@d", 256, 512, 256), ("g4 a@x", 512, 256, 256), ("g5 b@d|a@x", 512, 512, 256),
+    ("g6 b@d", 1024, 512, 256), ("g6 a@x", 512, 1024, 256), ("g7-9 b@d", 128, 512, 128),
+    ("g7 a@x", 512, 128, 128), ("g8 a@x", 1024, 128, 128), ("g10 b@d", 128, 1024, 128),
+]
+SETS = {"linear": SHAPES, "chains": CHAIN_SHAPES}
 SMS = 132
 
 
@@ -65,9 +73,9 @@ def sweep(m: int, n: int, k: int, itemsize: int) -> list[GemmSchedule]:
                         chunk = math.ceil(math.ceil(k / split) / bk) * bk
                         if (split > 1 and math.ceil(k / chunk) < split) or tiles * split > 4 * SMS:
                             continue
-                        warps = 8 if bm * bn >= 128 * 128 else 4
-                        out.append(GemmSchedule(bm, bn, bk, warps, min(stages, max(2, chunk // bk)),
-                                                8 if math.ceil(m / bm) > 1 else 1, split))
+                        for warps in (8,) if bm * bn >= 128 * 128 else (2, 4) if bm * bn <= 32 * 64 else (4,):
+                            out.append(GemmSchedule(bm, bn, bk, warps, min(stages, max(2, chunk // bk)),
+                                                    8 if math.ceil(m / bm) > 1 else 1, split))
     return list(dict.fromkeys(out))
 
 
@@ -121,12 +129,13 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--precisions", default="fp16,tf32")
     ap.add_argument("--shapes", default="", help="comma-separated substrings of shape labels (default: all)")
+    ap.add_argument("--set", default="linear", choices=sorted(SETS), help="linear: BERT/GPT-2 layers; chains: G4-G10")
     args = ap.parse_args()
     prof = GpuProfiler()
     rows, t0 = [], time.time()
     try:
         for precision in args.precisions.split(","):
-            for label, m, k, n in SHAPES:
+            for label, m, k, n in SETS[args.set]:
                 if args.shapes and not any(s in label for s in args.shapes.split(",")):
                     continue
                 jobs, scheds, own = linear_jobs(label, m, k, n, precision)

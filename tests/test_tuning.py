@@ -586,6 +586,34 @@ def test_a_library_gemm_tries_the_head_of_each_tile_shape_after_the_solve(tmp_pa
     assert _schedule_key(best["k0_matmul"][0]) == winner and best["k0_matmul"][1] == 6e-6
 
 
+def test_a_gemm_template_lane_ends_walking_its_fastest_tile_shapes(tmp_path):
+    # issue 15's chain products in tf32 (session 38's sweep): the model's pick within a tile shape
+    # was 4-12% off the shape's best (another K step or split of K). After the lane stops, one
+    # round measures the rest of the fastest shapes' schedules, and no other shape's.
+    from tessera.cost.devices import DEVICES
+    from tessera.cost.measured import GEMM_FAMILIES, GEMM_WALK, _schedule_key, template_space, tune_schedules
+
+    m = graph_model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                    {"x": rand(256, 512, seed=1), "w": Const(rand(512, 256, seed=2))}, ["y"], opset=13)
+    g = fission(load(m).graph).graph
+    mm = next(n for n in g.nodes if n.op == "matmul")
+    ranked = template_space(g, [mm], [], [mm.outputs[0]], "fp32", DEVICES["h100"])
+    shape = (ranked[0].block_m, ranked[0].block_n)
+    family = [s for s in ranked if (s.block_m, s.block_n) == shape]
+    assert len(family) > 1, "the test needs a tile shape with several schedules"
+    hidden = _schedule_key(family[-1])  # the shape's last in rank: not among the first rounds
+    times = {_schedule_key(ranked[0]): 6e-6, hidden: 5e-6, "default": 7e-6}
+    prof = _KeyProfiler(times)
+    with TuningDB(tmp_path / "t.db") as db:
+        best = tune_schedules(g, [("k0_matmul", [mm], [], [mm.outputs[0]])], db, prof, "fake", "v1")
+    assert _schedule_key(best["k0_matmul"][0]) == hidden and best["k0_matmul"][1] == 5e-6
+    walked = prof.keys[prof.keys.index(hidden):]
+    assert len(prof.keys) <= GEMM_FAMILIES + 1 + 1 + GEMM_WALK  # heads, the next in rank, default, the walk
+    shapes = {_schedule_key(s): (s.block_m, s.block_n) for s in ranked}
+    walk_shapes = {shapes[k] for k in walked if k in shapes}
+    assert len(walk_shapes) <= 2 and shape in walk_shapes
+
+
 class _KeyProfiler:
     """Times each job by its schedule key (1e-5 s unless `times` names it) and records the keys asked."""
 

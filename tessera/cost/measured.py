@@ -55,6 +55,13 @@ CONV_FIRST = 2  # convolution template schedules measured per convolution before
 # 9.2% over the sweep space's best (geomean; worst 38%), of 4 5.8% (worst 22%) (session 24's sweep,
 # scripts/results/conv_sweep/fit.json "code_ranking"). The first CONV_FIRST are timed already.
 CONV_TUNED = 4
+# After a GEMM template lane stops, one more round measures the rest of the space in the tile shapes
+# (block_m x block_n) of its GEMM_WALK_FAMILIES fastest schedules: other K steps, stages, warps and
+# splits of K, at most GEMM_WALK of them, in rank order. The model ranks schedules within a tile
+# shape apart poorly for small tf32 GEMMs: on the H100 sweep of issue 15's chain products
+# (scripts/gemm_probe.py --set chains, session 38) the family heads stopped 4-12% over the space's best
+# for 4 of 9 shapes, and this round closed those gaps (g6 a@x 7.49 -> 6.65 us, g4 a@x 3.88 -> 3.47).
+GEMM_WALK_FAMILIES, GEMM_WALK = 2, 8
 CHAIN_CANDIDATE = 4  # GEMM-chain schedules measured per chain candidate before the solve (its cost: the least),
 # per kind of walk (whole, split over programs: twice as many where L may be split)
 
@@ -423,7 +430,8 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
     roofline (`rank_templates`), measured by the same rule beside the library lane (the library
     call with its epilogue kernel's schedules, or alone under the key "default"); the fastest of
     both lanes wins. A kernel whose library call alone wins has nothing to tune and is left out,
-    as before.
+    as before. A GEMM template lane ends with one round over the tile shapes of its fastest
+    schedules (`_family_walk`); a GEMM chain's walks its neighbours (`_neighbours`).
     """
     from tessera.codegen.select import implement
     from tessera.codegen.triton_ops import Unsupported
@@ -432,6 +440,7 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
     lanes: dict[tuple[str, str], list[Job]] = {}  # (kernel, "generated" | "library" | "template") -> queue
     # GEMM chains: (job maker, pruned space, schedules refined around) for the neighbour walk below
     refine: dict[str, tuple[Callable[[AnySchedule | None], Job], set[ChainSchedule], set[ChainSchedule]]] = {}
+    families: dict[str, tuple[Callable[[AnySchedule | None], Job], list[GemmSchedule]]] = {}  # GEMM templates' walk
     firsts: dict[tuple[str, str], int] = {}
     measured: dict[str, list[tuple[AnySchedule | None, float]]] = {}
     # A chain schedule that faulted the GPU for one kernel is not run for another: Triton has
@@ -486,6 +495,7 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
                 # that claims a core gets its own): BERT's MLP-down lane stopped before its fourth
                 # head, the session-21 probe's winner.
                 n_first, n_most = max(first, GEMM_FAMILIES), max(most, GEMM_FAMILIES + 1)
+                families[name] = (job, [s for s in tpl if isinstance(s, GemmSchedule)])
             elif isinstance(tpl[0], ConvSchedule):
                 # Before the solve a convolution is timed at the model's best CONV_FIRST (other
                 # candidates around it at that one's faster), so a first round of CONV_FIRST timed
@@ -522,6 +532,8 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
             if lane[1] == "template" and lane[0] in refine and walked.get(lane[0], 0) < CHAIN_ROUNDS and left > 0:
                 walked[lane[0]] = walked.get(lane[0], 0) + 1
                 nxt[lane] = _neighbours(refine[lane[0]], measured[lane[0]])[:left] or nxt[lane]
+            if lane[1] == "template" and not nxt[lane] and lane[0] in families:
+                nxt[lane] = _family_walk(*families.pop(lane[0]), measured[lane[0]])
         batch = nxt
     best: dict[str, tuple[AnySchedule, float]] = {}
     unsafe = db.faulted(device, versions, "chain-")  # with what this tuning found
@@ -559,6 +571,20 @@ def _job_maker(key: Key, graph: Graph, prims: Sequence[Node], prologue: Sequence
         k = Key(key.device, key.versions, key.signature, "default" if sch is None else _schedule_key(sch))
         return Job(k, graph, tuple(prims), tuple(prologue), tuple(outputs), sch, precision)
     return job
+
+
+def _family_walk(job: Callable[[AnySchedule | None], Job], space: Sequence[GemmSchedule],
+                 runs: Sequence[tuple[AnySchedule | None, float]]) -> list[Job]:
+    """A GEMM template's last round (GEMM_WALK_FAMILIES): the unmeasured schedules of `space`, in its
+    rank order, that share a tile shape with one of the fastest measured GEMM schedules."""
+    ok = sorted(((s, t) for s, t in runs if isinstance(s, GemmSchedule) and math.isfinite(t)), key=lambda r: r[1])
+    shapes: list[tuple[int, int]] = []
+    for s, _ in ok:
+        if (s.block_m, s.block_n) not in shapes:
+            shapes.append((s.block_m, s.block_n))
+    shapes = shapes[:GEMM_WALK_FAMILIES]
+    tried = {s for s, _ in runs}
+    return [job(s) for s in space if (s.block_m, s.block_n) in shapes and s not in tried][:GEMM_WALK]
 
 
 def _neighbours(state: tuple[Callable[[AnySchedule | None], Job], set[ChainSchedule], set[ChainSchedule]],
