@@ -68,7 +68,12 @@ def template_schedules(batch: int, m: int, n: int, k: int, itemsize: int = 4, sm
         bk = bk * 4 // max(1, min(itemsize, 4))
         bm, bn = min(bm, max(MIN_BLOCK, pow2(m))), min(bn, max(MIN_BLOCK, pow2(n)))
         bk = min(bk, max(MIN_BLOCK, pow2(k)))
-        warps = min(warps, max(2, bm * bn // 512))  # a small tile gives each warp too little to do
+        # A small tile gives each warp too little to do; 2 warps at least. With 4-byte operands
+        # (tf32, fp32) a tile of 1024 outputs or more keeps 4: on the H100 sweep of issue 15's
+        # chain products (session 38, scripts/gemm_probe.py --set chains) 4 warps ran 32x32 tiles
+        # in a median 0.84 of 2 warps' time (96 pairs, none over 1.03), 16x64 tiles in 0.94.
+        floor = 4 if itemsize >= 4 and bm * bn >= 1024 else 2
+        warps = min(warps, max(floor, bm * bn // 512))
         stages = min(stages, max(2, cdiv(k, bk)))
         tm, tn = cdiv(m, bm), cdiv(n, bn)
         group = 8 if tm > 1 and tn > 1 else 1  # swizzling one row or column of tiles changes nothing
