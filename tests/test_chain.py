@@ -538,6 +538,39 @@ def test_forced_compile_runs_gqa_attention_as_one_kernel(kv_heads, repeat, tmp_p
     assert rel_l2(run_exe(exe, feeds)[0], ref) < TOLERANCE["fp32"]
 
 
+def conv_pair(n: int, c: int, h: int, w: int, mid: int, out: int, act: str = "Relu", seed: int = 0):
+    """A 3x3 convolution, then a pair of 1x1 convolutions (with biases) joined through `act`, then a
+    ReLU: the pair `rewrite/rules/pointwise_conv.py` turns into an MLP over pixel rows."""
+    x = rand(n, c, h, w, seed=seed)
+    inits = {"x": x, "w0": Const(rand(c, c, 3, 3, seed=seed + 1, lo=-0.3, hi=0.3)),
+             "w1": Const(rand(mid, c, 1, 1, seed=seed + 2, lo=-0.3, hi=0.3)), "b1": Const(rand(mid, seed=seed + 3)),
+             "w2": Const(rand(out, mid, 1, 1, seed=seed + 4, lo=-0.3, hi=0.3)), "b2": Const(rand(out, seed=seed + 5))}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["x0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["x0", "w1", "b1"], ["h"]), helper.make_node(act, ["h"], ["a"]),
+             helper.make_node("Conv", ["a", "w2", "b2"], ["y"]), helper.make_node("Relu", ["y"], ["out"])]
+    return graph_model(nodes, inits, ["out"], opset=14), {"x": x}
+
+
+@pytest.mark.parametrize("act", ["Relu", "HardSwish"])
+def test_a_pair_of_1x1_convolutions_runs_as_one_chain(act, tmp_path):
+    # Issue 15's 1x1-convolution pairs: with the rewrites on, the pair becomes an MLP over pixel rows
+    # whose chain kernel reads the NCHW input in place and stores its result back in NCHW order (a
+    # transposed store), so nothing else runs but the 3x3 convolution. HardSwish reads its input twice.
+    model, feeds = conv_pair(2, 12, 7, 5, 40, 9, act, seed=3)
+    result = compile_model(model, CompileOptions(cost="analytical", templates="force", rewrites="on"))
+    assert "conv1x1_pair_as_mlp" in [a["rule"] for a in result.rewrite_search["applied"]]
+    runs = [k for k in result.kernels if k.backend != "view"]
+    assert len(runs) == 2, [k.name for k in runs]
+    chain = next(k for k in runs if "GEMM-chain template" in k.triton.source)
+    assert {n.op for n in chain.prims} >= {"transpose", "matmul", "max"}
+    from tessera.compiler import write_artifacts
+
+    write_artifacts(result, tmp_path / "art")
+    exe = tessera.load(tmp_path / "art", DEVICE)  # the loader replays the rewrite
+    ref = run_onnxruntime(model, feeds)["out"]
+    assert rel_l2(run_exe(exe, feeds)[0], ref) < TOLERANCE["fp32"]
+
+
 def test_chains_stay_off_unless_templates_are_measured_or_forced():
     model, _ = attention(8, 16, 16)
     assert all(len([n for n in k.prims if n.op == "matmul"]) <= 1

@@ -444,6 +444,21 @@ def test_no_template_form():
         implement(g, g.nodes, [], list(g.outputs), "k0", (), GemmSchedule(16, 16, 16))
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_an_epilogue_transpose_is_a_permuted_store(precision):
+    # A product over pixel rows put back in NCHW order (a 1x1 convolution as a matmul,
+    # rewrite/rules/pointwise_conv.py): the template stores its tile at the transposed indices
+    # instead of running a transpose kernel after it. The ReLU between reads the product in place.
+    x = rand(2 * 7 * 9, 20, seed=4)
+    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Relu", ["y"], ["r"]),
+                         helper.make_node("Reshape", ["r", "s"], ["yr"]),
+                         helper.make_node("Transpose", ["yr"], ["out"], perm=[0, 3, 1, 2])],
+                        {"x": x, "w": Const(rand(20, 24, seed=5)), "s": Const(np.array([2, 7, 9, 24], np.int64))},
+                        ["out"], opset=13)
+    ks, _ = check_template(model, {"x": x}, GemmSchedule(16, 16, 16, 2, 2), precision)
+    assert "(transpose)" in ks.source and ks.source.count("tl.store(") == 1
+
+
 # ---- schedules -----------------------------------------------------------------------------------
 def test_schedule_space_keys_and_json():
     for shape in [(1, 1, 1, 1), (1, 13, 7, 31), (1, 128, 512, 128), (12, 512, 512, 64), (1, 16, 17, 16384),

@@ -202,11 +202,15 @@ def store_outputs(t: Tile, graph: Graph, outputs: Sequence[str], product: str, c
     em = t.em
     tc = graph.types[product]
     em.known[(product, tuple(i.expr for i in coords))] = acc or Val("acc", tc.dtype, frozenset({"b", "m", "n"}))
-    partial = [o for o in outputs if graph.types[o].numel != tc.numel]
-    at = _forward_coords(t, graph, product, coords) if partial else {}
+    # A slice of the product, or an output past a transpose (a 1x1 convolution's NCHW result of a
+    # product over pixel rows), is stored at indices mapped forward from the tile's; any other
+    # output is a reshape of the product's elements.
+    fwd = partial_outputs(graph, t.k.nodes, product)
+    moved = {o for o in outputs if graph.types[o].numel != tc.numel or _past_transpose(fwd, o)}
+    at = _forward_coords(t, graph, product, coords) if moved else {}
     for o in outputs:
         ty = graph.types[o]
-        oc, conds = at[o] if o in partial else (ix.reshape_index(coords, tc.shape, ty.shape), frozenset())
+        oc, conds = at[o] if o in moved else (ix.reshape_index(coords, tc.shape, ty.shape), frozenset())
         mask = t.mask | conds
         flat = em.index_var(ix.ravel_stored(oc, ty.shape, ty.layout))
         if not {"m", "n"} <= flat.deps:  # a size-1 M or N: the store still covers the tile (masked)
@@ -216,11 +220,22 @@ def store_outputs(t: Tile, graph: Graph, outputs: Sequence[str], product: str, c
         t.k.store(o, flat, v, mask, "[BLOCK_M, BLOCK_N]", frozenset({"m", "n"}))
 
 
+def _past_transpose(fwd: dict[str, Node | None], t: str) -> bool:
+    """Whether tensor `t` of `partial_outputs` is computed from the product through a transpose."""
+    while t in fwd and fwd[t] is not None:
+        n = fwd[t]
+        if n.op == Prim.TRANSPOSE.value:
+            return True
+        t = next(i for i in n.inputs if i in fwd)
+    return False
+
+
 def partial_outputs(graph: Graph, nodes: Sequence[Node], product: str) -> dict[str, Node | None]:
     """The tensors a template's epilogue can write at indices mapped forward from the product's:
     the product (None), and each output of a node in `nodes` (topological order) that is an
-    elementwise op whose product-derived inputs are one such tensor of its own shape, a reshape of
-    one, or a unit-step slice of one (a merged QKV projection's Q, K and V), with that node."""
+    elementwise op whose product-derived inputs are one such tensor of its own shape, a reshape or
+    transpose of one, or a unit-step slice of one (a merged QKV projection's Q, K and V), with that
+    node."""
     fwd: dict[str, Node | None] = {product: None}
     for n in nodes:
         reached = [i for i in dict.fromkeys(n.inputs) if i in fwd]
@@ -228,7 +243,7 @@ def partial_outputs(graph: Graph, nodes: Sequence[Node], product: str) -> dict[s
             continue
         out = graph.types[n.outputs[0]]
         prim = Prim(n.op)
-        if prim in (Prim.RESHAPE, Prim.SLICE) and len(reached) == 1 and n.inputs[0] in fwd:
+        if prim in (Prim.RESHAPE, Prim.SLICE, Prim.TRANSPOSE) and len(reached) == 1 and n.inputs[0] in fwd:
             if prim is Prim.SLICE and any(step != 1 for step in n.attrs["steps"]):
                 continue
             fwd[n.outputs[0]] = n
@@ -252,6 +267,8 @@ def _forward_coords(t: Tile, graph: Graph, product: str, coords: list[Ix]) -> di
         ins, outs = graph.types[src].shape, graph.types[out].shape
         if n.op == Prim.RESHAPE.value:
             at[out] = (ix.reshape_index(c, ins, outs), conds)
+        elif n.op == Prim.TRANSPOSE.value:  # out[j] = in[perm[j]]: the same element, its indices permuted
+            at[out] = ([c[p] for p in n.attrs["perm"]], conds)
         elif n.op == Prim.SLICE.value:
             shifted: list[Ix] = []
             for i, start, n_in, n_out in zip(c, n.attrs["starts"], ins, outs):
