@@ -10,6 +10,8 @@
 #    (codegen/gemm.py::template_schedules, after call 6), against call 6's tf32 rows.
 # 3 (next session): bert_base and gpt2 tf32 (the 4-byte small-tile warps change and the family walk in whole
 #    models), cold, beside Inductor with CUDA graphs; compare with issue 14's suite rows (session 33, 583a413).
+# 4 (next session): mobilenet_v2 and segformer_b0 fp16, --rewrites on (first, cold) then off: the 1x1-convolution
+#    pairs as GEMM chains (conv1x1_pair_as_mlp, 4f98243); the run profiles name the chain kernels.
 nvidia-smi -L | grep -q H100 || { nvidia-smi -L; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/highspy*.whl || exit 1
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
@@ -38,5 +40,11 @@ case $1 in
             --vs inductor-cudagraphs --strategies optimal-precisionio > "$OUT/m38.log" 2>&1
         gzip -f /tmp/m38/*/*.jsonl 2>/dev/null; tar -czf "$OUT/m38.tgz" -C /tmp m38; cat "$OUT/m38.log"
         grep -h "bench .* ms$" /tmp/m38/*/log.txt | sed 's/.*tessera [0-9:]* //' ;;
-    *) echo "next.sh: call 1, 2 or 3"; exit 2 ;;
+    4)
+        python3 scripts/bench_gpus.py --gpus 1 --rows mobilenet_v2:fp16=200,segformer_b0:fp16=360 --deadline-s 570 \
+            --cap --cold-caches --out /tmp/p38 -- --solver highs --profile --fresh-db --code "$(cat CODE)" \
+            --vs inductor-cudagraphs --strategies optimal-precisionio-rewrites,optimal-precisionio > "$OUT/p38.log" 2>&1
+        gzip -f /tmp/p38/*/*.jsonl 2>/dev/null; tar -czf "$OUT/p38.tgz" -C /tmp p38; cat "$OUT/p38.log"
+        grep -h "bench .* ms$\|rewrites:" /tmp/p38/*/log.txt | sed 's/.*tessera [0-9:]* //' ;;
+    *) echo "next.sh: call 1, 2, 3 or 4"; exit 2 ;;
 esac
