@@ -571,6 +571,25 @@ def test_a_pair_of_1x1_convolutions_runs_as_one_chain(act, tmp_path):
     assert rel_l2(run_exe(exe, feeds)[0], ref) < TOLERANCE["fp32"]
 
 
+def test_a_right_grouped_chain_runs_transposed_as_one_chain(tmp_path):
+    # (a @ b) @ d regrouped as a @ (b @ d) (fewer multiply-adds) has its intermediate on the right;
+    # computed transposed, ((dᵀ bᵀ) aᵀ)ᵀ, it is one chain kernel that reads a, b and d transposed in
+    # place and stores its tile transposed. M and N off the tiles (masked), each a multiple of 16 bytes (unpadded).
+    a, b, d = rand(1, 516, 96, seed=1), rand(1, 96, 300, seed=2), rand(1, 300, 80, seed=3)
+    model = graph_model([helper.make_node("MatMul", ["a", "b"], ["ab"]), helper.make_node("MatMul", ["ab", "d"], ["out"])],
+                        {"a": a, "b": b, "d": d}, ["out"])
+    result = compile_model(model, CompileOptions(cost="analytical", templates="force", rewrites="on"))
+    assert [x["rule"] for x in result.rewrite_search["applied"]] == ["matmul_associative", "matmul_chain_transposed"]
+    runs = [k for k in result.kernels if k.backend != "view"]
+    assert len(runs) == 1 and "GEMM-chain template" in runs[0].triton.source
+    from tessera.compiler import write_artifacts
+
+    write_artifacts(result, tmp_path / "art")
+    exe = tessera.load(tmp_path / "art", DEVICE)
+    feeds = {"a": a, "b": b, "d": d}
+    assert rel_l2(run_exe(exe, feeds)[0], run_onnxruntime(model, feeds)["out"]) < TOLERANCE["fp32"]
+
+
 def test_chains_stay_off_unless_templates_are_measured_or_forced():
     model, _ = attention(8, 16, 16)
     assert all(len([n for n in k.prims if n.op == "matmul"]) <= 1

@@ -6,8 +6,9 @@
 #    beside eager's two calls, GPU time, one empty database per precision: the GEMM template walk
 #    (cost/measured.py::_family_walk) measured against session 38's calls 1-2 (before it).
 # Table: python scripts/mcfuser_table.py scripts/results/bench/session38/call6/g*/
-# 2 (next session): the same rows in tf32 only, at the commit with 4-warp 32x32 tiles for 4-byte operands
-#    (codegen/gemm.py::template_schedules, after call 6), against call 6's tf32 rows.
+# 2 and 5 (next session): call 1's rows again at HEAD, tf32 (2) and fp16 (5): the 4-warp small tiles for 4-byte
+#    operands (codegen/gemm.py) and the rule matmul_chain_transposed (a right-grouped pair as one chain kernel,
+#    rewrite/rules/associative_matmul.py), against call 6's rows.
 # 3 (next session): bert_base and gpt2 tf32 (the 4-byte small-tile warps change and the family walk in whole
 #    models), cold, beside Inductor with CUDA graphs; compare with issue 14's suite rows (session 33, 583a413).
 # 4 (next session): mobilenet_v2 and segformer_b0 fp16, --rewrites on (first, cold) then off: the 1x1-convolution
@@ -27,13 +28,14 @@ case $1 in
             echo "gemm $p rc=$?"; gzip -f /tmp/g$p/*.jsonl 2>/dev/null; tar -czf "$OUT/g$p.tgz" -C /tmp g$p
             grep -h "bench .* ms$" /tmp/g$p/log.txt | sed 's/.*tessera [0-9:]* //'
         done ;;
-    2)
-        mkdir -p /tmp/gtf32
+    2|5)  # call 1's rows at HEAD, one precision a call (the chain searches take longer): 2 tf32, 5 fp16
+        p=$([ "$1" = 2 ] && echo tf32 || echo fp16)
+        mkdir -p /tmp/g$p
         timeout 560 python3 scripts/bench_suite.py --models "$(echo gemm_g{4..12} gemm_g{1..3} | tr ' ' ,)" \
-            --precisions tf32 --vs eager --strategies optimal-precisionio-rewrites --timing gpu --fresh-db \
-            --budget-s 500 --solver highs --code "$(cat CODE)" --out /tmp/gtf32 > /tmp/gtf32/log.txt 2>&1
-        echo "gemm tf32 rc=$?"; gzip -f /tmp/gtf32/*.jsonl 2>/dev/null; tar -czf "$OUT/gtf32.tgz" -C /tmp gtf32
-        grep -h "bench .* ms$" /tmp/gtf32/log.txt | sed 's/.*tessera [0-9:]* //' ;;
+            --precisions $p --vs eager --strategies optimal-precisionio-rewrites --timing gpu --fresh-db \
+            --budget-s 500 --solver highs --code "$(cat CODE)" --out /tmp/g$p > /tmp/g$p/log.txt 2>&1
+        echo "gemm $p rc=$?"; gzip -f /tmp/g$p/*.jsonl 2>/dev/null; tar -czf "$OUT/g$p.tgz" -C /tmp g$p
+        grep -h "bench .* ms$\|rewrites:" /tmp/g$p/log.txt | sed 's/.*tessera [0-9:]* //' ;;
     3)
         python3 scripts/bench_gpus.py --gpus 1 --rows bert_base:tf32=280,gpt2:tf32=280 --deadline-s 570 --cap \
             --cold-caches --out /tmp/m38 -- --solver highs --profile --fresh-db --code "$(cat CODE)" \
@@ -46,5 +48,5 @@ case $1 in
             --vs inductor-cudagraphs --strategies optimal-precisionio-rewrites,optimal-precisionio > "$OUT/p38.log" 2>&1
         gzip -f /tmp/p38/*/*.jsonl 2>/dev/null; tar -czf "$OUT/p38.tgz" -C /tmp p38; cat "$OUT/p38.log"
         grep -h "bench .* ms$\|rewrites:" /tmp/p38/*/log.txt | sed 's/.*tessera [0-9:]* //' ;;
-    *) echo "next.sh: call 1, 2, 3 or 4"; exit 2 ;;
+    *) echo "next.sh: call 1-5"; exit 2 ;;
 esac
