@@ -207,7 +207,7 @@ def store_outputs(t: Tile, graph: Graph, outputs: Sequence[str], product: str, c
     # output is a reshape of the product's elements.
     fwd = partial_outputs(graph, t.k.nodes, product)
     moved = {o for o in outputs if graph.types[o].numel != tc.numel or _past_transpose(fwd, o)}
-    at = _forward_coords(t, graph, product, coords) if moved else {}
+    at = _forward_coords(t, graph, fwd, coords) if moved else {}
     for o in outputs:
         ty = graph.types[o]
         oc, conds = at[o] if o in moved else (ix.reshape_index(coords, tc.shape, ty.shape), frozenset())
@@ -253,14 +253,16 @@ def partial_outputs(graph: Graph, nodes: Sequence[Node], product: str) -> dict[s
     return fwd
 
 
-def _forward_coords(t: Tile, graph: Graph, product: str, coords: list[Ix]) -> dict[str, tuple[list[Ix], frozenset[str]]]:
-    """Each tensor of `partial_outputs` at the tile's lanes: its indices there and the conditions
-    under which a lane holds one of its elements. At a slice the value is registered as known at the
-    shifted indices, so the emitter reads it from the tile's product, never from memory."""
+def _forward_coords(t: Tile, graph: Graph, fwd: dict[str, Node | None],
+                    coords: list[Ix]) -> dict[str, tuple[list[Ix], frozenset[str]]]:
+    """Each tensor of `fwd` (`partial_outputs`) at the tile's lanes: its indices there and the
+    conditions under which a lane holds one of its elements. At a slice the value is registered as
+    known at the shifted indices, so the emitter reads it from the tile's product, never from memory."""
     em = t.em
-    at: dict[str, tuple[list[Ix], frozenset[str]]] = {product: (list(coords), frozenset())}
-    for out, n in partial_outputs(graph, t.k.nodes, product).items():
-        if n is None:
+    at: dict[str, tuple[list[Ix], frozenset[str]]] = {}
+    for out, n in fwd.items():
+        if n is None:  # the product
+            at[out] = (list(coords), frozenset())
             continue
         src = next(i for i in n.inputs if i in at)
         c, conds = at[src]

@@ -495,7 +495,7 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
                 # that claims a core gets its own): BERT's MLP-down lane stopped before its fourth
                 # head, the session-21 probe's winner.
                 n_first, n_most = max(first, GEMM_FAMILIES), max(most, GEMM_FAMILIES + 1)
-                families[name] = (job, [s for s in tpl if isinstance(s, GemmSchedule)])
+                families[name] = (job, tpl)  # a GEMM's template space: GemmSchedules only
             elif isinstance(tpl[0], ConvSchedule):
                 # Before the solve a convolution is timed at the model's best CONV_FIRST (other
                 # candidates around it at that one's faster), so a first round of CONV_FIRST timed

@@ -26,6 +26,7 @@ from tessera.ir.builder import PrimBuilder
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import Prim
 from tessera.rewrite.rules.base import Match, Rule, View, is_float, new_graph, odd_shape
+from tessera.rewrite.rules.transposed_matmul import swap_last
 
 
 def _sizes(view: View, a: str, b: str, d: str) -> tuple[int, int, int, int] | None:
@@ -83,10 +84,6 @@ def _instance(rng: np.random.Generator) -> Graph:
 MATMUL_ASSOCIATIVE = Rule("matmul_associative", "(a @ b) @ d = a @ (b @ d)", _match, _build, _instance)
 
 
-def _swap(rank: int) -> tuple[int, ...]:
-    return (*range(rank - 2), rank - 1, rank - 2)
-
-
 def _chain_match(view: View, node: Node) -> Match | None:
     if node.op != Prim.MATMUL.value or not is_float(view, node.outputs[0]):
         return None
@@ -99,7 +96,7 @@ def _chain_match(view: View, node: Node) -> Match | None:
 
 
 def _chain_build(view: View, m: Match, b: PrimBuilder) -> list[str]:
-    perm = _swap(b.rank(m.data["a"]))
+    perm = swap_last(b.rank(m.data["a"]))
     dt, bt, at = (b.transpose(m.data[k], perm) for k in ("d", "b", "a"))
     return [b.transpose(b.matmul(b.matmul(dt, bt), at), perm)]
 

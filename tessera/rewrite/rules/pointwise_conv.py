@@ -24,21 +24,16 @@ from tessera.ir.prims import CATEGORY_OF, Category, Prim
 from tessera.rewrite.rules.base import Match, Rule, View, new_graph, odd_shape
 
 
-def _pointwise(view: View, node: Node) -> tuple[int, int] | None:
-    """(C_out, C_in) of a 1x1 convolution over NCHW data with a constant float weight, stride 1,
-    no padding and one group; None for anything else."""
+def _is_1x1(view: View, node: Node) -> bool:
+    """A 1x1 convolution over float NCHW data with a constant weight, stride 1, no padding and
+    one group."""
     if node.op != Prim.CONV.value or len(node.inputs) != 2:
-        return None
+        return False
     x, w = node.inputs
     a = node.attrs
-    wv = view.graph.constants.get(w)
-    if wv is None or len(view.shape(x)) != 4 or tuple(view.shape(w)[2:]) != (1, 1):
-        return None
-    if a.get("group", 1) != 1 or any(s != 1 for s in a.get("strides", (1, 1))) or any(a.get("pads", (0,) * 4)):
-        return None
-    if not view.graph.types[x].dtype.is_float:
-        return None
-    return view.shape(w)[0], view.shape(w)[1]
+    return (w in view.graph.constants and len(view.shape(x)) == 4 and tuple(view.shape(w)[2:]) == (1, 1)
+            and a.get("group", 1) == 1 and all(s == 1 for s in a.get("strides", (1, 1)))
+            and not any(a.get("pads", (0,) * 4)) and view.graph.types[x].dtype.is_float)
 
 
 def _per_channel(view: View, t: str, channels: int) -> str | None:
@@ -63,7 +58,7 @@ def _middle(view: View, start: str, channels: int, shape: tuple[int, ...]) -> tu
         if p is None:
             return None
         if p.op == Prim.CONV.value:
-            if (first is not None and first is not p) or _pointwise(view, p) is None:
+            if (first is not None and first is not p) or not _is_1x1(view, p):
                 return None
             first = p
             continue
@@ -93,8 +88,7 @@ def _middle(view: View, start: str, channels: int, shape: tuple[int, ...]) -> tu
 
 
 def _match(view: View, node: Node) -> Match | None:
-    second = _pointwise(view, node)
-    if second is None:
+    if not _is_1x1(view, node):
         return None
     t = node.inputs[0]
     shape = tuple(view.shape(t))
