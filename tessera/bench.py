@@ -39,7 +39,7 @@ from tessera.runtime.profile import profile_callable, profile_executable
 from tessera.tolerance import TOLERANCE, rel_l2
 from tessera.verify import random_inputs, run_onnxruntime
 
-STRATEGY_SUFFIXES = ("notemplates", "noprologues", "precisionio", "nochains", "nomerge", "rewrites")
+STRATEGY_SUFFIXES = ("notemplates", "noprologues", "precisionio", "nochains", "nomerge", "rewrites", "norewrites")
 PEERS = ("eager", "inductor", "inductor-cudagraphs", "inductor-max-autotune", "sdpa")
 # tessera itself through torch.compile(backend="tessera") on the PyTorch model (issue 16): listed with
 # the peers (`--vs`), since it needs the module, but never counted as one.
@@ -139,6 +139,13 @@ def kernel_profile(result: CompileResult, gpu: str = "h100", top: int = 12) -> d
             "by_backend": by_backend, "top": rows[:top]}
 
 
+def _rewrites(suffixes: Sequence[str]) -> str:
+    """A strategy's rewrite mode: "-rewrites" every rule, "-norewrites" none, else the default."""
+    if "rewrites" in suffixes and "norewrites" in suffixes:
+        raise TesseraError("a strategy takes -rewrites or -norewrites, not both")
+    return "on" if "rewrites" in suffixes else "off" if "norewrites" in suffixes else CompileOptions.rewrites
+
+
 def _set_precision(precision: str) -> None:
     tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -217,8 +224,8 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
         # "-precisionio", taking and returning the precision's type as the half peers do (no boundary
         # casts; its inputs are converted once, outside the timed calls); "-nochains", with no GEMM
         # chains (codegen/chain.py); "-nomerge", with matmuls sharing a left operand through constant
-        # weights left apart (merge_weight_matmuls); "-rewrites", with the rewrite search on (rewrite/search.py).
-        # Suffixes combine (optimal-precisionio-rewrites). Each reuses the database the plain strategy filled.
+        # weights left apart (merge_weight_matmuls); "-rewrites", with every rewrite rule searched
+        # (rewrite/search.py; the default searches REGROUP_RULES only), "-norewrites" with none. Suffixes combine (optimal-precisionio-rewrites). Each reuses the database the plain strategy filled.
         base, *suffixes = strategy.split("-")
         unknown = set(suffixes) - set(STRATEGY_SUFFIXES)
         if unknown:
@@ -231,7 +238,7 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
                                                     prologues="noprologues" not in suffixes,
                                                     chains="nochains" not in suffixes,
                                                     merge_matmuls="nomerge" not in suffixes,
-                                                    rewrites="on" if "rewrites" in suffixes else "off",
+                                                    rewrites=_rewrites(suffixes),
                                                     io="precision" if "precisionio" in suffixes else "model"))
         exe = Executable(result.graph, plan_document(result), dev)
         compile_s = time.perf_counter() - t0

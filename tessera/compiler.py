@@ -39,7 +39,7 @@ from tessera.rewrite import convert_precision
 from tessera.rewrite.precision import check_precision, mark_tf32_operands
 from tessera.rewrite.deferred import DEFERRED, defer_normalization
 from tessera.rewrite.merged import merge_weight_matmuls
-from tessera.rewrite.search import GAIN, MEASURED_GAIN, REPLAN_GAIN, search
+from tessera.rewrite.search import GAIN, MEASURED_GAIN, REPLAN_GAIN, REWRITE_MODES, rewrite_rules, search
 from tessera.runtime.artifact import save_artifact
 from tessera.runtime.executable import Executable
 from tessera.version import __version__
@@ -68,8 +68,9 @@ class CompileOptions:
     # weights side by side (BERT's QKV projections), where templates are measured or forced
     # (rewrite/merged.py `merge_weight_matmuls`)
     merge_matmuls: bool = True
-    # Primitive-graph rewrites chosen by cost before orchestration (rewrite/search.py): "off" or "on"
-    rewrites: str = "off"
+    # Primitive-graph rewrites chosen by cost before orchestration (rewrite/search.py): "on" (every
+    # rule), "regroup" (REGROUP_RULES: matmul chains grouped the cheaper way) or "off"
+    rewrites: str = "regroup"
     rewrite_budget_s: float = 30.0  # the search prices no new window after this long
     # (30 s: issue 17 allows --rewrites on 60 s of a cold compile, and the measured guard's second
     # plan takes about 25 s of them for a GPT-2-sized graph)
@@ -167,8 +168,8 @@ def compile_model(source: Any, options: CompileOptions | None = None,
         if moved:
             rewrites.append(DEFERRED)
             logger.info("rewrite: %d row normalization(s) moved after their matmul", moved)
-    if opt.rewrites not in ("off", "on"):
-        raise TesseraError(f"rewrites must be off or on, not {opt.rewrites!r}")
+    if opt.rewrites not in REWRITE_MODES:
+        raise TesseraError(f"rewrites must be one of {', '.join(REWRITE_MODES)}, not {opt.rewrites!r}")
     try:  # before the search prices windows in it
         check_precision(opt.precision, opt.io)
     except ValueError as e:
@@ -192,14 +193,15 @@ def compile_model(source: Any, options: CompileOptions | None = None,
             return _plan(loaded, fis, g, opt, cost_kind, dev, db, profiler, timings, done, progress, tune_progress,
                          shared)
 
-        if opt.rewrites == "on":  # the analytical model ranks, measurement confirms
+        if opt.rewrites != "off":  # the analytical model ranks, measurement confirms
             if measured:
                 # Measured, the plan without the rewrites comes first: it is what `--rewrites off`
                 # compiles, the guard below compares with it, and the search's windows as they are
                 # find their kernels measured. What the rewrites add is the search and, only where
                 # they promise enough, a second plan.
                 base = plan(unsearched)
-            found = search(graph, window_cost(opt, cost_kind, dev, db, profiler), budget_s=opt.rewrite_budget_s,
+            found = search(graph, window_cost(opt, cost_kind, dev, db, profiler), rules=rewrite_rules(opt.rewrites),
+                           budget_s=opt.rewrite_budget_s,
                            estimate=window_cost(opt, "analytical", dev, None, None) if measured else None,
                            gain=MEASURED_GAIN if measured else GAIN)
             graph = found.graph

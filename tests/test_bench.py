@@ -83,6 +83,16 @@ def test_bench_cli_writes_json_and_rejects_unknown_models(tmp_path, capsys):
     assert "no zoo model 'nope'" in capsys.readouterr().err
 
 
+def test_a_strategy_suffix_picks_the_rewrite_mode():
+    from tessera.bench import _rewrites
+    from tessera.errors import TesseraError
+
+    assert _rewrites(["precisionio"]) == "regroup"
+    assert _rewrites(["precisionio", "rewrites"]) == "on" and _rewrites(["norewrites"]) == "off"
+    with pytest.raises(TesseraError, match="-rewrites or -norewrites"):
+        _rewrites(["rewrites", "norewrites"])
+
+
 def test_zoo_candy_is_the_shared_candy_network(tmp_path):
     # Same operators, same counts, same input: the PyTorch source of ../shared/models/candy.onnx's network.
     from collections import Counter

@@ -387,13 +387,16 @@ def test_rewrites_that_promise_little_of_the_plan_are_dropped_without_a_second_p
     assert "rewrites dropped without planning again" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("mode", ["on", "regroup"])
 @pytest.mark.parametrize("case, regrouped", [("gemm_g11", True), ("gemm_g1", True), ("bert_tiny", False)])
-def test_a_gemm_chain_is_regrouped_where_the_other_grouping_prices_cheaper(case, regrouped):
+def test_a_gemm_chain_is_regrouped_where_the_other_grouping_prices_cheaper(case, regrouped, mode):
     """MCFuser's G11 does 8x fewer multiply-adds as a @ (b @ d); the analytical model prices the
-    window cheaper, so the search keeps the regrouping, and the compiled plan still checks."""
+    window cheaper, so the search keeps the regrouping, with every rule or with the default's
+    regrouping rules only, and the compiled plan still checks."""
     from tessera.compiler import CompileOptions, compile_model
 
-    result = compile_model(MODELS / f"{case}.onnx", CompileOptions(cost="analytical", rewrites="on"))
+    assert CompileOptions.rewrites == "regroup"
+    result = compile_model(MODELS / f"{case}.onnx", CompileOptions(cost="analytical", rewrites=mode))
     kept = [a["rule"] for a in result.rewrites if a["rule"] == "matmul_associative"]
     assert bool(kept) == regrouped
     if regrouped:
@@ -419,7 +422,33 @@ def test_a_chain_through_two_weights_is_regrouped_and_the_weights_product_folded
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024, 16])], weights)
     path = tmp_path / "lowrank.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    result = compile_model(path, CompileOptions(cost="analytical", rewrites="on"))
-    assert [a["rule"] for a in result.rewrites] == ["matmul_associative", "fold_constant_matmul"]
-    assert [n.op for n in result.graph.nodes] == [Prim.MATMUL.value]
+    for mode in ("on", "regroup"):
+        result = compile_model(path, CompileOptions(cost="analytical", rewrites=mode))
+        assert [a["rule"] for a in result.rewrites] == ["matmul_associative", "fold_constant_matmul"], mode
+        assert [n.op for n in result.graph.nodes] == [Prim.MATMUL.value]
+    assert compile_model(path, CompileOptions(cost="analytical", rewrites="off")).rewrites == []
     assert verify(path, stage="rewrites").passed
+
+
+def test_the_default_rewrite_mode_searches_the_regrouping_rules_only():
+    """`regroup` (the default) leaves what only the other rules rewrite: a transpose of a transpose
+    before a matmul, which `--rewrites on` removes."""
+    from tessera.compiler import CompileOptions, compile_model
+    from tessera.rewrite.search import REGROUP_RULES, rewrite_rules
+
+    assert list(rewrite_rules("regroup")) == list(REGROUP_RULES)
+    assert rewrite_rules("off") == {} and len(rewrite_rules("on")) > len(REGROUP_RULES)
+    with pytest.raises(ValueError, match="rewrites must be one of off, regroup, on"):
+        rewrite_rules("all")
+    from onnx import helper
+    from opcheck import graph_model, rand
+
+    model = graph_model([helper.make_node("Tanh", ["x"], ["t"]),
+                         helper.make_node("Transpose", ["t"], ["u"], perm=[1, 0]),
+                         helper.make_node("Transpose", ["u"], ["v"], perm=[1, 0]),
+                         helper.make_node("MatMul", ["v", "w"], ["out"])],
+                        {"x": rand(24, 40, seed=1), "w": rand(40, 24, seed=2)}, ["out"])
+    on = compile_model(model, CompileOptions(cost="analytical", rewrites="on"))
+    assert "transpose_of_transpose" in [a["rule"] for a in on.rewrites]
+    default = compile_model(model, CompileOptions(cost="analytical"))
+    assert default.rewrites == [] and default.rewrite_search["applied"] == []

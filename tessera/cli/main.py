@@ -28,6 +28,7 @@ from tessera.orchestrate import DEFAULT_SOLVER, SOLVERS, STRATEGIES
 from tessera.orchestrate.candidates import MAX_KERNEL_NODES
 from tessera.orchestrate.layout import LAYOUT_POLICIES
 from tessera.rewrite import IO_CHOICES
+from tessera.rewrite.search import REWRITE_MODES
 from tessera.summary import format_summary, summarize
 from tessera.runtime.artifact import read_meta
 from tessera.runtime.buckets import MANIFEST, load
@@ -159,9 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--merge-matmuls", choices=["on", "off"], default="on",
                    help="with measured or forced templates, merge matmuls that read one left operand through "
                         "constant weights into one over the weights side by side (BERT's QKV projections)")
-    p.add_argument("--rewrites", choices=["off", "on"], default="off",
+    p.add_argument("--rewrites", choices=list(REWRITE_MODES), default=CompileOptions.rewrites,
                    help="primitive-graph rewrites before orchestration (rewrite/rules/), each kept only where "
-                        "the cost model prices its window's plan cheaper (rewrite/search.py)")
+                        "the cost model prices its window's plan cheaper (rewrite/search.py): on, every rule; "
+                        "regroup (default), only chains of two matmuls grouped the cheaper way; off, none")
     p.add_argument("--rewrite-budget", type=_positive, default=30.0, metavar="S",
                    help="seconds the rewrite search may price new windows for")
     p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
@@ -183,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tessera strategies to time; NAME-notemplates times NAME with templates off, "
                         "NAME-noprologues with templates but no operand prologues, NAME-precisionio taking "
                         "and returning the precision's type (no boundary casts), NAME-nochains with no "
-                        "GEMM-chain kernels, NAME-rewrites with the rewrite search on; suffixes combine "
+                        "GEMM-chain kernels, NAME-rewrites searching every rewrite rule, NAME-norewrites none "
+                        "(the default searches the matmul regrouping only); suffixes combine "
                         "(optimal-precisionio-rewrites)")
     p.add_argument("--cost", choices=["auto", "analytical", "measured"], default="auto")
     p.add_argument("--db", help="tuning database")

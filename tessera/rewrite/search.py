@@ -37,6 +37,23 @@ MEASURED_GAIN = 0.03
 # change, about a cold compile of the subgraphs they touch (issue 17 allows the rewrites 60 s).
 REPLAN_GAIN = 0.03
 TIE = 0.001  # within this, the graph with fewer nodes wins
+# The rules a compile's search may apply, by `CompileOptions.rewrites`. "regroup" (the default) has
+# only the chain of two products grouped the other way where that does fewer multiply-adds, and the
+# fold of the product of weights that leaves: on the H100 it ran MCFuser's GEMM chains G9-G12 at
+# 0.35-0.81 of eager's two calls where the first grouping ran at 0.77-1.08 (sessions 38-39), and in
+# the benchmark models it finds no site, so their compiles price no window. "on" has every rule:
+# it made no benchmark model faster and costs up to 31 s of a cold compile (session 37).
+REWRITE_MODES = ("off", "regroup", "on")
+REGROUP_RULES = ("matmul_associative", "fold_constant_matmul")
+
+
+def rewrite_rules(mode: str) -> dict[str, Rule]:
+    """The rules a search in `mode` (one of REWRITE_MODES) may apply."""
+    if mode not in REWRITE_MODES:
+        raise ValueError(f"rewrites must be one of {', '.join(REWRITE_MODES)}, not {mode!r}")
+    names = () if mode == "off" else RULES if mode == "on" else REGROUP_RULES
+    return {name: RULES[name] for name in names}
+
 SMALL_CONSTANT = 64  # elements: a window's signature holds the values of constants up to this size
 
 
