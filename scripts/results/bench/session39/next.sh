@@ -1,0 +1,27 @@
+#!/bin/bash
+# Session 39's device calls: `bash scripts/results/bench/session39/next.sh N` on nvidia-h100-x1, with `carry`
+# naming .whl (the highspy wheel) and .pin16 (git archive of the commit measured, with CODE; rebuild it from
+# HEAD first, as ../session34/next.sh says).
+# 1: issue 15's GEMM chains with the default options (the rewrite mode `regroup`: only matmul_associative and
+#    fold_constant_matmul searched), beside eager's two calls, GPU time, one empty database per precision:
+#    tf32 g1, g7-g12; fp16 g1, g8-g12. Against calls 2 and 5 (`--rewrites on`, 665d659).
+# Table: python scripts/mcfuser_table.py scripts/results/bench/session39/call1/g*/
+nvidia-smi -L | grep -q H100 || { nvidia-smi -L; exit 3; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/highspy*.whl || exit 1
+nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
+cd .pin16 || exit 1
+export PYTHONPATH=/tmp/site:$PWD TESSERA_LOG=info
+case $1 in
+    1)
+        for p in tf32 fp16; do
+            rows=$([ $p = tf32 ] && echo gemm_g1,gemm_g7,gemm_g8,gemm_g9,gemm_g10,gemm_g11,gemm_g12 \
+                                 || echo gemm_g1,gemm_g8,gemm_g9,gemm_g10,gemm_g11,gemm_g12)
+            mkdir -p /tmp/g$p
+            timeout 230 python3 scripts/bench_suite.py --models "$rows" --precisions $p --vs eager \
+                --strategies optimal-precisionio --timing gpu --fresh-db --budget-s 215 --solver highs \
+                --code "$(cat CODE)" --out /tmp/g$p > /tmp/g$p/log.txt 2>&1
+            echo "gemm $p rc=$?"; gzip -f /tmp/g$p/*.jsonl 2>/dev/null; tar -czf "$OUT/g$p.tgz" -C /tmp g$p
+            grep -h "bench .* ms$\|rewrites:" /tmp/g$p/log.txt | sed 's/.*tessera [0-9:]* //'
+        done ;;
+    *) echo "next.sh: call 1"; exit 2 ;;
+esac
