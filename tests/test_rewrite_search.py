@@ -173,6 +173,12 @@ def test_compile_with_rewrites_records_them_and_the_artifact_replays(tmp_path, c
                                                                     "window_nodes": a["window_nodes"]}
                                                                    for a in applied]
     assert "Graph rewrites" in (out / "report.html").read_text()
+    # The default search (the regrouping rules) finds no site in bert_tiny, and says nothing of it;
+    # in MCFuser's G11 it finds one and says what it kept.
+    assert main(["compile", str(MODELS / "bert_tiny.onnx"), "-o", str(tmp_path / "b")]) == 0
+    assert "rewrites:" not in capsys.readouterr().out
+    assert main(["compile", str(MODELS / "gemm_g11.onnx"), "-o", str(tmp_path / "c")]) == 0
+    assert "rewrites: 1 kept (matmul_associative x1) from 1 site(s)" in capsys.readouterr().out
     assert main(["run", str(out), "--check"]) == 0  # loads by replaying the rewrites, then checks
 
 

@@ -484,7 +484,7 @@ def _print_compile(result: Any) -> None:
     if result.merged:
         print(f"  merged: {result.merged} pair(s) of matmuls reading one left operand through constant weights "
               "(one matmul over the weights side by side; --merge-matmuls off keeps them apart)")
-    if result.rewrite_search:
+    if result.rewrite_search and result.rewrite_search["sites"]:  # (the default search finds none in most models)
         r = result.rewrite_search
         kept: dict[str, int] = {}
         for a in r["applied"]:
