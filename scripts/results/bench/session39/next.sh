@@ -6,6 +6,8 @@
 #    fold_constant_matmul searched), beside eager's two calls, GPU time, one empty database per precision:
 #    tf32 g1, g7-g12; fp16 g1, g8-g12. Against calls 2 and 5 (`--rewrites on`, 665d659).
 # Table: python scripts/mcfuser_table.py scripts/results/bench/session39/call1/g*/
+# 2 (next session): scripts/splitk_chain_probe.py, the regrouped chains' first product split in S slices whose
+#    partials the second GEMM sums as it loads them: fp16 G7-G10 and G4 (about 3 minutes), then tf32 G4-G6.
 nvidia-smi -L | grep -q H100 || { nvidia-smi -L; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/highspy*.whl || exit 1
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
@@ -23,5 +25,11 @@ case $1 in
             echo "gemm $p rc=$?"; gzip -f /tmp/g$p/*.jsonl 2>/dev/null; tar -czf "$OUT/g$p.tgz" -C /tmp g$p
             grep -h "bench .* ms$\|rewrites:" /tmp/g$p/log.txt | sed 's/.*tessera [0-9:]* //'
         done ;;
-    *) echo "next.sh: call 1"; exit 2 ;;
+    2)  # the probe runs from the working tree (it is not in .pin16)
+        cd .. && export PYTHONPATH=/tmp/site:$PWD
+        timeout 300 python3 scripts/splitk_chain_probe.py --cases 7,8,9,10,4 --precisions fp16 > "$OUT/splitk_fp16.txt" 2>&1
+        echo "fp16 rc=$?"; tail -14 "$OUT/splitk_fp16.txt"
+        timeout 200 python3 scripts/splitk_chain_probe.py --cases 4,5,6 --precisions tf32 > "$OUT/splitk_tf32.txt" 2>&1
+        echo "tf32 rc=$?"; tail -10 "$OUT/splitk_tf32.txt" ;;
+    *) echo "next.sh: call 1-2"; exit 2 ;;
 esac
