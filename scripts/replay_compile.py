@@ -111,6 +111,9 @@ def library_wins(plan: object, costs: list, db: TuningDB) -> None:
 
 
 def main() -> int:
+    from tessera.compiler import CompileOptions, compile_model
+    from tessera.rewrite.search import REWRITE_MODES
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
     ap.add_argument("rows", type=Path)
@@ -124,11 +127,10 @@ def main() -> int:
     ap.add_argument("--library-wins", action="store_true",
                     help="list the plan kernels whose library call beat every measured template schedule")
     ap.add_argument("--no-merge", action="store_true")
-    ap.add_argument("--rewrites", default="off", choices=["off", "on"])
+    ap.add_argument("--rewrites", choices=REWRITE_MODES, default=CompileOptions.rewrites)
     args = ap.parse_args()
 
     from tessera import compiler
-    from tessera.compiler import CompileOptions, compile_model
 
     torch.cuda.is_available = lambda: True  # type: ignore[assignment]
     torch.cuda.get_device_name = lambda *a: args.device  # type: ignore[assignment]

@@ -77,18 +77,20 @@ class AnalyticalProfiler(CountingProfiler):
 
 
 def main() -> int:
+    from tessera.compiler import CompileOptions, compile_model
+    from tessera.log import configure
+    from tessera.rewrite.search import REWRITE_MODES
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
     ap.add_argument("--precision", default="fp16")
-    ap.add_argument("--rewrites", choices=("off", "on"), default="off")
+    ap.add_argument("--rewrites", choices=REWRITE_MODES, default=CompileOptions.rewrites)
     ap.add_argument("--costs", choices=("made-up", "analytical"), default="made-up",
                     help="what each job is priced at (analytical: the model's estimate of the kernel alone)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     torch.cuda.is_available = lambda: True  # type: ignore[assignment]  # the compile asks; nothing launches
     torch.cuda.get_device_name = lambda *_: "NVIDIA H100 80GB HBM3"  # type: ignore[assignment]
-    from tessera.compiler import CompileOptions, compile_model
-    from tessera.log import configure
 
     configure()  # TESSERA_LOG=info shows the passes and each tuning batch
 

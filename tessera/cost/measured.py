@@ -61,7 +61,13 @@ CONV_TUNED = 4
 # shape apart poorly for small tf32 GEMMs: on the H100 sweep of issue 15's chain products
 # (scripts/gemm_probe.py --set chains, session 38) the family heads stopped 4-12% over the space's best
 # for 4 of 9 shapes, and this round closed those gaps (g6 a@x 7.49 -> 6.65 us, g4 a@x 3.88 -> 3.47).
-GEMM_WALK_FAMILIES, GEMM_WALK = 2, 8
+# Three shapes, not two: a shape whose best is split-K can trail on its unsplit head. With 4-warp
+# small tf32 tiles ranked higher (session 39), the walk of two shapes left out g4 b@d's 64x32 tiles
+# (unsplit 6.71 us, split by 4 4.53 in session 38's tuning), and gemm_g4 tf32 went from 0.82 to 0.89
+# of eager on the H100. Replayed on the sweep's times (scripts/walk_replay.py), two shapes stop 7%
+# over the space's best for g4 b@d and three reach it for all 9 products, for 27 more kernels timed
+# in segformer_b0 fp16's cold compile (5240 against 5213, CPU count, scripts/tuning_jobs.py).
+GEMM_WALK_FAMILIES, GEMM_WALK = 3, 8
 CHAIN_CANDIDATE = 4  # GEMM-chain schedules measured per chain candidate before the solve (its cost: the least),
 # per kind of walk (whole, split over programs: twice as many where L may be split)
 
