@@ -96,7 +96,8 @@ def graph_specs(draw: Callable[[Any], Any], precisions: Sequence[str] = PRECISIO
                      seed=d.int(0, 2 ** 16), schedule_seed=d.int(0, 2 ** 16) if d.maybe(0.7) else 0,
                      index_bounds=b.index_bounds,
                      types=b.types,
-                     rewrites="on" if d.maybe(0.3) else "off")  # drawn last: earlier draws stay as they were
+                     # drawn last: earlier draws stay as they were (the default mode since session 39)
+                     rewrites="on" if d.maybe(0.3) else "regroup" if d.maybe(0.5) else "off")
 
 
 def _outputs(d: Draw, b: Builder) -> list[str]:

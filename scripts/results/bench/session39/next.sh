@@ -8,6 +8,8 @@
 # Table: python scripts/mcfuser_table.py scripts/results/bench/session39/call1/g*/
 # 2 (next session): scripts/splitk_chain_probe.py, the regrouped chains' first product split in S slices whose
 #    partials the second GEMM sums as it loads them: fp16 G7-G10 and G4 (about 3 minutes), then tf32 G4-G6.
+# 3 (next session): tf32 G4-G6, G8, G10 at HEAD with the default options: the template walk over three tile
+#    shapes (GEMM_WALK_FAMILIES, efc4a2d) against calls 2 and 1.
 nvidia-smi -L | grep -q H100 || { nvidia-smi -L; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/highspy*.whl || exit 1
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
@@ -31,5 +33,12 @@ case $1 in
         echo "fp16 rc=$?"; tail -14 "$OUT/splitk_fp16.txt"
         timeout 200 python3 scripts/splitk_chain_probe.py --cases 4,5,6 --precisions tf32 > "$OUT/splitk_tf32.txt" 2>&1
         echo "tf32 rc=$?"; tail -10 "$OUT/splitk_tf32.txt" ;;
-    *) echo "next.sh: call 1-2"; exit 2 ;;
+    3)
+        mkdir -p /tmp/gw
+        timeout 230 python3 scripts/bench_suite.py --models gemm_g4,gemm_g5,gemm_g6,gemm_g8,gemm_g10 --precisions tf32 \
+            --vs eager --strategies optimal-precisionio --timing gpu --fresh-db --budget-s 215 --solver highs \
+            --code "$(cat CODE)" --out /tmp/gw > /tmp/gw/log.txt 2>&1
+        echo "gemm tf32 rc=$?"; gzip -f /tmp/gw/*.jsonl 2>/dev/null; tar -czf "$OUT/gw.tgz" -C /tmp gw
+        grep -h "bench .* ms$\|rewrites:" /tmp/gw/log.txt | sed 's/.*tessera [0-9:]* //' ;;
+    *) echo "next.sh: call 1-3"; exit 2 ;;
 esac
