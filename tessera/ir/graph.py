@@ -367,3 +367,14 @@ def scalar_constant(graph: Graph, producer: Mapping[str, Node], t: str) -> float
     if v.size == 0 or v.dtype.kind != "f" or not np.all(v == v.flat[0]):
         return None
     return float(v.flat[0])
+
+
+SHORT_REDUCTION = 16  # elements a reduction may span and still be computed in place, unrolled
+
+
+def short_reduction(node: Node, graph: Graph) -> bool:
+    """`node` is a reduction over at most SHORT_REDUCTION elements: a template can compute it where
+    it loads an operand, one load per element (`codegen.emitter.Emitter.unrolled_reduce`)."""
+    if node.op not in (Prim.REDUCE_SUM.value, Prim.REDUCE_MAX.value, Prim.REDUCE_MIN.value):
+        return False
+    return math.prod(graph.types[node.inputs[0]].shape[a] for a in node.attrs["axes"]) <= SHORT_REDUCTION

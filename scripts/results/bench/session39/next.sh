@@ -10,6 +10,9 @@
 #    partials the second GEMM sums as it loads them: fp16 G7-G10 and G4 (about 3 minutes), then tf32 G4-G6.
 # 3 (next session): tf32 G4-G6, G8, G10 at HEAD with the default options: the template walk over three tile
 #    shapes (GEMM_WALK_FAMILIES, efc4a2d) against calls 2 and 1.
+# 4 (next session): fp16 G7-G10 and G4 at HEAD with --rewrites on (optimal-precisionio-rewrites): does the
+#    measured search keep matmul_split_k (the first product split over K, its partials summed by the
+#    second GEMM as it loads them)? The log's rewrite lines and the table's kernels column say.
 nvidia-smi -L | grep -q H100 || { nvidia-smi -L; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/highspy*.whl || exit 1
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
@@ -40,5 +43,12 @@ case $1 in
             --code "$(cat CODE)" --out /tmp/gw > /tmp/gw/log.txt 2>&1
         echo "gemm tf32 rc=$?"; gzip -f /tmp/gw/*.jsonl 2>/dev/null; tar -czf "$OUT/gw.tgz" -C /tmp gw
         grep -h "bench .* ms$\|rewrites:" /tmp/gw/log.txt | sed 's/.*tessera [0-9:]* //' ;;
-    *) echo "next.sh: call 1-3"; exit 2 ;;
+    4)
+        mkdir -p /tmp/gs
+        timeout 230 python3 scripts/bench_suite.py --models gemm_g7,gemm_g8,gemm_g9,gemm_g10,gemm_g4 --precisions fp16 \
+            --vs eager --strategies optimal-precisionio-rewrites --timing gpu --fresh-db --budget-s 215 --solver highs \
+            --code "$(cat CODE)" --out /tmp/gs > /tmp/gs/log.txt 2>&1
+        echo "gemm fp16 rc=$?"; gzip -f /tmp/gs/*.jsonl 2>/dev/null; tar -czf "$OUT/gs.tgz" -C /tmp gs
+        grep -h "bench .* ms$\|rewrites:" /tmp/gs/log.txt | sed 's/.*tessera [0-9:]* //' ;;
+    *) echo "next.sh: call 1-4"; exit 2 ;;
 esac
