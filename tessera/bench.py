@@ -225,7 +225,8 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
         # casts; its inputs are converted once, outside the timed calls); "-nochains", with no GEMM
         # chains (codegen/chain.py); "-nomerge", with matmuls sharing a left operand through constant
         # weights left apart (merge_weight_matmuls); "-rewrites", with every rewrite rule searched
-        # (rewrite/search.py; the default searches REGROUP_RULES only), "-norewrites" with none. Suffixes combine (optimal-precisionio-rewrites). Each reuses the database the plain strategy filled.
+        # (rewrite/search.py; the default searches REGROUP_RULES only), "-norewrites" with none.
+        # Suffixes combine (optimal-precisionio-rewrites). Each reuses the database the plain strategy filled.
         base, *suffixes = strategy.split("-")
         unknown = set(suffixes) - set(STRATEGY_SUFFIXES)
         if unknown:

@@ -340,12 +340,13 @@ def test_a_short_reduction_prologue_sums_split_k_partials():
     # sums the 4 slices where it loads its B tile, one load each, with no loop or kernel for the sum.
     # A reduction over more than SHORT_REDUCTION elements stays out of the prologue.
     a, p = rand(17, 13, seed=90), rand(4, 13, 24, seed=91)
-    model = graph_model([helper.make_node("ReduceSum", ["p", "ax"], ["x"], keepdims=0),
-                         helper.make_node("MatMul", ["a", "x"], ["out"])],
-                        {"a": a, "p": p, "ax": Const(np.array([0], np.int64))}, ["out"])
-    for sched in (GemmSchedule(16, 16, 16, 2, 2, 1, 1), GemmSchedule(16, 16, 16, 2, 2, 1, 2)):  # split-K too
-        ks = _prologue_kernel(model, {"a": a, "p": p}, sched)
-        assert "reduce_sum" in ks.source and "for k" in ks.source
+    for op in ("ReduceSum", "ReduceMax"):
+        model = graph_model([helper.make_node(op, ["p", "ax"], ["x"], keepdims=0),
+                             helper.make_node("MatMul", ["a", "x"], ["out"])],
+                            {"a": a, "p": p, "ax": Const(np.array([0], np.int64))}, ["out"])
+        for sched in (GemmSchedule(16, 16, 16, 2, 2, 1, 1), GemmSchedule(16, 16, 16, 2, 2, 1, 2)):  # split-K too
+            ks = _prologue_kernel(model, {"a": a, "p": p}, sched)
+            assert ks.source.count("tl.load(in0") == 4  # one load per slice, inside the K loop
     from tessera.orchestrate.candidates import StructuralLegality
 
     long = graph_model([helper.make_node("ReduceSum", ["p", "ax"], ["x"], keepdims=0),

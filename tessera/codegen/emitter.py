@@ -215,14 +215,13 @@ class Emitter:
                 coords[a] = Ix.of(c)
             v = self.value(x, coords, mask)
             deps = deps | v.deps
-            term = v.expr
             if acc is None:
-                acc = term
+                acc = v.expr
             elif node.op == Prim.REDUCE_SUM.value:
-                acc = self.emit(f"{acc} + {term}", deps)
+                acc = self.emit(f"{acc} + {v.expr}", deps)
             else:
                 fn = "tl.maximum" if node.op == Prim.REDUCE_MAX.value else "tl.minimum"
-                acc = self.emit(f"{fn}({acc}, {term}, propagate_nan=tl.PropagateNan.ALL)", deps)
+                acc = self.emit(f"{fn}({acc}, {v.expr}, propagate_nan=tl.PropagateNan.ALL)", deps)
         return Val(acc or "0.0", out, deps)  # a variable: each term and partial sum is emitted
 
     # ---- pooling -----------------------------------------------------------------------
