@@ -3,7 +3,8 @@
 For each product of a `scripts/gemm_probe.py` sweep JSON (its `all` rows: every schedule timed), rank
 tessera's template space as a compile does now (`rank_templates`), "measure" the lane's first five
 in rank (the family heads, the next in rank) and then walk the tile shapes of the fastest measured
-(`GEMM_WALK_FAMILIES`, at most `GEMM_WALK` schedules), reading each time from the sweep. Prints what
+(`cost/measured.py::_family_walk` under each variant's `GEMM_WALK_FAMILIES` and `GEMM_WALK`), reading
+each time from the sweep. Prints what
 each variant of the walk ends with against the best of tessera's own space. A replay of the rule on
 measured numbers, not a compile: the lane's round structure is `tests/test_tuning.py`'s to check.
 
@@ -20,11 +21,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tessera.codegen.kernels import GemmSchedule  # noqa: E402
+from tessera.cost import measured  # noqa: E402
 from tessera.cost.devices import device  # noqa: E402
-from tessera.cost.schedule_model import rank_templates  # noqa: E402
+from tessera.cost.schedule_model import GEMM_FAMILIES, rank_templates  # noqa: E402
 from tessera.rewrite.rules.base import new_graph  # noqa: E402
 
-LANE = 5  # the lane before its walk: GEMM_FAMILIES heads and the next in rank (tune_schedules)
+LANE = GEMM_FAMILIES + 1  # the lane before its walk: the family heads and the next in rank (tune_schedules)
 VARIANTS = ((2, 8), (3, 8), (3, 12))  # (shapes walked, schedules at most)
 
 
@@ -36,13 +38,13 @@ def schedule(s: dict) -> GemmSchedule:
 def walk(ranked: list[GemmSchedule], times: dict[GemmSchedule, float], shapes: int, cap: int) -> tuple[float, int]:
     """The fastest time the lane and its walk reach, and how many schedules they timed."""
     got = {s: times[s] for s in ranked[:LANE] if s in times}
-    order: list[tuple[int, int]] = []
-    for s, _ in sorted(got.items(), key=lambda r: r[1]):
-        if (s.block_m, s.block_n) not in order:
-            order.append((s.block_m, s.block_n))
-    for s in [s for s in ranked if (s.block_m, s.block_n) in order[:shapes] and s not in got][:cap]:
-        if s in times:
-            got[s] = times[s]
+    kept = measured.GEMM_WALK_FAMILIES, measured.GEMM_WALK
+    measured.GEMM_WALK_FAMILIES, measured.GEMM_WALK = shapes, cap
+    try:  # the compile's own walk, its jobs the schedules themselves
+        walk_next = measured._family_walk(lambda s: s, ranked, list(got.items()))
+    finally:
+        measured.GEMM_WALK_FAMILIES, measured.GEMM_WALK = kept
+    got.update((s, times[s]) for s in walk_next if s in times)
     return min(got.values()), len(got)
 
 

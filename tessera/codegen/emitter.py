@@ -19,6 +19,7 @@ that offset go out of bounds.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -209,7 +210,7 @@ class Emitter:
             raise Unsupported(f"{node.name}: an integer reduction in an operand")
         acc: str | None = None
         deps: frozenset[str] = frozenset()
-        for at in _coordinates([xs[a] for a in axes]):
+        for at in itertools.product(*(range(xs[a]) for a in axes)):  # row-major: a fixed summation order
             coords = list(index)
             for a, c in zip(axes, at):
                 coords[a] = Ix.of(c)
@@ -269,14 +270,6 @@ class Emitter:
             self.pop()
         self.var_deps[acc] = base
         return Val(acc, out.dtype, base)
-
-
-def _coordinates(extents: Sequence[int]) -> list[tuple[int, ...]]:
-    """Every coordinate of a box of `extents`, in row-major order."""
-    out: list[tuple[int, ...]] = [()]
-    for e in extents:
-        out = [c + (i,) for c in out for i in range(e)]
-    return out
 
 
 # ---- layout primitives: output index -> input index ----------------------------------------

@@ -17,7 +17,7 @@ import numpy as np
 
 from tessera.errors import MalformedModelError
 from tessera.ir.dtype import DType
-from tessera.ir.prims import Prim
+from tessera.ir.prims import REDUCTIONS, Prim
 
 
 @dataclass(frozen=True)
@@ -375,6 +375,6 @@ SHORT_REDUCTION = 16  # elements a reduction may span and still be computed in p
 def short_reduction(node: Node, graph: Graph) -> bool:
     """`node` is a reduction over at most SHORT_REDUCTION elements: a template can compute it where
     it loads an operand, one load per element (`codegen.emitter.Emitter.unrolled_reduce`)."""
-    if node.op not in (Prim.REDUCE_SUM.value, Prim.REDUCE_MAX.value, Prim.REDUCE_MIN.value):
+    if Prim(node.op) not in REDUCTIONS:
         return False
     return math.prod(graph.types[node.inputs[0]].shape[a] for a in node.attrs["axes"]) <= SHORT_REDUCTION

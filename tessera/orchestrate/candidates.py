@@ -161,7 +161,7 @@ class StructuralLegality:
             if self.prologues and (og.desc[i] >> root) & 1:
                 if pointwise or op in _PROLOGUE_LAYOUT:
                     continue  # an operand prologue: computed where the template loads the operand
-                if op in _REDUCE_OPS and og.nodes[root].op == Prim.MATMUL.value and short_reduction(og.nodes[i], g):
+                if og.nodes[root].op == Prim.MATMUL.value and short_reduction(og.nodes[i], g):
                     continue  # a few slices summed as the GEMM template loads the operand (split-K partials)
                 return f"{op} cannot join a linear kernel's operand prologue"
             if og.nodes[root].op == Prim.MATMUL.value and transposes_matrix(og.nodes[i]) \
