@@ -2,11 +2,13 @@
 (rewrite/precision.py `mark_tf32_operands`, `KernelBody.store`, `tile.dot_operand`)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+import triton.language as tl
 from onnx import helper
 from opcheck import Const, graph_model, rand
 
@@ -14,7 +16,7 @@ import tessera
 import tessera.compiler as compiler
 from tessera.cli.main import main
 from tessera.codegen.select import implement, prologue_of
-from tessera.codegen.triton_ops import TF32_ROUND
+from tessera.codegen.triton_ops import TF32_ROUND, module_source
 from tessera.cost.measured import kernel_signature
 from tessera.fission import fission
 from tessera.frontend import load
@@ -132,3 +134,17 @@ def test_rounded_at_the_writer_gives_the_same_bits(tmp_path, monkeypatch, residu
                  "--prologues", "off", "-o", str(out)]) == 0
     assert main(["run", str(out), "--check"]) == 0
     assert all(np.array_equal(v.numpy(), got[t].numpy()) for t, v in tessera.load(out).run(**feeds).items())
+
+
+def test_the_rounding_helper_is_defined_where_used_and_follows_the_interpreter(monkeypatch):
+    """`module_source` defines `tf32_round` only in modules whose kernels call it; its PTX form is
+    chosen unless Triton's interpreter runs the module (which has no inline PTX)."""
+    assert "tf32_round" not in module_source(["x = 1"])
+    src = module_source([f"y = {TF32_ROUND.format(x='x')}"])
+    assert src.count("def tf32_round(x):") == 1 and "cvt.rna.tf32.f32" in src
+    for interpret, cvt in (("1", False), ("0", True)):
+        monkeypatch.setenv("TRITON_INTERPRET", interpret)
+        (line,) = [ln for ln in src.splitlines() if ln.startswith("TF32_CVT = ")]
+        scope: dict = {"os": os, "tl": tl}
+        exec(line, scope)
+        assert bool(scope["TF32_CVT"]) is cvt

@@ -54,7 +54,7 @@ from tessera.codegen.kernels import ChainSchedule, KernelBody, KernelSource, Lau
 from tessera.codegen.tile import (GRID_Y_MAX, MIN_BLOCK, TF32_ROUND, Tile, cdiv, check_outputs, dot_math, dot_operand,
                                   sum_slices,
                                   jit_function, pow2, store_outputs)
-from tessera.codegen.triton_ops import Unsupported, Val
+from tessera.codegen.triton_ops import Unsupported, Val, module_source
 from tessera.ir.graph import Graph, Node, scalar_constant
 from tessera.ir.prims import Category, Prim
 
@@ -547,9 +547,8 @@ def generate_chain(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], 
     params = ", ".join(ins + (["ws"] if workspace else []) + list(main.out_args.values()))
     meta = (("BLOCK_M", s.block_m), ("BLOCK_N", s.block_n), ("BLOCK_L", s.block_l), ("BLOCK_K", s.block_k),
             ("num_warps", s.num_warps), ("num_stages", s.num_stages))
-    src = "\n".join(["import triton", "import triton.language as tl", "", ""]
-                    + _doc(graph, name, ch, main, sources, workspace)
-                    + jit_function(fn, params, t, CHAIN_CONSTS, extra)).rstrip() + "\n"
+    src = module_source(_doc(graph, name, ch, main, sources, workspace)
+                        + jit_function(fn, params, t, CHAIN_CONSTS, extra))
     grid = (tiles, cp.batch, s.split_l) if s.split_l > 1 else (tiles, cp.batch)
     return KernelSource(fn, src, main.inputs, main.outputs, cp.batch * cp.m * cp.n, cp.l, s,
                         [n.name for n in nodes], launches=[Launch(fn, grid, meta)], workspace=workspace,

@@ -51,7 +51,7 @@ from tessera.codegen.gemm import split_k_options
 from tessera.codegen.kernels import ConvSchedule, KernelBody, KernelSource, Launch, sanitize
 from tessera.codegen.tile import (DOT_TYPES, GRID_Y_MAX, MIN_BLOCK, Tile, cdiv, check_outputs, describe, dot_math,
                                   dot_operand, jit_function, pow2, store_outputs, sum_slices)
-from tessera.codegen.triton_ops import Unsupported, Val
+from tessera.codegen.triton_ops import Unsupported, Val, module_source
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node, TensorType
 from tessera.ir.prims import Category, Prim
@@ -495,8 +495,8 @@ def generate_conv(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], n
     consts = [c for c in CONSTS if c != "BLOCK_K" or not cv.direct_form]  # the direct form has no K step
     meta = tuple((c, getattr(s, c.lower())) for c in consts) + (("num_warps", s.num_warps),
                                                                  ("num_stages", s.num_stages))
-    src = "\n".join(["import triton", "import triton.language as tl", "", ""] + _doc(cv, name, k, sources, workspace)
-                    + jit_function(fn, params, t, consts, extra)).rstrip() + "\n"
+    src = module_source(_doc(cv, name, k, sources, workspace)
+                        + jit_function(fn, params, t, consts, extra))
     return KernelSource(fn, src, k.inputs, k.outputs, p.m * p.o, p.k, s, [n.name for n in nodes],
                         launches=[Launch(fn, grid, meta)], workspace=workspace,
                         input_layouts={cv.w: relayout} if relayout else {}, rounded_inputs=tuple(sorted(k.rounded)))

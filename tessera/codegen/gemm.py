@@ -39,7 +39,7 @@ from tessera.codegen.index import Ix
 from tessera.codegen.kernels import GemmSchedule, KernelSource, Launch, KernelBody, sanitize
 from tessera.codegen.tile import (GRID_Y_MAX, MIN_BLOCK, Tile, cdiv, check_outputs, describe, dot_math, dot_operand,
                                   jit_function, pow2, store_outputs, sum_slices)
-from tessera.codegen.triton_ops import Unsupported, Val
+from tessera.codegen.triton_ops import Unsupported, Val, module_source
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import Prim
 
@@ -230,9 +230,8 @@ def generate_gemm(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], n
         funcs.append(_function(fn, params, t))
         launches.append(Launch(fn, (tiles, tp.batch), meta))
         form = "GEMM template"
-    src = "\n".join(["import triton", "import triton.language as tl", "", ""]
-                    + _doc(graph, name, form, tp, main, sources, workspace)
-                    + [line for f in funcs for line in f + ["", ""]]).rstrip() + "\n"
+    src = module_source(_doc(graph, name, form, tp, main, sources, workspace)
+                        + [line for f in funcs for line in f + ["", ""]])
     return KernelSource(fn, src, main.inputs, main.outputs, tp.batch * tp.m * tp.n, tp.k, s,
                         [n.name for n in nodes], launches=launches, workspace=workspace,
                         input_layouts=dict(main.layouts), rounded_inputs=tuple(sorted(main.rounded)))

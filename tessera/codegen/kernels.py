@@ -30,12 +30,12 @@ from typing import Sequence
 from tessera.codegen import index as ix
 from tessera.codegen.emitter import Emitter, Scope
 from tessera.codegen.index import Ix
-from tessera.codegen.triton_ops import COMPUTE, STORAGE, TF32_ROUND, Unsupported, Val
+from tessera.codegen.triton_ops import COMPUTE, STORAGE, TF32_ROUND, Unsupported, Val, module_source
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import REDUCTIONS, Prim
 
 # Bump when generated code changes: it is part of every tuning-database key.
-CODEGEN_VERSION = 13  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts;
+CODEGEN_VERSION = 14  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts;
 # 4: reduction rows numbered in storage order; 5: GEMM templates with fused epilogues (codegen/gemm.py);
 # 6: convolution templates (codegen/conv.py), the template tile shared in codegen/tile.py;
 # 7: convolution templates read their constant weight from a K-contiguous copy;
@@ -596,9 +596,9 @@ def generate(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], name: 
     doc += [f"# {a}: {t} {g.types[t]}" for t, a in k.out_args.items()]
     doc.append(f"# memory: reads {rd} B, writes {wr} B; the roofline is this traffic at full bandwidth")
     params = ", ".join([f"in{i}" for i in range(len(k.inputs))] + list(k.out_args.values()))
-    src = "\n".join(["import triton", "import triton.language as tl", "", ""] + doc + [
+    src = module_source(doc + [
         "@triton.jit", f"def {fn}({params}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):"]
-        + [f"    {h}" for h in header] + body) + "\n"
+        + [f"    {h}" for h in header] + body)
     return KernelSource(fn, src, k.inputs, k.outputs, xnumel, rnumel, schedule, [n.name for n in nodes], tile,
                         strided)
 

@@ -21,13 +21,42 @@ class Unsupported(Exception):
     """The generator cannot produce this kernel; the message says why."""
 
 
-# fp32 -> tf32, rounding to nearest (ties away, as cvt.rna.tf32.f32 does). The tensor cores read
-# only the top 19 bits of an fp32 operand, so unrounded operands are truncated: a bias toward zero
-# of ~1e-3 relative, the whole tf32 tolerance. Rounded operands err without bias, and their
-# products are exact in fp32, so the CPU interpreter computes what the GPU does. Infinities and
-# NaN pass unchanged.
-TF32_ROUND = ("tl.where(tl.abs({x}) < float(\"inf\"), "
-              "((({x}).to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True), {x})")
+# fp32 -> tf32, rounding to nearest (ties away). The tensor cores read only the top 19 bits of an
+# fp32 operand, so unrounded operands are truncated: a bias toward zero of ~1e-3 relative, the
+# whole tf32 tolerance. Rounded operands err without bias, and their products are exact in fp32,
+# so the CPU interpreter computes what the GPU does. A generated module that rounds defines
+# `tf32_round` once (`module_source`).
+TF32_ROUND = "tf32_round({x})"
+
+# On the GPU one PTX cvt.rna.tf32.f32 per element. The same bits as integer ops (add half an ulp,
+# clear the 13 low bits; five instructions) cost the small tf32 GEMMs of issue 15's chains 1.1-1.7x
+# their time with cvt on the H100 (session 40, scripts/tf32_round_probe.py), and steered some to
+# wgmma with register operands. Triton's interpreter has no inline PTX, so it computes the integer
+# form; infinities and NaN pass unchanged in both.
+_TF32_HELPER = """\
+# tf32 rounding (to nearest, ties away): one cvt.rna.tf32.f32 on the GPU; the same bits from integer
+# ops in Triton's interpreter, which has no inline PTX.
+TF32_CVT = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
+
+
+@triton.jit
+def tf32_round(x):
+    if TF32_CVT:
+        return tl.inline_asm_elementwise("cvt.rna.tf32.f32 $0, $1;", "=r,r", [x.to(tl.int32, bitcast=True)],
+                                         dtype=tl.int32, is_pure=True, pack=1).to(tl.float32, bitcast=True)
+    else:
+        return tl.where(tl.abs(x) < float("inf"),
+                        ((x.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True), x)
+"""
+
+
+def module_source(lines: Sequence[str]) -> str:
+    """A generated kernel module: the imports, the helpers its kernels call, then `lines`."""
+    body = "\n".join(lines).rstrip()
+    head = ["import triton", "import triton.language as tl", "", ""]
+    if "tf32_round(" in body:
+        head = ["import os", "", *head[:2], "", "", *_TF32_HELPER.splitlines(), "", ""]
+    return "\n".join(head + [body]) + "\n"
 
 
 # Triton element types as the pointer of a tensor of this dtype holds them.
