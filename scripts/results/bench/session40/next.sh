@@ -4,6 +4,10 @@
 # HEAD first, as ../session34/next.sh says).
 # (call 1 was ../session39/next.sh 2, the split-K chain probe, after 2a8c0c0's fix of its shared-memory overflow)
 # 2: scripts/tf32_round_probe.py: what rounding tf32 operands in the K loop costs the chain products G4-G10.
+# 3: tf32 G4-G10 at HEAD (86a31e7: tf32 rounding by cvt.rna in the generated kernels) with the default options,
+#    beside eager's two calls, GPU time, one empty database. Table: python scripts/mcfuser_table.py .../call3/g*/
+# 4: bert_base and gpt2 tf32 cold beside Inductor with CUDA graphs (the cvt rounding in whole models; also
+#    session 39's 4-warp tf32 tiles and three-shape walk, untimed in models until now).
 nvidia-smi -L | grep -q H100 || { nvidia-smi -L; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/highspy*.whl || exit 1
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
@@ -12,5 +16,19 @@ case $1 in
     2)  # from the working tree (the probe is not in .pin16)
         timeout 500 python3 scripts/tf32_round_probe.py --out "$OUT/round.json" > "$OUT/round.txt" 2>&1
         echo "rc=$?"; tail -14 "$OUT/round.txt" ;;
-    *) echo "next.sh: call 2"; exit 2 ;;
+    3)
+        cd .pin16 && export PYTHONPATH=/tmp/site:$PWD && mkdir -p /tmp/gtf32
+        timeout 280 python3 scripts/bench_suite.py --models gemm_g4,gemm_g5,gemm_g6,gemm_g7,gemm_g8,gemm_g9,gemm_g10 \
+            --precisions tf32 --vs eager --strategies optimal-precisionio --timing gpu --fresh-db --budget-s 265 \
+            --solver highs --code "$(cat CODE)" --out /tmp/gtf32 > /tmp/gtf32/log.txt 2>&1
+        echo "gemm tf32 rc=$?"; gzip -f /tmp/gtf32/*.jsonl 2>/dev/null; tar -czf "$OUT/gtf32.tgz" -C /tmp gtf32
+        grep -h "bench .* ms$\|rewrites:" /tmp/gtf32/log.txt | sed 's/.*tessera [0-9:]* //' ;;
+    4)
+        cd .pin16 && export PYTHONPATH=/tmp/site:$PWD
+        python3 scripts/bench_gpus.py --gpus 1 --rows bert_base:tf32=280,gpt2:tf32=280 --deadline-s 570 --cap \
+            --cold-caches --out /tmp/m40 -- --solver highs --profile --fresh-db --code "$(cat CODE)" \
+            --vs inductor-cudagraphs --strategies optimal-precisionio > "$OUT/m40.log" 2>&1
+        gzip -f /tmp/m40/*/*.jsonl 2>/dev/null; tar -czf "$OUT/m40.tgz" -C /tmp m40; cat "$OUT/m40.log"
+        grep -h "bench .* ms$" /tmp/m40/*/log.txt | sed 's/.*tessera [0-9:]* //' ;;
+    *) echo "next.sh: call 2-4"; exit 2 ;;
 esac
