@@ -8,6 +8,8 @@
 #    beside eager's two calls, GPU time, one empty database. Table: python scripts/mcfuser_table.py .../call3/g*/
 # 4: bert_base and gpt2 tf32 cold beside Inductor with CUDA graphs (the cvt rounding in whole models; also
 #    session 39's 4-warp tf32 tiles and three-shape walk, untimed in models until now).
+# (call 5 was ../session39/next.sh 4: fp16 G7-G10 and G4 with --rewrites on; does the search keep matmul_split_k?)
+# 6: resnet50 and mobilenet_v2 tf32 cold beside Inductor with CUDA graphs: the cvt rounding in convolution templates.
 nvidia-smi -L | grep -q H100 || { nvidia-smi -L; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/highspy*.whl || exit 1
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
@@ -30,5 +32,12 @@ case $1 in
             --vs inductor-cudagraphs --strategies optimal-precisionio > "$OUT/m40.log" 2>&1
         gzip -f /tmp/m40/*/*.jsonl 2>/dev/null; tar -czf "$OUT/m40.tgz" -C /tmp m40; cat "$OUT/m40.log"
         grep -h "bench .* ms$" /tmp/m40/*/log.txt | sed 's/.*tessera [0-9:]* //' ;;
-    *) echo "next.sh: call 2-4"; exit 2 ;;
+    6)
+        cd .pin16 && export PYTHONPATH=/tmp/site:$PWD
+        python3 scripts/bench_gpus.py --gpus 1 --rows resnet50:tf32=180,mobilenet_v2:tf32=200 --deadline-s 420 --cap \
+            --cold-caches --out /tmp/c40 -- --solver highs --profile --fresh-db --code "$(cat CODE)" \
+            --vs inductor-cudagraphs --strategies optimal-precisionio > "$OUT/c40.log" 2>&1
+        gzip -f /tmp/c40/*/*.jsonl 2>/dev/null; tar -czf "$OUT/c40.tgz" -C /tmp c40; cat "$OUT/c40.log"
+        grep -h "bench .* ms$" /tmp/c40/*/log.txt | sed 's/.*tessera [0-9:]* //' ;;
+    *) echo "next.sh: call 2-4, 6"; exit 2 ;;
 esac
