@@ -335,57 +335,6 @@ def test_a_transpose_prologue_fuses_into_a_measured_template(tmp_path, monkeypat
     assert rel_l2(got, run_onnxruntime(model, feeds)["out"]) < TOLERANCE["fp32"]
 
 
-def test_a_short_reduction_prologue_sums_split_k_partials():
-    # x = sum over s of p[s] (4 partials, rewrite/rules/split_matmul.py), read by a @ x: the template
-    # sums the 4 slices where it loads its B tile, one load each, with no loop or kernel for the sum.
-    # A reduction over more than SHORT_REDUCTION elements stays out of the prologue.
-    a, p = rand(17, 13, seed=90), rand(4, 13, 24, seed=91)
-    for op in ("ReduceSum", "ReduceMax"):
-        model = graph_model([helper.make_node(op, ["p", "ax"], ["x"], keepdims=0),
-                             helper.make_node("MatMul", ["a", "x"], ["out"])],
-                            {"a": a, "p": p, "ax": Const(np.array([0], np.int64))}, ["out"])
-        for sched in (GemmSchedule(16, 16, 16, 2, 2, 1, 1), GemmSchedule(16, 16, 16, 2, 2, 1, 2)):  # split-K too
-            ks = _prologue_kernel(model, {"a": a, "p": p}, sched)
-            assert ks.source.count("tl.load(in0") == 4  # one load per slice, inside the K loop
-    from tessera.orchestrate.candidates import StructuralLegality
-
-    long = graph_model([helper.make_node("ReduceSum", ["p", "ax"], ["x"], keepdims=0),
-                        helper.make_node("MatMul", ["a", "x"], ["out"])],
-                       {"a": a, "p": rand(17, 13, 24, seed=92), "ax": Const(np.array([0], np.int64))}, ["out"])
-    og = build_ograph(fission(load(long).graph).graph)
-    assert "cannot join a linear kernel's operand prologue" in StructuralLegality(prologues=True).check(og, og.all)
-
-
-def test_a_split_k_chain_runs_as_two_templates(tmp_path, monkeypatch):
-    # a @ x with x = b @ d split in 4 slices over K (what matmul_split_k writes): with templates
-    # measured, the slices' batched product reads b and d through their reshapes and transpose,
-    # and the next product sums the partials as it loads them; the artifact matches onnxruntime.
-    prof = TemplatePrologueProfiler(GemmSchedule)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
-    monkeypatch.setattr(compiler, "new_profiler", lambda opt: prof)
-    s = 4
-    a, b, d = rand(24, 16, seed=93), rand(16, 512, seed=94), rand(512, 24, seed=95)
-    model = graph_model([helper.make_node("Reshape", ["b", "s1"], ["br"]),
-                         helper.make_node("Transpose", ["br"], ["bt"], perm=[1, 0, 2]),
-                         helper.make_node("Reshape", ["d", "s2"], ["dr"]),
-                         helper.make_node("MatMul", ["bt", "dr"], ["p"]),
-                         helper.make_node("ReduceSum", ["p", "ax"], ["x"], keepdims=0),
-                         helper.make_node("MatMul", ["a", "x"], ["out"])],
-                        {"a": a, "b": b, "d": d, "s1": Const(np.array([16, s, 512 // s], np.int64)),
-                         "s2": Const(np.array([s, 512 // s, 24], np.int64)), "ax": Const(np.array([0], np.int64))},
-                        ["out"])
-    result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db"), rewrites="off"))
-    ops = [{n.op for n in k.prims} for k in result.kernels]
-    assert all(k.backend == "template" for k in result.kernels) and len(ops) == 2
-    assert ops[1] >= {"reduce_sum", "matmul"} and ops[0] >= {"transpose", "matmul"}
-    assert result.tuning["failed"] == 0
-    feeds = {"a": a, "b": b, "d": d}
-    write_artifacts(result, tmp_path / "art")
-    got = run_exe(tessera.load(tmp_path / "art", DEVICE), feeds)[0]
-    assert rel_l2(got, run_onnxruntime(model, feeds)["out"]) < TOLERANCE["fp32"]
-
-
 def test_an_epilogue_takes_no_layout_primitive():
     from tessera.orchestrate.candidates import StructuralLegality
 

@@ -458,29 +458,3 @@ def test_the_default_rewrite_mode_searches_the_regrouping_rules_only():
     assert "transpose_of_transpose" in [a["rule"] for a in on.rewrites]
     default = compile_model(model, CompileOptions(cost="analytical"))
     assert default.rewrites == [] and default.rewrite_search["applied"] == []
-
-
-def test_a_split_the_estimate_cannot_price_is_measured_anyway():
-    """matmul_split_k pays only through a GEMM template's operand prologue, which the analytical
-    estimate does not form: where the estimate prices the split past the slack and measurement
-    prices it cheaper, the search keeps it, and it would not for a rule that trusts the estimate."""
-    from dataclasses import replace
-
-    from tessera.rewrite.rules import RULES
-
-    g, b = new_graph({"a": (40, 24), "x": (24, 512), "w": (512, 24)})
-    g.outputs = [b.matmul(b.unary(Prim.TANH, "a"), b.matmul("x", "w"))]
-
-    def split(window):
-        return any(n.op == Prim.REDUCE_SUM.value for n in window.nodes)
-
-    measured = lambda w: 1e-6 if split(w) else 2e-6  # noqa: E731
-    estimate = lambda w: 9e-6 if split(w) else 2e-6  # noqa: E731
-    rule = RULES["matmul_split_k"]
-    assert rule.estimate_blind
-    found = search(g, measured, rules={rule.name: rule}, estimate=estimate, gain=0.03)
-    assert [a.rule for a in found.applied] == ["matmul_split_k"]
-    trusting = replace(rule, estimate_blind=False)
-    assert search(g, measured, rules={rule.name: trusting}, estimate=estimate, gain=0.03).applied == []
-    s = next(n for n in found.graph.nodes if n.op == Prim.REDUCE_SUM.value)
-    assert found.graph.types[s.inputs[0]].shape == (4, 24, 24)  # 4 slices of 128

@@ -19,14 +19,13 @@ that offset go out of bounds.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from tessera.codegen import index as ix
 from tessera.codegen.index import Ix
 from tessera.codegen.triton_ops import COMPUTE, Unsupported, Val, elementwise, fold_literal, literal
-from tessera.ir.graph import Graph, Node, short_reduction
+from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import BINARY, REDUCTIONS, UNARY, Prim
 
 Mask = frozenset[str]
@@ -193,37 +192,6 @@ class Emitter:
         deps = frozenset().union(*(a.deps for a in args))
         expr = elementwise(prim, args, out, node.attrs, lambda e, d: self.emit(e, d))
         return Val(self.emit(expr, deps), out, deps)
-
-    # ---- short reductions ----------------------------------------------------------------
-    def unrolled_reduce(self, node: Node, index: Sequence[Ix], mask: Mask) -> Val:
-        """A reduction over at most SHORT_REDUCTION elements, computed at `index` as one sum (max,
-        min) of its input at each reduced coordinate: no loop, no row of its own. A GEMM template
-        sets it as `on_reduce`, so an operand that sums a few slices (a split-K product's partials,
-        rewrite/rules/split_matmul.py) is summed as the operand tile is loaded."""
-        x = node.inputs[0]
-        xs = self.graph.types[x].shape
-        axes = sorted(node.attrs["axes"])
-        if not short_reduction(node, self.graph):
-            raise Unsupported(f"{node.name}: a reduction over {[xs[a] for a in axes]} is too long to unroll")
-        out = self.graph.types[node.outputs[0]].dtype
-        if not out.is_float:
-            raise Unsupported(f"{node.name}: an integer reduction in an operand")
-        acc: str | None = None
-        deps: frozenset[str] = frozenset()
-        for at in itertools.product(*(range(xs[a]) for a in axes)):  # row-major: a fixed summation order
-            coords = list(index)
-            for a, c in zip(axes, at):
-                coords[a] = Ix.of(c)
-            v = self.value(x, coords, mask)
-            deps = deps | v.deps
-            if acc is None:
-                acc = v.expr
-            elif node.op == Prim.REDUCE_SUM.value:
-                acc = self.emit(f"{acc} + {v.expr}", deps)
-            else:
-                fn = "tl.maximum" if node.op == Prim.REDUCE_MAX.value else "tl.minimum"
-                acc = self.emit(f"{fn}({acc}, {v.expr}, propagate_nan=tl.PropagateNan.ALL)", deps)
-        return Val(acc or "0.0", out, deps)  # a variable: each term and partial sum is emitted
 
     # ---- pooling -----------------------------------------------------------------------
     def _window(self, node: Node, index: tuple[Ix, ...], mask: Mask) -> Val:

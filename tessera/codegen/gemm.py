@@ -132,7 +132,6 @@ class _Template:
 
     def kernel(self) -> KernelBody:
         k = KernelBody(self.graph, self.nodes, self.outputs)
-        k.em.on_reduce = k.em.unrolled_reduce  # a short reduction in an operand prologue (split-K partials)
         if self.b_layout is not None:
             k.layouts[self.root.inputs[1]] = self.b_layout
         return k

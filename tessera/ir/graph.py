@@ -17,7 +17,7 @@ import numpy as np
 
 from tessera.errors import MalformedModelError
 from tessera.ir.dtype import DType
-from tessera.ir.prims import REDUCTIONS, Prim
+from tessera.ir.prims import Prim
 
 
 @dataclass(frozen=True)
@@ -367,14 +367,3 @@ def scalar_constant(graph: Graph, producer: Mapping[str, Node], t: str) -> float
     if v.size == 0 or v.dtype.kind != "f" or not np.all(v == v.flat[0]):
         return None
     return float(v.flat[0])
-
-
-SHORT_REDUCTION = 16  # elements a reduction may span and still be computed in place, unrolled
-
-
-def short_reduction(node: Node, graph: Graph) -> bool:
-    """`node` is a reduction over at most SHORT_REDUCTION elements: a template can compute it where
-    it loads an operand, one load per element (`codegen.emitter.Emitter.unrolled_reduce`)."""
-    if Prim(node.op) not in REDUCTIONS:
-        return False
-    return math.prod(graph.types[node.inputs[0]].shape[a] for a in node.attrs["axes"]) <= SHORT_REDUCTION

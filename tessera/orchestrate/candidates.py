@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Protocol
 
-from tessera.ir.graph import Node, short_reduction
+from tessera.ir.graph import Node
 from tessera.ir.prims import CATEGORY_OF, Category, Prim
 from tessera.orchestrate.graphview import OGraph, bits
 
@@ -161,8 +161,6 @@ class StructuralLegality:
             if self.prologues and (og.desc[i] >> root) & 1:
                 if pointwise or op in _PROLOGUE_LAYOUT:
                     continue  # an operand prologue: computed where the template loads the operand
-                if og.nodes[root].op == Prim.MATMUL.value and short_reduction(og.nodes[i], g):
-                    continue  # a few slices summed as the GEMM template loads the operand (split-K partials)
                 return f"{op} cannot join a linear kernel's operand prologue"
             if og.nodes[root].op == Prim.MATMUL.value and transposes_matrix(og.nodes[i]) \
                     and og.succs[i] == 1 << root and not (og.graph_outputs >> i) & 1:

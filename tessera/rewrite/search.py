@@ -299,10 +299,6 @@ def _best_sequence(g: Graph, site: Match, rules: Mapping[str, Rule], precise: Ca
     if rough is not None:  # confirm: the window and the best estimates within the slack, priced precisely
         tried.sort(key=lambda x: (x[0], x[1]))
         hopeful = [x for x in tried if x[0] <= base * (1 + slack)][:confirm]
-        blind = next((x for x in tried if all(x is not h for h in hopeful)
-                      and any(rules[r].estimate_blind for r, _ in x[3])), None)
-        if blind is not None:  # the model cannot price what this rule is for: measure its best sequence
-            hopeful.append(blind)
         if not hopeful:
             return [], 0.0, len(window.nodes)
         c, nodes, _, seq = hopeful[0]

@@ -3,7 +3,7 @@ the random instances that prove them (`tests/test_rewrite_rules.py`)."""
 from __future__ import annotations
 
 from tessera.rewrite.rules import (associative_matmul, broadcast_push, fold_constant, layout_chains, merge_matmul,
-                                   pointwise_conv, reduce_matmul, scale_matmul, split_matmul, transposed_matmul)
+                                   pointwise_conv, reduce_matmul, scale_matmul, transposed_matmul)
 from tessera.rewrite.rules.base import Match, NotApplicable, Rule, View, apply, find
 
 RULES: dict[str, Rule] = {}
@@ -19,7 +19,7 @@ def register(rule: Rule) -> None:
 
 
 for _family in (layout_chains, broadcast_push, reduce_matmul, scale_matmul, merge_matmul, transposed_matmul,
-                associative_matmul, fold_constant, pointwise_conv, split_matmul):
+                associative_matmul, fold_constant, pointwise_conv):
     for _rule in _family.RULES:
         register(_rule)
 

@@ -77,10 +77,6 @@ class Rule:
     # The relative rounding the right-hand side may add: 0 for an exact equation; a constant computed
     # at compile time is rounded once to its tensor's dtype (float32: 2^-24), and proven to that.
     rounding: float = 0.0
-    # The analytical estimate cannot see what the rewrite is for (a GEMM template's operand
-    # prologue, which only measured compiles form): a measured search confirms its best sequence
-    # by measurement even where the estimate puts it past the slack (`search._best_sequence`).
-    estimate_blind: bool = False
 
 
 class NotApplicable(Exception):
