@@ -39,7 +39,8 @@ from tessera.rewrite import convert_precision
 from tessera.rewrite.precision import check_precision, mark_tf32_operands
 from tessera.rewrite.deferred import DEFERRED, defer_normalization
 from tessera.rewrite.merged import merge_weight_matmuls
-from tessera.rewrite.search import GAIN, MEASURED_GAIN, REPLAN_GAIN, REWRITE_MODES, rewrite_rules, search
+from tessera.rewrite.search import (GAIN, MEASURED_GAIN, REPLAN_GAIN, REWRITE_MODES, follow_rules, rewrite_rules,
+                                    search)
 from tessera.runtime.artifact import save_artifact
 from tessera.runtime.executable import Executable
 from tessera.version import __version__
@@ -203,7 +204,7 @@ def compile_model(source: Any, options: CompileOptions | None = None,
             found = search(graph, window_cost(opt, cost_kind, dev, db, profiler), rules=rewrite_rules(opt.rewrites),
                            budget_s=opt.rewrite_budget_s,
                            estimate=window_cost(opt, "analytical", dev, None, None) if measured else None,
-                           gain=MEASURED_GAIN if measured else GAIN)
+                           gain=MEASURED_GAIN if measured else GAIN, follow=follow_rules(opt.rewrites))
             graph = found.graph
             rewrites += [a.to_json() for a in found.applied]
             logger.info("rewrites: %d applied at %d site(s) tried, %d window(s) orchestrated in %.1f s "

@@ -458,3 +458,29 @@ def test_the_default_rewrite_mode_searches_the_regrouping_rules_only():
     assert "transpose_of_transpose" in [a["rule"] for a in on.rewrites]
     default = compile_model(model, CompileOptions(cost="analytical"))
     assert default.rewrites == [] and default.rewrite_search["applied"] == []
+
+
+def test_the_regroup_mode_may_transpose_the_product_it_made_but_opens_no_site_for_it():
+    """MCFuser's G6 (tf32) paid only for the regrouping followed by `matmul_transposed` (session 39).
+    In the default mode `matmul_transposed` may follow a regrouping inside its window; alone it opens
+    no site, so a lone matmul is never priced."""
+    from tessera.rewrite.search import follow_rules, rewrite_rules
+
+    g, b = new_graph({"a": (16, 8), "b": (8, 32), "d": (32, 8)})
+    g.outputs = [b.matmul(b.matmul("a", "b"), "d")]
+
+    def cost(w) -> float:  # only the regrouped chain with a transpose pays
+        regrouped = any(n.op == Prim.MATMUL.value and set(n.inputs) == {"b", "d"} for n in w.nodes)
+        return 1.0 if regrouped and _count(w, Prim.TRANSPOSE) else 2.0
+
+    assert list(follow_rules("regroup")) == ["matmul_transposed"] and follow_rules("on") == {}
+    assert search(g, cost, rules=rewrite_rules("regroup")).applied == []
+    found = search(g, cost, rules=rewrite_rules("regroup"), follow=follow_rules("regroup"))
+    assert [a.rule for a in found.applied] == ["matmul_associative", "matmul_transposed"]
+    feeds = {t: np.random.default_rng(i).standard_normal(s).astype(np.float32)
+             for i, (t, s) in enumerate((("a", (16, 8)), ("b", (8, 32)), ("d", (32, 8))))}
+    np.testing.assert_allclose(run(found.graph, feeds, exact=True)[found.graph.outputs[0]],
+                               run(g, feeds, exact=True)[g.outputs[0]], rtol=1e-10)
+    lone, lb = new_graph({"a": (16, 8), "b": (8, 32)})
+    lone.outputs = [lb.matmul("a", "b")]
+    assert search(lone, cost, rules=rewrite_rules("regroup"), follow=follow_rules("regroup")).sites == 0
