@@ -10,6 +10,7 @@
 #    session 39's 4-warp tf32 tiles and three-shape walk, untimed in models until now).
 # (call 5 was ../session39/next.sh 4: fp16 G7-G10 and G4 with --rewrites on; does the search keep matmul_split_k?)
 # 6: resnet50 and mobilenet_v2 tf32 cold beside Inductor with CUDA graphs: the cvt rounding in convolution templates.
+# 7: tf32 G6 and G4 at HEAD (665a014: matmul_transposed may follow a regrouping in the default mode).
 nvidia-smi -L | grep -q H100 || { nvidia-smi -L; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/highspy*.whl || exit 1
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
@@ -39,5 +40,12 @@ case $1 in
             --vs inductor-cudagraphs --strategies optimal-precisionio > "$OUT/c40.log" 2>&1
         gzip -f /tmp/c40/*/*.jsonl 2>/dev/null; tar -czf "$OUT/c40.tgz" -C /tmp c40; cat "$OUT/c40.log"
         grep -h "bench .* ms$" /tmp/c40/*/log.txt | sed 's/.*tessera [0-9:]* //' ;;
-    *) echo "next.sh: call 2-4, 6"; exit 2 ;;
+    7)
+        cd .pin16 && export PYTHONPATH=/tmp/site:$PWD && mkdir -p /tmp/g7
+        timeout 130 python3 scripts/bench_suite.py --models gemm_g6,gemm_g4 --precisions tf32 --vs eager \
+            --strategies optimal-precisionio --timing gpu --fresh-db --budget-s 120 --solver highs \
+            --code "$(cat CODE)" --out /tmp/g7 > /tmp/g7/log.txt 2>&1
+        echo "gemm tf32 rc=$?"; gzip -f /tmp/g7/*.jsonl 2>/dev/null; tar -czf "$OUT/g7.tgz" -C /tmp g7
+        grep -h "bench .* ms$\|rewrites:" /tmp/g7/log.txt | sed 's/.*tessera [0-9:]* //' ;;
+    *) echo "next.sh: call 2-4, 6-7"; exit 2 ;;
 esac
