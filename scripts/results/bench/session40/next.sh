@@ -15,37 +15,31 @@ nvidia-smi -L | grep -q H100 || { nvidia-smi -L; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/highspy*.whl || exit 1
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 export PYTHONPATH=/tmp/site:$PWD TESSERA_LOG=info
+# GEMM-chain rows beside eager, GPU time, one empty database: gemms NAME MODELS PRECISION TIMEOUT_S
+gemms() {
+    cd .pin16 && export PYTHONPATH=/tmp/site:$PWD && mkdir -p /tmp/$1
+    timeout $4 python3 scripts/bench_suite.py --models "$2" --precisions $3 --vs eager \
+        --strategies optimal-precisionio --timing gpu --fresh-db --budget-s $(($4 - 15)) --solver highs \
+        --code "$(cat CODE)" --out /tmp/$1 > /tmp/$1/log.txt 2>&1
+    echo "gemm $3 rc=$?"; gzip -f /tmp/$1/*.jsonl 2>/dev/null; tar -czf "$OUT/$1.tgz" -C /tmp $1
+    grep -h "bench .* ms$\|rewrites:" /tmp/$1/log.txt | sed 's/.*tessera [0-9:]* //'
+}
+# whole models cold beside Inductor with CUDA graphs: models NAME ROWS DEADLINE_S
+models() {
+    cd .pin16 && export PYTHONPATH=/tmp/site:$PWD
+    python3 scripts/bench_gpus.py --gpus 1 --rows "$2" --deadline-s $3 --cap \
+        --cold-caches --out /tmp/$1 -- --solver highs --profile --fresh-db --code "$(cat CODE)" \
+        --vs inductor-cudagraphs --strategies optimal-precisionio > "$OUT/$1.log" 2>&1
+    gzip -f /tmp/$1/*/*.jsonl 2>/dev/null; tar -czf "$OUT/$1.tgz" -C /tmp $1; cat "$OUT/$1.log"
+    grep -h "bench .* ms$" /tmp/$1/*/log.txt | sed 's/.*tessera [0-9:]* //'
+}
 case $1 in
     2)  # from the working tree (the probe is not in .pin16)
         timeout 500 python3 scripts/tf32_round_probe.py --out "$OUT/round.json" > "$OUT/round.txt" 2>&1
         echo "rc=$?"; tail -14 "$OUT/round.txt" ;;
-    3)
-        cd .pin16 && export PYTHONPATH=/tmp/site:$PWD && mkdir -p /tmp/gtf32
-        timeout 280 python3 scripts/bench_suite.py --models gemm_g4,gemm_g5,gemm_g6,gemm_g7,gemm_g8,gemm_g9,gemm_g10 \
-            --precisions tf32 --vs eager --strategies optimal-precisionio --timing gpu --fresh-db --budget-s 265 \
-            --solver highs --code "$(cat CODE)" --out /tmp/gtf32 > /tmp/gtf32/log.txt 2>&1
-        echo "gemm tf32 rc=$?"; gzip -f /tmp/gtf32/*.jsonl 2>/dev/null; tar -czf "$OUT/gtf32.tgz" -C /tmp gtf32
-        grep -h "bench .* ms$\|rewrites:" /tmp/gtf32/log.txt | sed 's/.*tessera [0-9:]* //' ;;
-    4)
-        cd .pin16 && export PYTHONPATH=/tmp/site:$PWD
-        python3 scripts/bench_gpus.py --gpus 1 --rows bert_base:tf32=280,gpt2:tf32=280 --deadline-s 570 --cap \
-            --cold-caches --out /tmp/m40 -- --solver highs --profile --fresh-db --code "$(cat CODE)" \
-            --vs inductor-cudagraphs --strategies optimal-precisionio > "$OUT/m40.log" 2>&1
-        gzip -f /tmp/m40/*/*.jsonl 2>/dev/null; tar -czf "$OUT/m40.tgz" -C /tmp m40; cat "$OUT/m40.log"
-        grep -h "bench .* ms$" /tmp/m40/*/log.txt | sed 's/.*tessera [0-9:]* //' ;;
-    6)
-        cd .pin16 && export PYTHONPATH=/tmp/site:$PWD
-        python3 scripts/bench_gpus.py --gpus 1 --rows resnet50:tf32=180,mobilenet_v2:tf32=200 --deadline-s 420 --cap \
-            --cold-caches --out /tmp/c40 -- --solver highs --profile --fresh-db --code "$(cat CODE)" \
-            --vs inductor-cudagraphs --strategies optimal-precisionio > "$OUT/c40.log" 2>&1
-        gzip -f /tmp/c40/*/*.jsonl 2>/dev/null; tar -czf "$OUT/c40.tgz" -C /tmp c40; cat "$OUT/c40.log"
-        grep -h "bench .* ms$" /tmp/c40/*/log.txt | sed 's/.*tessera [0-9:]* //' ;;
-    7)
-        cd .pin16 && export PYTHONPATH=/tmp/site:$PWD && mkdir -p /tmp/g7
-        timeout 130 python3 scripts/bench_suite.py --models gemm_g6,gemm_g4 --precisions tf32 --vs eager \
-            --strategies optimal-precisionio --timing gpu --fresh-db --budget-s 120 --solver highs \
-            --code "$(cat CODE)" --out /tmp/g7 > /tmp/g7/log.txt 2>&1
-        echo "gemm tf32 rc=$?"; gzip -f /tmp/g7/*.jsonl 2>/dev/null; tar -czf "$OUT/g7.tgz" -C /tmp g7
-        grep -h "bench .* ms$\|rewrites:" /tmp/g7/log.txt | sed 's/.*tessera [0-9:]* //' ;;
+    3) gemms gtf32 gemm_g4,gemm_g5,gemm_g6,gemm_g7,gemm_g8,gemm_g9,gemm_g10 tf32 280 ;;
+    4) models m40 bert_base:tf32=280,gpt2:tf32=280 570 ;;
+    6) models c40 resnet50:tf32=180,mobilenet_v2:tf32=200 420 ;;
+    7) gemms g7 gemm_g6,gemm_g4 tf32 130 ;;  # (next session)
     *) echo "next.sh: call 2-4, 6-7"; exit 2 ;;
 esac
