@@ -10,15 +10,19 @@
 #    session 39's 4-warp tf32 tiles and three-shape walk, untimed in models until now).
 # (call 5 was ../session39/next.sh 4: fp16 G7-G10 and G4 with --rewrites on; does the search keep matmul_split_k?)
 # 6: resnet50 and mobilenet_v2 tf32 cold beside Inductor with CUDA graphs: the cvt rounding in convolution templates.
+# Next session (rebuild .pin16 from HEAD first):
 # 7: tf32 G6 and G4 at HEAD (665a014: matmul_transposed may follow a regrouping in the default mode).
+# 8: attention S1-S9 tf32 at HEAD beside eager, SDPA and Inductor: the cvt rounding in chain kernels
+#    (table: python scripts/mcfuser_table.py .../call8/a*/).
+# 9: fp16 G4-G7 with the default options (never run in that mode).
 nvidia-smi -L | grep -q H100 || { nvidia-smi -L; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/highspy*.whl || exit 1
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 export PYTHONPATH=/tmp/site:$PWD TESSERA_LOG=info
-# GEMM-chain rows beside eager, GPU time, one empty database: gemms NAME MODELS PRECISION TIMEOUT_S
+# MCFuser rows beside eager (and PEERS), GPU time, one empty database: gemms NAME MODELS PRECISION TIMEOUT_S [PEERS]
 gemms() {
     cd .pin16 && export PYTHONPATH=/tmp/site:$PWD && mkdir -p /tmp/$1
-    timeout $4 python3 scripts/bench_suite.py --models "$2" --precisions $3 --vs eager \
+    timeout $4 python3 scripts/bench_suite.py --models "$2" --precisions $3 --vs ${5:-eager} \
         --strategies optimal-precisionio --timing gpu --fresh-db --budget-s $(($4 - 15)) --solver highs \
         --code "$(cat CODE)" --out /tmp/$1 > /tmp/$1/log.txt 2>&1
     echo "gemm $3 rc=$?"; gzip -f /tmp/$1/*.jsonl 2>/dev/null; tar -czf "$OUT/$1.tgz" -C /tmp $1
@@ -40,6 +44,8 @@ case $1 in
     3) gemms gtf32 gemm_g4,gemm_g5,gemm_g6,gemm_g7,gemm_g8,gemm_g9,gemm_g10 tf32 280 ;;
     4) models m40 bert_base:tf32=280,gpt2:tf32=280 570 ;;
     6) models c40 resnet50:tf32=180,mobilenet_v2:tf32=200 420 ;;
-    7) gemms g7 gemm_g6,gemm_g4 tf32 130 ;;  # (next session)
-    *) echo "next.sh: call 2-4, 6-7"; exit 2 ;;
+    7) gemms g7 gemm_g6,gemm_g4 tf32 130 ;;
+    8) gemms atf32 attn_s1,attn_s2,attn_s3,attn_s4,attn_s5,attn_s6,attn_s7,attn_s8,attn_s9 tf32 330 eager,sdpa,inductor ;;
+    9) gemms gfp16 gemm_g4,gemm_g5,gemm_g6,gemm_g7 fp16 160 ;;
+    *) echo "next.sh: call 2-4, 6-9"; exit 2 ;;
 esac
