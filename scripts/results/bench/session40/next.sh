@@ -15,6 +15,8 @@
 # 8: attention S1-S9 tf32 at HEAD beside eager, SDPA and Inductor: the cvt rounding in chain kernels
 #    (table: python scripts/mcfuser_table.py .../call8/a*/).
 # 9: fp16 G4-G7 with the default options (never run in that mode).
+# 10: scripts/gemm_probe.py --set chains --precisions fp16: the regrouped chains' products over the wide schedule
+#     sweep in fp16 (session 38 swept tf32 only); G9 fp16 is 0.15 us over its target.
 nvidia-smi -L | grep -q H100 || { nvidia-smi -L; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/highspy*.whl || exit 1
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
@@ -47,5 +49,9 @@ case $1 in
     7) gemms g7 gemm_g6,gemm_g4 tf32 130 ;;
     8) gemms atf32 attn_s1,attn_s2,attn_s3,attn_s4,attn_s5,attn_s6,attn_s7,attn_s8,attn_s9 tf32 330 eager,sdpa,inductor ;;
     9) gemms gfp16 gemm_g4,gemm_g5,gemm_g6,gemm_g7 fp16 160 ;;
-    *) echo "next.sh: call 2-4, 6-9"; exit 2 ;;
+    10) # from the working tree (the probe imports tests/)
+        timeout 560 python3 scripts/gemm_probe.py --set chains --precisions fp16 --out "$OUT/gemm_probe_chains_fp16.json" \
+            > "$OUT/gemm_probe_chains_fp16.log" 2>&1
+        echo "rc=$?"; grep -v Warn "$OUT/gemm_probe_chains_fp16.log" | tail -12 | cut -c1-160 ;;
+    *) echo "next.sh: call 2-4, 6-10"; exit 2 ;;
 esac
