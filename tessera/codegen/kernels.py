@@ -49,6 +49,7 @@ CODEGEN_VERSION = 14  # 2: tiled pointwise schedules; trailing runs of one flat 
 # 12: a tf32 GEMM template reads a constant B operand from a K-major copy (wgmma; session 28)
 # (split-K GEMM templates in one launch came without a bump: their keys end in "-1l")
 # 13: one-element float constants are literals in the source (Graph.scalar_constant; GELU's x**3 as products)
+# 14: tf32 rounding through a helper each rounding module defines: one PTX cvt.rna.tf32.f32 per element on the GPU
 
 # Elements one program holds in registers per value (fp32: 16 KiB).
 BLOCK_ELEMENTS = 4096
