@@ -11,7 +11,9 @@
 # (call 5 was ../session39/next.sh 4: fp16 G7-G10 and G4 with --rewrites on; does the search keep matmul_split_k?)
 # 6: resnet50 and mobilenet_v2 tf32 cold beside Inductor with CUDA graphs: the cvt rounding in convolution templates.
 # Next session (rebuild .pin16 from HEAD first):
-# 7: tf32 G6 and G4 at HEAD (665a014: matmul_transposed may follow a regrouping in the default mode).
+# 7: tf32 G6 and G4 at HEAD (665a014: matmul_transposed may follow a regrouping in the default mode); first, what
+#    Triton's Gluon offers there for a cluster design of the fp16 chains (TMA multicast, cluster barriers,
+#    shared-memory stores to other CTAs): gluon_api.txt.
 # 8: attention S1-S9 tf32 at HEAD beside eager, SDPA and Inductor: the cvt rounding in chain kernels
 #    (table: python scripts/mcfuser_table.py .../call8/a*/).
 # 9: fp16 G4-G7 with the default options (never run in that mode).
@@ -46,7 +48,22 @@ case $1 in
     3) gemms gtf32 gemm_g4,gemm_g5,gemm_g6,gemm_g7,gemm_g8,gemm_g9,gemm_g10 tf32 280 ;;
     4) models m40 bert_base:tf32=280,gpt2:tf32=280 570 ;;
     6) models c40 resnet50:tf32=180,mobilenet_v2:tf32=200 420 ;;
-    7) gemms g7 gemm_g6,gemm_g4 tf32 130 ;;
+    7)
+        python3 - > "$OUT/gluon_api.txt" 2>&1 <<'PY'
+import inspect, triton
+print("triton", triton.__version__)
+try:
+    from triton.experimental.gluon.language.nvidia import hopper
+    for mod in (hopper, getattr(hopper, "tma", None), getattr(hopper, "mbarrier", None), getattr(hopper, "cluster", None)):
+        if mod is not None:
+            print(mod.__name__, sorted(n for n in dir(mod) if not n.startswith("_")))
+    for fn in ("async_copy_global_to_shared", "async_load"):
+        f = getattr(getattr(hopper, "tma", None), fn, None)
+        print(fn, inspect.signature(f) if f else None)
+except Exception as e:
+    print("gluon:", type(e).__name__, e)
+PY
+        cat "$OUT/gluon_api.txt"; gemms g7 gemm_g6,gemm_g4 tf32 130 ;;
     8) gemms atf32 attn_s1,attn_s2,attn_s3,attn_s4,attn_s5,attn_s6,attn_s7,attn_s8,attn_s9 tf32 330 eager,sdpa,inductor ;;
     9) gemms gfp16 gemm_g4,gemm_g5,gemm_g6,gemm_g7 fp16 160 ;;
     10) # from the working tree (the probe imports tests/)
