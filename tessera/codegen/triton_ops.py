@@ -29,7 +29,7 @@ class Unsupported(Exception):
 TF32_ROUND = "tf32_round({x})"
 
 # On the GPU one PTX cvt.rna.tf32.f32 per element. The same bits as integer ops (add half an ulp,
-# clear the 13 low bits; five instructions) cost the small tf32 GEMMs of issue 15's chains 1.1-1.7x
+# clear the 13 low bits; five instructions) cost the small tf32 GEMMs of issue 15's chains 1.2-1.7x
 # their time with cvt on the H100 (session 40, scripts/tf32_round_probe.py), and steered some to
 # wgmma with register operands. Triton's interpreter has no inline PTX, so it computes the integer
 # form; infinities and NaN pass unchanged in both.
