@@ -13,7 +13,7 @@
 # Next session (rebuild .pin16 from HEAD first):
 # 7: tf32 G6 and G4 at HEAD (665a014: matmul_transposed may follow a regrouping in the default mode); first, what
 #    Triton's Gluon offers there for a cluster design of the fp16 chains (TMA multicast, cluster barriers,
-#    shared-memory stores to other CTAs): gluon_api.txt.
+#    shared-memory stores to other CTAs) and whether nvcc is there: gluon_api.txt.
 # 8: attention S1-S9 tf32 at HEAD beside eager, SDPA and Inductor: the cvt rounding in chain kernels
 #    (table: python scripts/mcfuser_table.py .../call8/a*/).
 # 9: fp16 G4-G7 with the default options (never run in that mode).
@@ -63,6 +63,8 @@ try:
 except Exception as e:
     print("gluon:", type(e).__name__, e)
 PY
+        { echo "nvcc: $(command -v nvcc || ls -d /usr/local/cuda*/bin/nvcc 2>/dev/null || echo none)"
+          python3 -c "import torch.utils.cpp_extension as c; print('CUDA_HOME', c.CUDA_HOME)"; } >> "$OUT/gluon_api.txt" 2>&1
         cat "$OUT/gluon_api.txt"; gemms g7 gemm_g6,gemm_g4 tf32 130 ;;
     8) gemms atf32 attn_s1,attn_s2,attn_s3,attn_s4,attn_s5,attn_s6,attn_s7,attn_s8,attn_s9 tf32 330 eager,sdpa,inductor ;;
     9) gemms gfp16 gemm_g4,gemm_g5,gemm_g6,gemm_g7 fp16 160 ;;
