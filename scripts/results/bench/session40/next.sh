@@ -19,6 +19,8 @@
 # 9: fp16 G4-G7 with the default options (never run in that mode).
 # 10: scripts/gemm_probe.py --set chains --precisions fp16: the regrouped chains' products over the wide schedule
 #     sweep in fp16 (session 38 swept tf32 only); G9 fp16 is 0.15 us over its target.
+# 11: scripts/cluster_chain_probe.py: fp16 G7-G10 as one kernel of thread-block clusters sharing X through
+#     distributed shared memory (CUDA C++, built there with nvcc for sm_90a), beside eager.
 nvidia-smi -L | grep -q H100 || { nvidia-smi -L; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/highspy*.whl || exit 1
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
@@ -72,5 +74,8 @@ PY
         timeout 560 python3 scripts/gemm_probe.py --set chains --precisions fp16 --out "$OUT/gemm_probe_chains_fp16.json" \
             > "$OUT/gemm_probe_chains_fp16.log" 2>&1
         echo "rc=$?"; grep -v Warn "$OUT/gemm_probe_chains_fp16.log" | tail -12 | cut -c1-160 ;;
-    *) echo "next.sh: call 2-4, 6-10"; exit 2 ;;
+    11) # from the working tree
+        timeout 400 python3 scripts/cluster_chain_probe.py > "$OUT/cluster.txt" 2>&1
+        echo "rc=$?"; tail -16 "$OUT/cluster.txt" ;;
+    *) echo "next.sh: call 2-4, 6-11"; exit 2 ;;
 esac

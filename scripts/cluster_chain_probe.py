@@ -1,0 +1,82 @@
+"""Device probe (issue 15): the regrouped GEMM chains G7-G10 in fp16 as ONE kernel of Hopper thread-block
+clusters that share the intermediate X = b @ d through distributed shared memory
+(`scripts/cluster_chain_probe.cu` says how), beside eager's two cuBLAS calls (issue 15's yardstick,
+target 0.67) and eager's regrouped pair a @ (b @ d).
+
+Each configuration (C CTAs per cluster, RM rows of out per CTA) is checked against float64 on fresh
+random inputs (fp16's tolerance, 1e-2) and timed as the bench's GPU mode times: the profiler's kernel
+sum over `--reps` calls (`tessera.runtime.profile.profile_callable`).
+
+    PYTHONPATH=. python3 scripts/cluster_chain_probe.py [--cases 7,8,9,10] [--reps 50]
+
+Needs a Hopper GPU and nvcc (built with torch.utils.cpp_extension.load for sm_90a, about a minute).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from reassoc_probe import SHAPES  # noqa: E402  (batch, M, K, N, L)
+
+from tessera.runtime.profile import profile_callable  # noqa: E402
+from tessera.tolerance import TOLERANCE  # noqa: E402
+
+CONFIGS = ((8, 64), (16, 32), (8, 32))  # (C, RM); N / C must be a slice the .cu file builds (its CONFIGS)
+BUILT = {(8, 64, 64), (16, 32, 32), (8, 64, 128), (16, 32, 64), (8, 32, 64), (8, 32, 128)}
+
+
+def build():
+    from torch.utils.cpp_extension import load
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")  # wgmma-era target: clusters need sm_90
+    src = Path(__file__).with_suffix(".cu")
+    return load(name="cluster_chain_probe", sources=[str(src)], extra_cuda_cflags=["-O3"], verbose=False)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="7,8,9,10")
+    ap.add_argument("--reps", type=int, default=50)
+    args = ap.parse_args()
+    ext = build()
+    us = lambda fn: profile_callable(fn, reps=args.reps, source="probe").total_us  # noqa: E731
+    gen = torch.Generator(device="cpu").manual_seed(15)
+    rows = []
+    for case in (int(c) for c in args.cases.split(",")):
+        _, m, k, n, l_ = SHAPES[case]
+        a, b, d = [(torch.randn(*s, generator=gen) / s[0] ** 0.25).to("cuda", torch.float16)
+                   for s in ((m, k), (k, n), (n, l_))]
+        ref = a.double() @ (b.double() @ d.double())
+        eager = us(lambda: (a @ b) @ d)
+        regrouped = us(lambda: a @ (b @ d))
+        stream = torch.cuda.current_stream().cuda_stream
+        for c, rm in CONFIGS:
+            if (c, rm, n // c) not in BUILT or n % c or m % (c * rm):
+                continue
+            out = torch.empty(m, l_, device="cuda", dtype=torch.float16)
+            try:
+                ext.chain(a, b, d, out, c, rm, stream)
+                torch.cuda.synchronize()
+            except RuntimeError as e:  # a launch the GPU refuses (cluster size, shared memory): say which
+                print(f"gemm_g{case} C={c} RM={rm}: {e}", flush=True)
+                continue
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            t = us(lambda: ext.chain(a, b, d, out, c, rm, stream))
+            rows.append((f"gemm_g{case}", c, rm, m // rm, t, eager, regrouped, err))
+            print(*rows[-1], flush=True)
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}; fp16, GPU µs per call (profiler kernel sum, "
+          f"{args.reps} calls); eager = (a @ b) @ d, two cuBLAS calls; target 0.67 of eager")
+    print("| case | C | RM | CTAs | cluster kernel µs | eager µs | eager a @ (b @ d) µs | kernel / eager | rel L2 | check |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    for case, c, rm, ctas, t, eager, regrouped, err in rows:
+        ok = "PASS" if err < TOLERANCE["fp16"] else "FAIL"
+        print(f"| {case} | {c} | {rm} | {ctas} | {t:.2f} | {eager:.2f} | {regrouped:.2f} | {t / eager:.2f} | "
+              f"{err:.1e} | {ok} |")
+
+
+if __name__ == "__main__":
+    main()
