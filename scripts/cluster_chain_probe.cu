@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(THREADS) chain_cluster(const half* __restrict_
   cluster.barrier_arrive();  // peers may still read this CTA's rows of X: wait for them before exiting
   __syncthreads();
 
-  {  // phase 2: out[rows] = a[rows] @ X; warp w owns tile row w / (8 / (RM / 16))...
+  {  // phase 2: out[rows] = a[rows] @ X; warp w owns PER_WARP consecutive 16 x 16 tiles (row-major order)
     constexpr int TILES = (RM / 16) * (LX / 16), PER_WARP = TILES / 8;
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[PER_WARP];
     for (int t = 0; t < PER_WARP; ++t) wmma::fill_fragment(acc[t], 0.0f);
