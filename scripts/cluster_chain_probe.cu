@@ -174,7 +174,7 @@ cudaError_t launch(const half* a, const half* b, const half* d, half* out, int M
 
 // The configurations built: (C, RM, N / C). N = 512 (G7-G9) and 1024 (G10).
 #define CONFIGS(X) \
-  X(8, 64, 64) X(16, 32, 32) X(8, 64, 128) X(16, 32, 64) X(8, 32, 64) X(8, 32, 128)
+  X(8, 64, 64) X(16, 32, 32) X(8, 64, 128) X(16, 32, 64) X(8, 32, 64) X(8, 32, 128) X(16, 16, 32) X(16, 16, 64)
 
 cudaError_t run_config(int c, int rm, int ns, const half* a, const half* b, const half* d, half* out, int M, int N,
                        cudaStream_t stream) {

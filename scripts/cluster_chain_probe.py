@@ -26,8 +26,9 @@ from reassoc_probe import SHAPES  # noqa: E402  (batch, M, K, N, L)
 from tessera.runtime.profile import profile_callable  # noqa: E402
 from tessera.tolerance import TOLERANCE  # noqa: E402
 
-CONFIGS = ((8, 64), (16, 32), (8, 32))  # (C, RM); N / C must be a slice the .cu file builds (its CONFIGS)
-BUILT = {(8, 64, 64), (16, 32, 32), (8, 64, 128), (16, 32, 64), (8, 32, 64), (8, 32, 128)}
+CONFIGS = ((8, 64), (8, 32), (16, 32), (16, 16))  # (C, RM); N / C must be a slice the .cu file builds (its CONFIGS)
+BUILT = {(8, 64, 64), (16, 32, 32), (8, 64, 128), (16, 32, 64), (8, 32, 64), (8, 32, 128), (16, 16, 32),
+         (16, 16, 64)}
 
 
 def build():
