@@ -51,7 +51,8 @@ __device__ inline void stage(half* s, int sld, const half* g, int gld, int rows,
 
 template <int C, int RM, int NS>
 __global__ void __launch_bounds__(THREADS) chain_cluster(const half* __restrict__ a, const half* __restrict__ b,
-                                                         const half* __restrict__ d, half* __restrict__ out, int N) {
+                                                         const half* __restrict__ d, half* __restrict__ out, int N,
+                                                         int stop) {
   static_assert(KX % C == 0 && (KX / C) * LX % (4 * THREADS) == 0, "X's rows split evenly, float4 per thread");
   static_assert(NS % 16 == 0 && RM % 16 == 0 && (RM / 16) * (LX / 16) % 8 == 0, "whole WMMA tiles per warp");
   extern __shared__ __align__(128) unsigned char smem[];
@@ -87,6 +88,11 @@ __global__ void __launch_bounds__(THREADS) chain_cluster(const half* __restrict_
     for (int j = 0; j < LX / 16; ++j)
       wmma::store_matrix_sync(sP + warp * 16 * LP + j * 16, acc[j], LP, wmma::mem_row_major);
   }
+  if (stop == 1) {  // timing variant: phase 1 alone (one value kept live)
+    __syncthreads();
+    out[(size_t)row0 * LX + threadIdx.x] = __float2half(sP[threadIdx.x]);
+    return;
+  }
   cluster.sync();  // every partial is in its CTA's shared memory
 
   {  // this CTA's rows of X: the partials summed in rank order, rounded to fp16
@@ -116,6 +122,11 @@ __global__ void __launch_bounds__(THREADS) chain_cluster(const half* __restrict_
   }
   cluster.barrier_arrive();  // peers may still read this CTA's rows of X: wait for them before exiting
   __syncthreads();
+  if (stop == 2) {  // timing variant: everything but phase 2 and the store of out
+    out[(size_t)row0 * LX + threadIdx.x] = sX[threadIdx.x];
+    cluster.barrier_wait();
+    return;
+  }
 
   {  // phase 2: out[rows] = a[rows] @ X; warp w owns PER_WARP consecutive 16 x 16 tiles (row-major order)
     constexpr int TILES = (RM / 16) * (LX / 16), PER_WARP = TILES / 8;
@@ -150,7 +161,8 @@ __global__ void __launch_bounds__(THREADS) chain_cluster(const half* __restrict_
 
 // Launch with C CTAs per cluster; M / (C * RM) clusters. Returns the CUDA error, 0 on success.
 template <int C, int RM, int NS>
-cudaError_t launch(const half* a, const half* b, const half* d, half* out, int M, int N, cudaStream_t stream) {
+cudaError_t launch(const half* a, const half* b, const half* d, half* out, int M, int N, int stop,
+                   cudaStream_t stream) {
   auto kernel = chain_cluster<C, RM, NS>;
   constexpr int bytes = smem_bytes(NS, RM);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
@@ -169,7 +181,7 @@ cudaError_t launch(const half* a, const half* b, const half* d, half* out, int M
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, a, b, d, out, N);
+  return cudaLaunchKernelEx(&cfg, kernel, a, b, d, out, N, stop);
 }
 
 // The configurations built: (C, RM, N / C). N = 512 (G7-G9) and 1024 (G10).
@@ -177,9 +189,9 @@ cudaError_t launch(const half* a, const half* b, const half* d, half* out, int M
   X(8, 64, 64) X(16, 32, 32) X(8, 64, 128) X(16, 32, 64) X(8, 32, 64) X(8, 32, 128) X(16, 16, 32) X(16, 16, 64)
 
 cudaError_t run_config(int c, int rm, int ns, const half* a, const half* b, const half* d, half* out, int M, int N,
-                       cudaStream_t stream) {
+                       int stop, cudaStream_t stream) {
 #define DISPATCH(C_, RM_, NS_) \
-  if (c == C_ && rm == RM_ && ns == NS_) return launch<C_, RM_, NS_>(a, b, d, out, M, N, stream);
+  if (c == C_ && rm == RM_ && ns == NS_) return launch<C_, RM_, NS_>(a, b, d, out, M, N, stop, stream);
   CONFIGS(DISPATCH)
 #undef DISPATCH
   return cudaErrorInvalidValue;
@@ -187,7 +199,9 @@ cudaError_t run_config(int c, int rm, int ns, const half* a, const half* b, cons
 
 #ifdef TORCH_EXTENSION_NAME
 // `stream`: torch.cuda.current_stream().cuda_stream (passed in, so no CUDA header of torch's is needed).
-void chain(torch::Tensor a, torch::Tensor b, torch::Tensor d, torch::Tensor out, int64_t c, int64_t rm, int64_t stream) {
+// `stop`: 0 the whole chain; 1 phase 1 only; 2 all but phase 2 (timing variants that leave stages out).
+void chain(torch::Tensor a, torch::Tensor b, torch::Tensor d, torch::Tensor out, int64_t c, int64_t rm, int64_t stop,
+           int64_t stream) {
   const int M = a.size(0), N = b.size(1);
   TORCH_CHECK(a.size(1) == KX && b.size(0) == KX && d.size(0) == N && d.size(1) == LX && out.size(0) == M,
               "shapes: a [M, 128], b [128, N], d [N, 128], out [M, 128]");
@@ -196,7 +210,7 @@ void chain(torch::Tensor a, torch::Tensor b, torch::Tensor d, torch::Tensor out,
   const cudaError_t err = run_config(c, rm, N / c, reinterpret_cast<const half*>(a.data_ptr<at::Half>()),
                                      reinterpret_cast<const half*>(b.data_ptr<at::Half>()),
                                      reinterpret_cast<const half*>(d.data_ptr<at::Half>()),
-                                     reinterpret_cast<half*>(out.data_ptr<at::Half>()), M, N,
+                                     reinterpret_cast<half*>(out.data_ptr<at::Half>()), M, N, stop,
                                      reinterpret_cast<cudaStream_t>(stream));
   TORCH_CHECK(err == cudaSuccess, "chain_cluster (C=", c, ", RM=", rm, ", NS=", N / c, "): ", cudaGetErrorString(err));
 }
