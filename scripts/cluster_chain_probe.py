@@ -1,13 +1,13 @@
-"""Device probe (issue 15): the regrouped GEMM chains G7-G10 in fp16 as ONE kernel of Hopper thread-block
-clusters that share the intermediate X = b @ d through distributed shared memory
+"""Device probe (issue 15): the regrouped GEMM chains G4, G5 and G7-G10 in fp16 as ONE kernel of Hopper
+thread-block clusters that share the intermediate X = b @ d through distributed shared memory
 (`scripts/cluster_chain_probe.cu` says how), beside eager's two cuBLAS calls (issue 15's yardstick,
 target 0.67) and eager's regrouped pair a @ (b @ d).
 
-Each configuration (C CTAs per cluster, RM rows of out per CTA) is checked against float64 on fresh
+Each configuration (C CTAs per cluster, RM rows of out per CTA, LB columns of X per cluster) is checked against float64 on fresh
 random inputs (fp16's tolerance, 1e-2) and timed as the bench's GPU mode times: the profiler's kernel
 sum over `--reps` calls (`tessera.runtime.profile.profile_callable`).
 
-    PYTHONPATH=. python3 scripts/cluster_chain_probe.py [--cases 7,8,9,10] [--reps 50]
+    PYTHONPATH=. python3 scripts/cluster_chain_probe.py [--cases 7,8,9,10,4,5] [--reps 50]
 
 Needs a Hopper GPU and nvcc (built with torch.utils.cpp_extension.load for sm_90a, about a minute).
 """
@@ -26,21 +26,23 @@ from reassoc_probe import SHAPES  # noqa: E402  (batch, M, K, N, L)
 from tessera.runtime.profile import profile_callable  # noqa: E402
 from tessera.tolerance import TOLERANCE  # noqa: E402
 
-CONFIGS = ((8, 64), (8, 32), (16, 32), (16, 16))  # (C, RM); N / C must be a slice the .cu file builds (its CONFIGS)
-BUILT = {(8, 64, 64), (16, 32, 32), (8, 64, 128), (16, 32, 64), (8, 32, 64), (8, 32, 128), (16, 16, 32),
-         (16, 16, 64)}
+# (C, RM, N / C, K, LB): the configurations the .cu file builds (its CONFIGS).
+BUILT = ((8, 64, 64, 128, 128), (8, 32, 64, 128, 128), (16, 32, 32, 128, 128), (16, 16, 32, 128, 128),
+         (8, 64, 128, 128, 128), (8, 32, 128, 128, 128), (16, 32, 64, 128, 128), (16, 16, 64, 128, 128),
+         (8, 64, 64, 256, 64), (8, 32, 64, 256, 32), (16, 32, 32, 256, 64),
+         (16, 32, 32, 512, 32), (8, 32, 64, 512, 32))
 
 
 def build():
     from torch.utils.cpp_extension import load
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")  # wgmma-era target: clusters need sm_90
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")  # Hopper: clusters and distributed shared memory need sm_90
     src = Path(__file__).with_suffix(".cu")
     return load(name="cluster_chain_probe", sources=[str(src)], extra_cuda_cflags=["-O3"], verbose=False)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cases", default="7,8,9,10")
+    ap.add_argument("--cases", default="7,8,9,10,4,5")
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
     ext = build()
@@ -55,31 +57,31 @@ def main() -> None:
         eager = us(lambda: (a @ b) @ d)
         regrouped = us(lambda: a @ (b @ d))
         stream = torch.cuda.current_stream().cuda_stream
-        for c, rm in CONFIGS:
-            if (c, rm, n // c) not in BUILT or n % c or m % (c * rm):
+        for c, rm, ns, kx, lb in BUILT:
+            if kx != k or ns * c != n or m % (c * rm) or l_ % lb:
                 continue
             out = torch.empty(m, l_, device="cuda", dtype=torch.float16)
             try:
-                ext.chain(a, b, d, out, c, rm, 0, stream)
+                ext.chain(a, b, d, out, c, rm, lb, 0, stream)
                 torch.cuda.synchronize()
             except RuntimeError as e:  # a launch the GPU refuses (cluster size, shared memory): say which
-                print(f"gemm_g{case} C={c} RM={rm}: {e}", flush=True)
+                print(f"gemm_g{case} C={c} RM={rm} LB={lb}: {e}", flush=True)
                 continue
             err = ((out.double() - ref).norm() / ref.norm()).item()
-            t = us(lambda: ext.chain(a, b, d, out, c, rm, 0, stream))
+            t = us(lambda: ext.chain(a, b, d, out, c, rm, lb, 0, stream))
             # the same kernel leaving stages out: phase 1 alone; all but phase 2 (and the store of out)
-            p1, no2 = (us(lambda s=s: ext.chain(a, b, d, out, c, rm, s, stream)) for s in (1, 2))
-            rows.append((f"gemm_g{case}", c, rm, m // rm, t, p1, no2, eager, regrouped, err))
+            p1, no2 = (us(lambda s=s: ext.chain(a, b, d, out, c, rm, lb, s, stream)) for s in (1, 2))
+            rows.append((f"gemm_g{case}", c, rm, lb, (l_ // lb) * (m // rm), t, p1, no2, eager, regrouped, err))
             print(*rows[-1], flush=True)
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}; fp16, GPU µs per call (profiler kernel sum, "
           f"{args.reps} calls); eager = (a @ b) @ d, two cuBLAS calls; target 0.67 of eager")
-    print("| case | C | RM | CTAs | cluster kernel µs | phase 1 alone µs | all but phase 2 µs | eager µs "
+    print("| case | C | RM | LB | CTAs | cluster kernel µs | phase 1 alone µs | all but phase 2 µs | eager µs "
           "| eager a @ (b @ d) µs | kernel / eager | rel L2 | check |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
-    for case, c, rm, ctas, t, p1, no2, eager, regrouped, err in rows:
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    for case, c, rm, lb, ctas, t, p1, no2, eager, regrouped, err in rows:
         ok = "PASS" if err < TOLERANCE["fp16"] else "FAIL"
-        print(f"| {case} | {c} | {rm} | {ctas} | {t:.2f} | {p1:.2f} | {no2:.2f} | {eager:.2f} | {regrouped:.2f} | "
-              f"{t / eager:.2f} | {err:.1e} | {ok} |")
+        print(f"| {case} | {c} | {rm} | {lb} | {ctas} | {t:.2f} | {p1:.2f} | {no2:.2f} | {eager:.2f} | "
+              f"{regrouped:.2f} | {t / eager:.2f} | {err:.1e} | {ok} |")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@
 # 9: fp16 G4-G7 with the default options (never run in that mode).
 # 10: scripts/gemm_probe.py --set chains --precisions fp16: the regrouped chains' products over the wide schedule
 #     sweep in fp16 (session 38 swept tf32 only); G9 fp16 is 0.15 us over its target.
-# 11: scripts/cluster_chain_probe.py: fp16 G7-G10 as one kernel of thread-block clusters sharing X through
+# 11: scripts/cluster_chain_probe.py: fp16 G4, G5, G7-G10 as one kernel of thread-block clusters sharing X through
 #     distributed shared memory (CUDA C++, built there with nvcc for sm_90a), beside eager.
 nvidia-smi -L | grep -q H100 || { nvidia-smi -L; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/highspy*.whl || exit 1
