@@ -8,6 +8,7 @@ random inputs (fp16's tolerance, 1e-2) and timed as the bench's GPU mode times: 
 sum over `--reps` calls (`tessera.runtime.profile.profile_callable`).
 
     PYTHONPATH=. python3 scripts/cluster_chain_probe.py [--cases 7,8,9,10,4,5] [--reps 50]
+    PYTHONPATH=. python3 scripts/cluster_chain_probe.py --emulate   # the kernel's index math in numpy, CPU
 
 Needs a Hopper GPU and nvcc (built with torch.utils.cpp_extension.load for sm_90a, about a minute).
 """
@@ -18,6 +19,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -33,6 +35,60 @@ BUILT = ((8, 64, 64, 128, 128), (8, 32, 64, 128, 128), (16, 32, 32, 128, 128), (
          (16, 32, 32, 512, 32), (8, 32, 64, 512, 32))
 
 
+def emulate(c: int, rm: int, ns: int, kx: int, lb: int, m: int, n: int, l_: int, rng: np.random.Generator) -> float:
+    """The .cu kernel's steps for every CTA in numpy, with its index formulas and padded strides (not its
+    CUDA): rel L2 of out against float64. A wrong offset or slice shows as an error far over fp16's."""
+    a, b, d = (rng.standard_normal(s).astype(np.float16) for s in ((m, kx), (kx, n), (n, l_)))
+    out = np.zeros((m, l_), np.float16)
+    rows, tn = kx // c, lb // 16
+    row_clusters = m // (c * rm)
+
+    def product(x: np.ndarray, y: np.ndarray, tiles: int, depth: int) -> np.ndarray:  # warp_product + store
+        per_warp = -(-tiles // 8)
+        z = np.zeros((x.shape[0], lb + 4), np.float32)
+        for tile in range(min(tiles, 8 * per_warp)):
+            tr, tc = tile // tn, tile % tn
+            z[tr * 16:tr * 16 + 16, tc * 16:tc * 16 + 16] = \
+                x[tr * 16:tr * 16 + 16, :depth].astype(np.float32) @ y[:depth, tc * 16:tc * 16 + 16].astype(np.float32)
+        return z
+
+    for cid in range((l_ // lb) * (m // rm) // c):
+        col0 = (cid // row_clusters) * lb
+        ctas = []
+        for r in range(c):
+            row0 = (cid % row_clusters) * (c * rm) + r * rm
+            sb, sd = b[:, r * ns:r * ns + ns], d[r * ns:r * ns + ns, col0:col0 + lb]
+            ctas.append({"row0": row0, "P": product(sb, sd, (kx // 16) * tn, ns), "A": a[row0:row0 + rm],
+                         "X": np.zeros((kx, lb), np.float16)})
+        for r, cta in enumerate(ctas):  # the partials summed in rank order, rounded
+            for i in range(rows * lb // 4):
+                row, col = r * rows + (i * 4) // lb, (i * 4) % lb
+                acc = np.zeros(4, np.float32)
+                for q in range(c):
+                    acc += ctas[q]["P"][row, col:col + 4]
+                cta["X"][row, col:col + 4] = acc.astype(np.float16)
+        for r, cta in enumerate(ctas):  # the peers' rows of X
+            for i in range((c - 1) * rows * (lb // 8)):
+                q, rr, col = (r + 1 + i // (rows * (lb // 8))) % c, (i // (lb // 8)) % rows, (i % (lb // 8)) * 8
+                cta["X"][q * rows + rr, col:col + 8] = ctas[q]["X"][q * rows + rr, col:col + 8]
+        for cta in ctas:
+            p = product(cta["A"], cta["X"], (rm // 16) * tn, kx)
+            out[cta["row0"]:cta["row0"] + rm, col0:col0 + lb] = p[:rm, :lb].astype(np.float16)
+    ref = a.astype(np.float64) @ (b.astype(np.float64) @ d.astype(np.float64))
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+def check_emulated(cases: list[int]) -> None:
+    rng = np.random.default_rng(15)
+    for case in cases:
+        _, m, k, n, l_ = SHAPES[case]
+        for c, rm, ns, kx, lb in BUILT:
+            if kx == k and ns * c == n and not m % (c * rm) and not l_ % lb:
+                err = emulate(c, rm, ns, kx, lb, m, n, l_, rng)
+                print(f"gemm_g{case} C={c} RM={rm} LB={lb}: rel L2 {err:.1e}")
+                assert err < TOLERANCE["fp16"], (case, c, rm, lb, err)
+
+
 def build():
     from torch.utils.cpp_extension import load
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")  # Hopper: clusters and distributed shared memory need sm_90
@@ -44,7 +100,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="7,8,9,10,4,5")
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--emulate", action="store_true", help="check the kernel's index math in numpy (CPU)")
     args = ap.parse_args()
+    if args.emulate:
+        check_emulated([int(c) for c in args.cases.split(",")])
+        return
     ext = build()
     us = lambda fn: profile_callable(fn, reps=args.reps, source="probe").total_us  # noqa: E731
     gen = torch.Generator(device="cpu").manual_seed(15)
