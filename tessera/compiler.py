@@ -39,8 +39,7 @@ from tessera.rewrite import convert_precision
 from tessera.rewrite.precision import check_precision, mark_tf32_operands
 from tessera.rewrite.deferred import DEFERRED, defer_normalization
 from tessera.rewrite.merged import merge_weight_matmuls
-from tessera.rewrite.search import (GAIN, MEASURED_GAIN, REPLAN_GAIN, REWRITE_MODES, follow_rules, rewrite_rules,
-                                    search)
+from tessera.rewrite.search import GAIN, MEASURED_GAIN, REPLAN_GAIN, follow_rules, rewrite_rules, search
 from tessera.runtime.artifact import save_artifact
 from tessera.runtime.executable import Executable
 from tessera.version import __version__
@@ -169,9 +168,8 @@ def compile_model(source: Any, options: CompileOptions | None = None,
         if moved:
             rewrites.append(DEFERRED)
             logger.info("rewrite: %d row normalization(s) moved after their matmul", moved)
-    if opt.rewrites not in REWRITE_MODES:
-        raise TesseraError(f"rewrites must be one of {', '.join(REWRITE_MODES)}, not {opt.rewrites!r}")
-    try:  # before the search prices windows in it
+    try:  # the mode before anything is priced, the precision before the search prices windows in it
+        rules, follow = rewrite_rules(opt.rewrites), follow_rules(opt.rewrites)
         check_precision(opt.precision, opt.io)
     except ValueError as e:
         raise TesseraError(str(e)) from None
@@ -201,10 +199,10 @@ def compile_model(source: Any, options: CompileOptions | None = None,
                 # find their kernels measured. What the rewrites add is the search and, only where
                 # they promise enough, a second plan.
                 base = plan(unsearched)
-            found = search(graph, window_cost(opt, cost_kind, dev, db, profiler), rules=rewrite_rules(opt.rewrites),
+            found = search(graph, window_cost(opt, cost_kind, dev, db, profiler), rules=rules,
                            budget_s=opt.rewrite_budget_s,
                            estimate=window_cost(opt, "analytical", dev, None, None) if measured else None,
-                           gain=MEASURED_GAIN if measured else GAIN, follow=follow_rules(opt.rewrites))
+                           gain=MEASURED_GAIN if measured else GAIN, follow=follow)
             graph = found.graph
             rewrites += [a.to_json() for a in found.applied]
             logger.info("rewrites: %d applied at %d site(s) tried, %d window(s) orchestrated in %.1f s "

@@ -53,10 +53,10 @@ def tf32_round(x):
 def module_source(lines: Sequence[str]) -> str:
     """A generated kernel module: the imports, the helpers its kernels call, then `lines`."""
     body = "\n".join(lines).rstrip()
-    head = ["import triton", "import triton.language as tl", "", ""]
-    if "tf32_round(" in body:
-        head = ["import os", "", *head[:2], "", "", *_TF32_HELPER.splitlines(), "", ""]
-    return "\n".join(head + [body]) + "\n"
+    rounds = "tf32_round(" in body
+    head = (["import os", ""] if rounds else []) + ["import triton", "import triton.language as tl", "", ""]
+    helpers = _TF32_HELPER.splitlines() + ["", ""] if rounds else []
+    return "\n".join(head + helpers + [body]) + "\n"
 
 
 # Triton element types as the pointer of a tensor of this dtype holds them.

@@ -37,6 +37,7 @@ MEASURED_GAIN = 0.03
 # change, about a cold compile of the subgraphs they touch (issue 17 allows the rewrites 60 s).
 REPLAN_GAIN = 0.03
 TIE = 0.001  # within this, the graph with fewer nodes wins
+SMALL_CONSTANT = 64  # elements: a window's signature holds the values of constants up to this size
 # The rules a compile's search may apply, by `CompileOptions.rewrites`. "regroup" (the default) has
 # only the chain of two products grouped the other way where that does fewer multiply-adds, and the
 # fold of the product of weights that leaves: on the H100 it ran MCFuser's GEMM chains G9-G12 at
@@ -63,8 +64,6 @@ def rewrite_rules(mode: str) -> dict[str, Rule]:
 def follow_rules(mode: str) -> dict[str, Rule]:
     """The rules a search in `mode` may apply only after a site's first rewrite, inside its window."""
     return {name: RULES[name] for name in REGROUP_FOLLOW} if mode == "regroup" else {}
-
-SMALL_CONSTANT = 64  # elements: a window's signature holds the values of constants up to this size
 
 
 @dataclass
