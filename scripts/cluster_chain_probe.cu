@@ -17,11 +17,13 @@
 // - each CTA computes its RM rows of out[:, j] = a[rows] @ X[:, j] and stores them.
 // A column block's X is computed once per cluster of rows (G7-G10: one block, LB = L = 128; G4, G5:
 // X is too big for one cluster, so each column block has its clusters).
-// Products use WMMA (mma.sync); operands are staged in shared memory with 16-byte loads.
+// Products use WMMA (mma.sync); operands are staged in shared memory by cp.async, 16 bytes a copy, all in
+// flight at once (b's and d's slices first; a's rows arrive while phase 1 runs).
 //
 // Built and run by scripts/cluster_chain_probe.py (torch.utils.cpp_extension.load; nvcc -arch=sm_90a).
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 #include <mma.h>
 
 #ifdef TORCH_EXTENSION_NAME
@@ -43,20 +45,22 @@ __host__ __device__ constexpr int smem_bytes(int NS, int RM, int KX, int LB) {
        + 4 * (KX * (LB + PAD_F));
 }
 
-// rows x cols halves from global (row stride gld) into shared (row stride sld), 16 bytes at a time.
+// rows x cols halves from global (row stride gld) into shared (row stride sld): cp.async of 16 bytes each,
+// not waited for here (the caller commits the group and waits), so every load of a stage is in flight at once.
 __device__ inline void stage(half* s, int sld, const half* g, int gld, int rows, int cols) {
   const int per_row = cols / 8;
   for (int i = threadIdx.x; i < rows * per_row; i += THREADS) {
     const int r = i / per_row, c = (i % per_row) * 8;
-    *reinterpret_cast<uint4*>(s + r * sld + c) = *reinterpret_cast<const uint4*>(g + (size_t)r * gld + c);
+    __pipeline_memcpy_async(s + r * sld + c, g + (size_t)r * gld + c, 16);
   }
 }
 
 // acc[t] += A (rows x depth, lda) @ B (depth x cols, ldb) for this warp's tiles t of the product's 16 x 16
 // tiles in row-major order (tile = warp * PER_WARP + t); warps past the last tile do nothing.
-template <int TILES_N, int PER_WARP>
+// `b_row(k)` is the address of B's row k (B may lie in several CTAs' shared memory; rows k..k+15 in one).
+template <int TILES_N, int PER_WARP, typename BRow>
 __device__ inline void warp_product(wmma::fragment<wmma::accumulator, 16, 16, 16, float> (&acc)[PER_WARP],
-                                    const half* A, int lda, const half* B, int ldb, int depth, int warp, int tiles) {
+                                    const half* A, int lda, BRow b_row, int ldb, int depth, int warp, int tiles) {
   for (int t = 0; t < PER_WARP; ++t) wmma::fill_fragment(acc[t], 0.0f);
   for (int k = 0; k < depth; k += 16) {
     wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> fa;
@@ -69,7 +73,7 @@ __device__ inline void warp_product(wmma::fragment<wmma::accumulator, 16, 16, 16
         wmma::load_matrix_sync(fa, A + row * 16 * lda + k, lda);
       }
       wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> fb;
-      wmma::load_matrix_sync(fb, B + k * ldb + (tile % TILES_N) * 16, ldb);
+      wmma::load_matrix_sync(fb, b_row(k) + (tile % TILES_N) * 16, ldb);
       wmma::mma_sync(acc[t], fa, fb, acc[t]);
     }
   }
@@ -109,17 +113,30 @@ __global__ void __launch_bounds__(THREADS) chain_cluster(const half* __restrict_
   const int row0 = (cid % row_clusters) * (C * RM) + r * RM;   // this CTA's rows of out
   const int warp = threadIdx.x / 32;
 
+  if (stop == 3) {  // timing variant: the launch alone (the same grid, cluster and shared memory)
+    if (threadIdx.x == 0 && r == 0) out[(size_t)row0 * L + col0] = __float2half(0.f);
+    return;
+  }
   stage(sB, LDB, b + r * NS, N, KX, NS);
   stage(sD, LDD, d + (size_t)r * NS * L + col0, L, NS, LB);
-  stage(sA, LDA, a + (size_t)row0 * KX, KX, RM, KX);
+  __pipeline_commit();
+  stage(sA, LDA, a + (size_t)row0 * KX, KX, RM, KX);  // needed only in phase 2
+  __pipeline_commit();
+  __pipeline_wait_prior(1);  // b's and d's slices are here (a's may not be)
   __syncthreads();
+  if (stop == 4) {  // timing variant: the launch and the staging of b's and d's slices
+    out[(size_t)row0 * L + col0 + threadIdx.x % LB] = __hadd(sB[threadIdx.x], sD[threadIdx.x]);
+    __pipeline_wait_prior(0);
+    return;
+  }
 
   {  // phase 1: the partial X[:, j] of this slice of N
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[PW1];
-    warp_product<LB / 16, PW1>(acc, sB, LDB, sD, LDD, NS, warp, T1);
+    warp_product<LB / 16, PW1>(acc, sB, LDB, [&](int k) { return sD + k * LDD; }, LDD, NS, warp, T1);
     warp_store<PW1>(acc, sP, LDP, LB / 16, warp, T1);
   }
   if (stop == 1) {  // timing variant: phase 1 alone (one value kept live)
+    __pipeline_wait_prior(0);
     __syncthreads();
     out[(size_t)row0 * L + col0 + threadIdx.x % LB] = __float2half(sP[threadIdx.x]);
     return;
@@ -140,7 +157,10 @@ __global__ void __launch_bounds__(THREADS) chain_cluster(const half* __restrict_
   }
   cluster.sync();  // every CTA's rows of X are done, and no one reads a partial any more
 
-  {  // the other CTAs' rows of X[:, j] into this CTA's copy
+  // stop 5: the whole chain with phase 2 reading the peers' rows of X in their shared memory (no gather;
+  // needs whole 16-row WMMA tiles per CTA, KX / C % 16 == 0)
+  const bool direct = stop == 5 && ROWS % 16 == 0;
+  if (!direct) {  // the other CTAs' rows of X[:, j] into this CTA's copy
     constexpr int PER_ROW = LB / 8;
     for (int i = threadIdx.x; i < (C - 1) * ROWS * PER_ROW; i += THREADS) {
       const int q = (r + 1 + i / (ROWS * PER_ROW)) % C, rr = (i / PER_ROW) % ROWS, c = (i % PER_ROW) * 8;
@@ -149,7 +169,9 @@ __global__ void __launch_bounds__(THREADS) chain_cluster(const half* __restrict_
           *reinterpret_cast<const uint4*>(cluster.map_shared_rank(sX, q) + row * LDX + c);
     }
   }
-  cluster.barrier_arrive();  // peers may still read this CTA's rows of X: wait for them before exiting
+  // peers may still read this CTA's rows of X: arrive when done reading theirs, wait before exiting
+  if (!direct) cluster.barrier_arrive();
+  __pipeline_wait_prior(0);  // a's rows
   __syncthreads();
   if (stop == 2) {  // timing variant: everything but phase 2 and the store of out
     out[(size_t)row0 * L + col0 + threadIdx.x % LB] = sX[threadIdx.x];
@@ -159,7 +181,13 @@ __global__ void __launch_bounds__(THREADS) chain_cluster(const half* __restrict_
 
   {  // phase 2: out[rows, j] = a[rows] @ X[:, j]
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[PW2];
-    warp_product<LB / 16, PW2>(acc, sA, LDA, sX, LDX, KX, warp, T2);
+    if (direct)
+      warp_product<LB / 16, PW2>(acc, sA, LDA, [&](int k) {
+        return static_cast<const half*>(cluster.map_shared_rank(sX, k / ROWS)) + k * LDX; }, LDX, KX, warp, T2);
+    else
+      warp_product<LB / 16, PW2>(acc, sA, LDA, [&](int k) { return static_cast<const half*>(sX) + k * LDX; }, LDX,
+                                 KX, warp, T2);
+    if (direct) cluster.barrier_arrive();  // this CTA reads no peer any more
     warp_store<PW2>(acc, sP, LDP, LB / 16, warp, T2);
   }
   __syncthreads();
@@ -218,8 +246,9 @@ cudaError_t run_config(int c, int rm, int lb, const half* a, const half* b, cons
 }
 
 #ifdef TORCH_EXTENSION_NAME
-// `lb`: the columns of X each cluster owns; `stop`: 0 the whole chain, 1 phase 1 only, 2 all but phase 2
-// (timing variants that leave stages out); `stream`: torch.cuda.current_stream().cuda_stream (passed in, so
+// `lb`: the columns of X each cluster owns; `stop`: 0 the whole chain, 1 phase 1 only, 2 all but phase 2,
+// 3 the launch only, 4 the launch and the staging of b and d (timing variants that leave stages out), 5 the
+// whole chain reading X from the peers in phase 2 (no gather); `stream`: torch.cuda.current_stream().cuda_stream (passed in, so
 // no CUDA header of torch's is needed).
 void chain(torch::Tensor a, torch::Tensor b, torch::Tensor d, torch::Tensor out, int64_t c, int64_t rm, int64_t lb,
            int64_t stop, int64_t stream) {
