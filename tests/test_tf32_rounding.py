@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import torch
 import triton.language as tl
 from onnx import helper
 from opcheck import Const, graph_model, rand
@@ -138,13 +139,18 @@ def test_rounded_at_the_writer_gives_the_same_bits(tmp_path, monkeypatch, residu
 
 def test_the_rounding_helper_is_defined_where_used_and_follows_the_interpreter(monkeypatch):
     """`module_source` defines `tf32_round` only in modules whose kernels call it; its PTX form is
-    chosen unless Triton's interpreter runs the module (which has no inline PTX)."""
+    chosen unless Triton's interpreter runs the module (which has no inline PTX) or the GPU is older
+    than sm_80 (a V100 has no cvt to tf32)."""
     assert "tf32_round" not in module_source(["x = 1"])
     src = module_source([f"y = {TF32_ROUND.format(x='x')}"])
     assert src.count("def tf32_round(x):") == 1 and "cvt.rna.tf32.f32" in src
-    for interpret, cvt in (("1", False), ("0", True)):
+    lines = src.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("TF32_CVT = "))
+    choice = "\n".join(lines[start:start + 2])  # the constant's statement (two lines)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for interpret, major, cvt in (("1", 9, False), ("0", 9, True), ("0", 8, True), ("0", 7, False)):
         monkeypatch.setenv("TRITON_INTERPRET", interpret)
-        (line,) = [ln for ln in src.splitlines() if ln.startswith("TF32_CVT = ")]
-        scope: dict = {"os": os, "tl": tl}
-        exec(line, scope)
-        assert bool(scope["TF32_CVT"]) is cvt
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda major=major: (major, 0))
+        scope: dict = {"os": os, "tl": tl, "torch": torch}
+        exec(choice, scope)
+        assert bool(scope["TF32_CVT"]) is cvt, (interpret, major)

@@ -31,12 +31,13 @@ TF32_ROUND = "tf32_round({x})"
 # On the GPU one PTX cvt.rna.tf32.f32 per element. The same bits as integer ops (add half an ulp,
 # clear the 13 low bits; five instructions) cost the small tf32 GEMMs of issue 15's chains 1.2-1.7x
 # their time with cvt on the H100 (session 40, scripts/tf32_round_probe.py), and steered some to
-# wgmma with register operands. Triton's interpreter has no inline PTX, so it computes the integer
-# form; infinities and NaN pass unchanged in both.
+# wgmma with register operands. Triton's interpreter has no inline PTX, and GPUs before sm_80 (V100)
+# no cvt to tf32, so they compute the integer form; infinities and NaN pass unchanged in both.
 _TF32_HELPER = """\
-# tf32 rounding (to nearest, ties away): one cvt.rna.tf32.f32 on the GPU; the same bits from integer
-# ops in Triton's interpreter, which has no inline PTX.
-TF32_CVT = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
+# tf32 rounding (to nearest, ties away): one cvt.rna.tf32.f32 on a GPU of sm_80 or later; the same bits
+# from integer ops in Triton's interpreter, which has no inline PTX, and before sm_80, which has no cvt to tf32.
+TF32_CVT = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1"
+                        and (not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] >= 8))
 
 
 @triton.jit
@@ -54,7 +55,8 @@ def module_source(lines: Sequence[str]) -> str:
     """A generated kernel module: the imports, the helpers its kernels call, then `lines`."""
     body = "\n".join(lines).rstrip()
     rounds = "tf32_round(" in body
-    head = (["import os", ""] if rounds else []) + ["import triton", "import triton.language as tl", "", ""]
+    head = (["import os", "", "import torch"] if rounds else []) + ["import triton", "import triton.language as tl",
+                                                                    "", ""]
     helpers = _TF32_HELPER.splitlines() + ["", ""] if rounds else []
     return "\n".join(head + helpers + [body]) + "\n"
 
