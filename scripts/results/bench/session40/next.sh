@@ -21,28 +21,7 @@
 #     sweep in fp16 (session 38 swept tf32 only); G9 fp16 is 0.15 us over its target.
 # 11: scripts/cluster_chain_probe.py: fp16 G4, G5, G7-G10 as one kernel of thread-block clusters sharing X through
 #     distributed shared memory (CUDA C++, built there with nvcc for sm_90a), beside eager.
-nvidia-smi -L | grep -q H100 || { nvidia-smi -L; exit 3; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/highspy*.whl || exit 1
-nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
-export PYTHONPATH=/tmp/site:$PWD TESSERA_LOG=info
-# MCFuser rows beside eager (and PEERS), GPU time, one empty database: gemms NAME MODELS PRECISION TIMEOUT_S [PEERS]
-gemms() {
-    cd .pin16 && export PYTHONPATH=/tmp/site:$PWD && mkdir -p /tmp/$1
-    timeout $4 python3 scripts/bench_suite.py --models "$2" --precisions $3 --vs ${5:-eager} \
-        --strategies optimal-precisionio --timing gpu --fresh-db --budget-s $(($4 - 15)) --solver highs \
-        --code "$(cat CODE)" --out /tmp/$1 > /tmp/$1/log.txt 2>&1
-    echo "gemm $3 rc=$?"; gzip -f /tmp/$1/*.jsonl 2>/dev/null; tar -czf "$OUT/$1.tgz" -C /tmp $1
-    grep -h "bench .* ms$\|rewrites:" /tmp/$1/log.txt | sed 's/.*tessera [0-9:]* //'
-}
-# whole models cold beside Inductor with CUDA graphs: models NAME ROWS DEADLINE_S
-models() {
-    cd .pin16 && export PYTHONPATH=/tmp/site:$PWD
-    python3 scripts/bench_gpus.py --gpus 1 --rows "$2" --deadline-s $3 --cap \
-        --cold-caches --out /tmp/$1 -- --solver highs --profile --fresh-db --code "$(cat CODE)" \
-        --vs inductor-cudagraphs --strategies optimal-precisionio > "$OUT/$1.log" 2>&1
-    gzip -f /tmp/$1/*/*.jsonl 2>/dev/null; tar -czf "$OUT/$1.tgz" -C /tmp $1; cat "$OUT/$1.log"
-    grep -h "bench .* ms$" /tmp/$1/*/log.txt | sed 's/.*tessera [0-9:]* //'
-}
+source "$(dirname "$0")/../device_lib.sh"  # the H100 check, highspy, `gemms` and `models`
 case $1 in
     2)  # from the working tree (the probe is not in .pin16)
         timeout 500 python3 scripts/tf32_round_probe.py --out "$OUT/round.json" > "$OUT/round.txt" 2>&1

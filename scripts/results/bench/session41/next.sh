@@ -1,0 +1,23 @@
+#!/bin/bash
+# Session 41's device calls: `bash scripts/results/bench/session41/next.sh N` on nvidia-h100-x1, carrying .whl and
+# .pin16 (rebuilt from HEAD first, as ../session34/next.sh says). Calls 1-6 ran ../session40/next.sh (README).
+# 7: on the H100 the generated tf32 rounding still picks cvt.rna (9a1ba72 chooses by the GPU's architecture);
+#    tf32 G5 and G7 at HEAD beside eager; segformer_b0 tf32 cold beside Inductor with CUDA graphs (not run with
+#    the cvt rounding before).
+source "$(dirname "$0")/../device_lib.sh"  # the H100 check, highspy, `gemms` and `models`
+case $1 in
+    7)
+        (cd .pin16 && python3 - <<'PY'
+import os, torch, triton.language as tl
+from tessera.codegen.triton_ops import TF32_ROUND, module_source
+lines = module_source([f"y = {TF32_ROUND.format(x='x')}"]).splitlines()
+start = next(i for i, ln in enumerate(lines) if ln.startswith("TF32_CVT = "))
+scope = {"os": os, "torch": torch, "tl": tl}
+exec("\n".join(lines[start:start + 2]), scope)
+print("sm", torch.cuda.get_device_capability(), "TF32_CVT", bool(scope["TF32_CVT"]))
+PY
+        ) 2>&1 | tee "$OUT/cvt_choice.txt"
+        gemms g41 gemm_g5,gemm_g7 tf32 130
+        models s41 segformer_b0:tf32=360 380 ;;
+    *) echo "next.sh: call 7"; exit 2 ;;
+esac
