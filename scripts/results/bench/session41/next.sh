@@ -4,6 +4,7 @@
 # 7: on the H100 the generated tf32 rounding still picks cvt.rna (9a1ba72 chooses by the GPU's architecture);
 #    tf32 G5 and G7 at HEAD beside eager; segformer_b0 tf32 cold beside Inductor with CUDA graphs (not run with
 #    the cvt rounding before).
+# 8: tf32 G1-G3 (never run with the cvt rounding) and G8 at HEAD with the default options.
 source "$(dirname "$0")/../device_lib.sh"  # the H100 check, highspy, `gemms` and `models`
 case $1 in
     7)
@@ -19,5 +20,6 @@ PY
         ) 2>&1 | tee "$OUT/cvt_choice.txt"
         gemms g41 gemm_g5,gemm_g7 tf32 130
         models s41 segformer_b0:tf32=360 380 ;;
-    *) echo "next.sh: call 7"; exit 2 ;;
+    8) gemms g41b gemm_g1,gemm_g2,gemm_g3,gemm_g8 tf32 120 ;;
+    *) echo "next.sh: call 7 or 8"; exit 2 ;;
 esac
