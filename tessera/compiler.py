@@ -224,9 +224,10 @@ def compile_model(source: Any, options: CompileOptions | None = None,
                 t0 = time.perf_counter()
                 with_them = plan(graph)
                 found.guard_s, found.replanned = time.perf_counter() - t0, True
-                # The search priced windows before post-solve schedule tuning, which can favour the
-                # graph without the rewrites (segformer's attention chain, session 32: 10.0 -> 4.7 us
-                # tuned without them, 7.3 -> 7.0 with): they stay only if the whole tuned plan is cheaper.
+                # A window is not the whole plan (no layouts, its boundary as it cut it), and tuning
+                # can favour the graph without the rewrites (segformer's attention chain, session 32,
+                # when windows were priced untuned: 10.0 -> 4.7 us tuned without them, 7.3 -> 7.0
+                # with): they stay only if the whole tuned plan is cheaper.
                 found.plan_s = (plan_seconds(with_them), without_s)
                 found.kept = found.plan_s[0] < found.plan_s[1] * (1 - GAIN)
                 logger.info("rewrites: the tuned plan %s %.1f us with them, %.1f us without (planned again in %.1f s)",
@@ -265,11 +266,27 @@ def plan_seconds(result: CompileResult) -> float:
     return sum(result.tuned_s.get(k.name, k.cost_s) for k in result.plan.kernels)
 
 
+def tune_plan(graph: Graph, plan: Plan, cost: MeasuredCost, opt: CompileOptions, dev: Device,
+              progress: Callable[[int, int], None] | None = None) -> dict[str, tuple[AnySchedule, float]]:
+    """Post-solve schedule tuning of `plan`'s kernels (`tune_schedules`): name -> (fastest schedule,
+    seconds), for the kernels that have schedules to try."""
+    by_name = {n.name: n for n in graph.nodes}
+    specs = [(k.name, [by_name[n] for n in k.prims], [by_name[n] for n in k.prologue], k.outputs)
+             for k in plan.kernels]
+    return tune_schedules(graph, specs, cost.db, cost.profiler, cost.device, cost.versions, progress=progress,
+                          precision=opt.precision, gpu=dev, templates=opt.templates == "auto")
+
+
 def window_cost(opt: CompileOptions, cost_kind: str, dev: Device, db: TuningDB | None,
                 profiler: Profiler | None) -> Callable[[Graph], float]:
     """The rewrite search's price of a window: its estimated time once orchestrated as the compile
     would (same precision, cost model, candidate rules and legality; row-major layouts), its
-    boundary tensors already in the compute precision."""
+    boundary tensors already in the compute precision. Measured, the window's plan is priced with
+    its kernels' schedules tuned, as the compile tunes its plan: the window as it is holds the
+    kernels of the plan made first, already tuned, and comparing those with a rewritten window's
+    kernels at their first schedules kept the regrouping from MCFuser's G6 in tf32 (on the H100,
+    session 41: 15.02 us against 14.70 measured, under the 3% a window must save; tuned, the same
+    plan ran 13.1 us in session 39)."""
     chains = chains_enabled(opt, cost_kind)
     verdicts: dict[str, str | None] = {}  # kernel signature -> legality, shared by every window
 
@@ -285,6 +302,9 @@ def window_cost(opt: CompileOptions, cost_kind: str, dev: Device, db: TuningDB |
         rules, legality = kernel_rules(opt, chains, cost, verdicts)
         plan = orchestrate(og, cost, strategy="optimal", rules=rules, legality=legality, solver=opt.solver,
                            time_limit=10.0, max_states=opt.max_states)
+        if isinstance(cost, MeasuredCost) and opt.schedule_tuning:
+            tuned = tune_plan(g, plan, cost, opt, dev)
+            return sum(tuned[k.name][1] if k.name in tuned else k.cost_s for k in plan.kernels)
         return plan.estimated_total_s
 
     return evaluate
@@ -374,13 +394,8 @@ def _plan(loaded: LoadedModel, fis: FissionResult, graph: Graph, opt: CompileOpt
     done("orchestrate")
     if isinstance(cost, MeasuredCost):
         t0 = time.perf_counter()
-        by_name = {n.name: n for n in graph.nodes}
-        specs = [(k.name, [by_name[n] for n in k.prims], [by_name[n] for n in k.prologue], k.outputs)
-                 for k in plan.kernels]
         rows = len(cost.db)
-        best = tune_schedules(graph, specs, cost.db, cost.profiler, cost.device, cost.versions,
-                              progress=tune_progress, precision=opt.precision,
-                              gpu=dev, templates=opt.templates == "auto") if opt.schedule_tuning else {}
+        best = tune_plan(graph, plan, cost, opt, dev, tune_progress) if opt.schedule_tuning else {}
         tuned = {name: sch for name, (sch, _) in best.items()}
         tuned_s = {name: seconds for name, (_, seconds) in best.items()}
         tuning = {**cost.stats, "db": str(cost.db.path), "schedules_tuned": len(tuned),

@@ -244,6 +244,46 @@ def test_a_measured_compile_prices_windows_by_measurement(tmp_path, monkeypatch)
     assert rel_l2(got.numpy(), run_onnxruntime(model, {"x": x, "v": v})["out"]) < TOLERANCE["fp32"]
 
 
+class _SlowerFirstProfiler:
+    """Each kernel's n-th measurement takes 1/n us: more schedules tried, a lower best."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
+
+    def measure(self, jobs, record) -> None:
+        for i, j in enumerate(jobs):
+            self.seen[j.key.signature] = self.seen.get(j.key.signature, 0) + 1
+            record(i, 1e-6 / self.seen[j.key.signature], "")
+
+
+def test_a_measured_window_is_priced_with_its_kernels_tuned(tmp_path, monkeypatch):
+    """The window as it is holds kernels the compile's first plan already tuned; a rewritten
+    window's kernels must be priced tuned too, or the comparison favours the window as it is
+    (MCFuser's G6 in tf32, session 41). Here every further schedule measured is faster, so the
+    tuned price is the best of more measurements than the candidates' alone (schedule tuning off)."""
+    import torch
+
+    from tessera.compiler import CompileOptions, window_cost
+    from tessera.cost import device
+    from tessera.cost.db import TuningDB
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
+    g, b = new_graph({"a": (64, 32), "w": (32, 48)})
+    g.outputs = [b.matmul("a", "w")]
+    priced = {}
+    for tuning in (False, True):
+        prof = _SlowerFirstProfiler()
+        with TuningDB(tmp_path / f"{tuning}.db") as db:
+            price = window_cost(CompileOptions(cost="measured", precision="fp16", schedule_tuning=tuning),
+                                "measured", device("h100"), db, prof)(g)
+            assert len(db) == sum(prof.seen.values())  # every measurement is a row
+        (times,) = prof.seen.values()  # one kernel: the matmul
+        assert price == pytest.approx(1e-6 / times)  # the best schedule measured
+        priced[tuning] = times
+    assert priced[True] > priced[False]  # tuning measured schedules the candidates did not
+
+
 def test_the_layers_of_a_transformer_share_their_window_prices():
     """A window's price does not depend on its weights' values, so the same window in two layers is
     one evaluation (on a GPU, one measurement); a small constant's value still tells windows apart."""
@@ -352,7 +392,7 @@ def _runs_as_onnxruntime(result, model, feeds, tmp_path) -> None:
 @pytest.mark.parametrize("with_s,without_s", [(1e-5, 2e-5), (2e-5, 1e-5), (1e-5, 1.002e-5)])
 def test_a_measured_compile_keeps_rewrites_only_if_the_whole_tuned_plan_is_cheaper(tmp_path, monkeypatch,
                                                                                    with_s, without_s):
-    """Windows are priced before post-solve schedule tuning, which can favour the graph without the
+    """A window's price is not the whole tuned plan's, and tuning can favour the graph without the
     rewrites (segformer's attention, session 32). A measured compile therefore plans the graph
     without them first (what `--rewrites off` compiles), then, where the rewrites promise enough,
     the graph with them, and keeps them only where that tuned plan is cheaper by more than GAIN;

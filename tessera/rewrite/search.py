@@ -318,10 +318,14 @@ def _best_sequence(g: Graph, site: Match, rules: Mapping[str, Rule], precise: Ca
             # The model prices its pick the same with fewer nodes (a constant folded, two reshapes
             # made one): a measurement would tell apart only noise (MEASURED_GAIN), at seconds a window.
             return seq, 0.0, len(window.nodes)
+        estimated_base = base
         base = precise(window)
         best = (base, len(window.nodes), [])
-        for _, nodes, g2, seq in hopeful:
+        for est, nodes, g2, seq in hopeful:
             c = precise(g2)
+            logger.debug("rewrite window at %s: %s estimated %.2f us (window %.2f), measured %.2f us (window %.2f)",
+                         site.roots[0], " + ".join(r for r, _ in seq), est * 1e6, estimated_base * 1e6, c * 1e6,
+                         base * 1e6)
             if _better(c, nodes, best[0], best[1], base, gain):
                 best = (c, nodes, seq)
     c, _, seq = best
