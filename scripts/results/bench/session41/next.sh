@@ -5,6 +5,10 @@
 #    tf32 G5 and G7 at HEAD beside eager; segformer_b0 tf32 cold beside Inductor with CUDA graphs (not run with
 #    the cvt rounding before).
 # 8: tf32 G1-G3 (never run with the cvt rounding) and G8 at HEAD with the default options.
+# Next session (rebuild .pin16 from HEAD first):
+# 9: all twelve GEMM chains in tf32 at HEAD (67f1f20: measured rewrite windows priced with their kernels
+#    tuned; does G6 keep the regrouping now, and does any met row move?). Table: mcfuser_table.py .../call9/g*/
+# 10: the same in fp16.
 source "$(dirname "$0")/../device_lib.sh"  # the H100 check, highspy, `gemms` and `models`
 case $1 in
     7)
@@ -21,5 +25,7 @@ PY
         gemms g41 gemm_g5,gemm_g7 tf32 130
         models s41 segformer_b0:tf32=360 380 ;;
     8) gemms g41b gemm_g1,gemm_g2,gemm_g3,gemm_g8 tf32 120 ;;
-    *) echo "next.sh: call 7 or 8"; exit 2 ;;
+    9) gemms gtf32 "$(echo gemm_g{1..12} | tr ' ' ,)" tf32 330 ;;
+    10) gemms gfp16 "$(echo gemm_g{1..12} | tr ' ' ,)" fp16 330 ;;
+    *) echo "next.sh: call 7-10"; exit 2 ;;
 esac
