@@ -654,9 +654,49 @@ def test_tuning_walks_to_the_warps_and_stages_the_model_missed(tmp_path):
         best = tune_schedules(g, [("k_chain", prims, pro, outputs)], db, prof, "fake", "v1")
     assert best["k_chain"] == (fastest, 1e-6) and _schedule_key(fastest) in prof.keys
     # Here every other schedule ties, so each is near the fastest until the neighbour is found:
-    # one round of walks from CHAIN_STARTS of them (9 neighbours each at most: 2 warps, 3 stages,
-    # L and K halved and doubled).
-    assert len(prof.keys) <= CHAIN_FIRST + CHAIN_STARTS * 9
+    # one round of walks from CHAIN_STARTS of them (13 neighbours each at most: 2 warps, 3 stages,
+    # the row and column blocks, L and K halved and doubled).
+    assert len(prof.keys) <= CHAIN_FIRST + CHAIN_STARTS * 13
+
+
+@pytest.mark.parametrize("field", ["block_m", "block_n"])
+def test_tuning_walks_to_the_row_or_column_block_the_model_missed(tmp_path, field):
+    """The walk also halves and doubles the row and the output column block (attn_s6 tf32 on the H100
+    tuned to m16 where m32 ran 11% faster, sessions 37 and 41): here the fastest schedule is the
+    model's first pick with one of them changed, a schedule rank order alone would never measure."""
+    from dataclasses import replace
+
+    from tessera.cost.chain_search import chain_space
+    from tessera.cost.db import TuningDB
+    from tessera.cost.measured import CHAIN_MOST, template_space, tune_schedules
+
+    model, _ = attention(1024, 256, 128, heads=2)  # more tiling families than rank order measures
+    g, _, nodes, outputs = whole_kernel(model)
+    og = build_ograph(g)
+    prims = list(og.nodes)
+    pro = prologue_of(og, prims)
+    ranked = template_space(g, prims, pro, outputs, "fp32", None)
+    space = set(chain_space(g, pro + prims))
+    # The first schedule measured with its row (column) block halved or doubled, in a tiling family
+    # (block_m x block_n) that none of the schedules rank order measures holds: no other move of
+    # the walk changes a family, so only this one reaches it.
+    families = {(s.block_m, s.block_n) for s in ranked[:CHAIN_MOST]}
+    near = [replace(ranked[0], **{field: f(getattr(ranked[0], field))}) for f in (lambda b: b * 2, lambda b: b // 2)]
+    fastest = next((s for s in near if s in space and (s.block_m, s.block_n) not in families), None)
+    assert fastest is not None, (field, ranked[0], families)
+
+    class Profiler:
+        schedules: list = []
+
+        def measure(self, jobs, record) -> None:
+            for i, j in enumerate(jobs):
+                self.schedules.append(j.schedule)
+                record(i, 1e-6 if j.schedule == fastest else 1e-5 if j.schedule is not None else 1e-3, "")
+
+    prof = Profiler()
+    with TuningDB(tmp_path / "t.db") as db:
+        best = tune_schedules(g, [("k_chain", prims, pro, outputs)], db, prof, "fake", "v1")
+    assert best["k_chain"] == (fastest, 1e-6) and fastest in prof.schedules
 
 
 def test_a_schedule_that_faulted_for_another_kernel_is_not_run(tmp_path):

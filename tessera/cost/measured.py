@@ -596,8 +596,11 @@ def _family_walk(job: Callable[[AnySchedule | None], Job], space: Sequence[GemmS
 def _neighbours(state: tuple[Callable[[AnySchedule | None], Job], set[ChainSchedule], set[ChainSchedule]],
                 runs: Sequence[tuple[AnySchedule | None, float]]) -> list[Job]:
     """A GEMM chain's next measurements: the neighbours (within the pruned space, not yet measured)
-    with other warps or pipeline stages, or half or twice the L step, K step or L split, of each
-    chain schedule measured within CHAIN_NEAR of the fastest, each walked from once. The tiling
+    with other warps or pipeline stages, or half or twice the row block, the output column block,
+    the L step, K step or L split, of each chain schedule measured within CHAIN_NEAR of the fastest,
+    each walked from once. The row and column blocks are walked because the tiling families measured
+    first need not hold the best: attn_s6 tf32 on the H100 tuned to m16 n128 l64 k128 w4 s3 at
+    10.84 us in session 41, where session 37 had run m32 n128 with the rest the same at 9.62. The tiling
     families measured first are each represented by the model's pick, whose warps the model gets
     wrong (attn_s2 fp16 on the H100: 4 warps ran 1.44x faster than the model's 8,
     scripts/chain_probe.py), and the family fastest at the model's warps need not be fastest at its
@@ -614,6 +617,8 @@ def _neighbours(state: tuple[Callable[[AnySchedule | None], Job], set[ChainSched
     tried = {s for s, _ in runs}
     near = [n for b in starts for n in (
         *(replace(b, num_warps=w) for w in CHAIN_WARPS), *(replace(b, num_stages=st) for st in CHAIN_STAGES),
+        replace(b, block_m=b.block_m // 2), replace(b, block_m=b.block_m * 2),
+        replace(b, block_n=b.block_n // 2), replace(b, block_n=b.block_n * 2),
         replace(b, block_l=b.block_l // 2), replace(b, block_l=b.block_l * 2),
         replace(b, block_k=b.block_k // 2), replace(b, block_k=b.block_k * 2),
         replace(b, split_l=b.split_l // 2), replace(b, split_l=b.split_l * 2))]
