@@ -9,6 +9,8 @@
 # 9: all twelve GEMM chains in tf32 at HEAD (67f1f20: measured rewrite windows priced with their kernels
 #    tuned; does G6 keep the regrouping now, and does any met row move?). Table: mcfuser_table.py .../call9/g*/
 # 10: the same in fp16.
+# 11: attention S1-S9 tf32 beside eager, SDPA and Inductor (3198f55: the chain walk also moves the row and column
+#     blocks; attn_s6 tf32 ran 0.82 in call 5). 12: the same in fp16.
 source "$(dirname "$0")/../device_lib.sh"  # the H100 check, highspy, `gemms` and `models`
 case $1 in
     7)
@@ -27,5 +29,7 @@ PY
     8) gemms g41b gemm_g1,gemm_g2,gemm_g3,gemm_g8 tf32 120 ;;
     9) gemms gtf32 "$(echo gemm_g{1..12} | tr ' ' ,)" tf32 330 ;;
     10) gemms gfp16 "$(echo gemm_g{1..12} | tr ' ' ,)" fp16 330 ;;
-    *) echo "next.sh: call 7-10"; exit 2 ;;
+    11) gemms atf32 "$(echo attn_s{1..9} | tr ' ' ,)" tf32 330 eager,sdpa,inductor ;;
+    12) gemms afp16 "$(echo attn_s{1..9} | tr ' ' ,)" fp16 330 eager,sdpa,inductor ;;
+    *) echo "next.sh: call 7-12"; exit 2 ;;
 esac
