@@ -1,0 +1,207 @@
+"""GEMM-chain tuning after the solve (cost/measured.py: `tune_schedules` for chain kernels): the
+neighbour walk from the fastest schedules, its limits, faulted schedules, and candidates that share
+a chain core. Fake profilers price the schedules; no kernel runs.
+"""
+from __future__ import annotations
+
+import pytest
+from test_chain import attention, whole_kernel
+
+from tessera.codegen.kernels import ChainSchedule
+from tessera.codegen.select import TritonLegality, prologue_of
+from tessera.cost.measured import _schedule_key
+from tessera.fission import fission
+from tessera.frontend import load
+from tessera.orchestrate import build_ograph
+from tessera.rewrite.deferred import defer_normalization
+
+
+def tuned_attention():
+    """An attention kernel for tuning tests: (graph, primitives, operand prologue, outputs)."""
+    model, _ = attention(64, 256, 64, heads=4)
+    g, _, nodes, outputs = whole_kernel(model)
+    og = build_ograph(g)
+    prims = list(og.nodes)
+    return g, prims, prologue_of(og, prims), outputs
+
+
+def test_tuning_walks_to_the_warps_and_stages_the_model_missed(tmp_path):
+    """After the tiling families, a chain's tuning measures the fastest one's warp and stage
+    neighbours: the fastest schedule here is the first family's pick with its warps or stages changed."""
+    from dataclasses import replace
+
+    from tessera.cost.chain_search import chain_space
+    from tessera.cost.db import TuningDB
+    from tessera.cost.measured import (CHAIN_FIRST, CHAIN_MOST, CHAIN_STARTS, _schedule_key, template_space,
+                                       tune_schedules)
+
+    g, prims, pro, outputs = tuned_attention()
+    ranked = template_space(g, prims, pro, outputs, "fp32", None)
+    head = ranked[0]
+    space = set(chain_space(g, pro + prims))
+    near = [replace(head, num_warps=w) for w in (4, 8)] + [replace(head, num_stages=st) for st in (1, 2, 3)]
+    # A neighbour that rank order alone would never measure.
+    fastest = next(s for s in near if s != head and s in space and s not in ranked[:CHAIN_MOST])
+
+    class Profiler:
+        keys: list[str] = []
+
+        def measure(self, jobs, record) -> None:
+            for i, j in enumerate(jobs):
+                self.keys.append(j.key.schedule)
+                record(i, 1e-6 if j.schedule == fastest else 1e-5 if j.schedule is not None else 1e-3, "")
+
+    prof = Profiler()
+    with TuningDB(tmp_path / "t.db") as db:
+        best = tune_schedules(g, [("k_chain", prims, pro, outputs)], db, prof, "fake", "v1")
+    assert best["k_chain"] == (fastest, 1e-6) and _schedule_key(fastest) in prof.keys
+    # Here every other schedule ties, so each is near the fastest until the neighbour is found:
+    # one round of walks from CHAIN_STARTS of them (13 neighbours each at most: 2 warps, 3 stages,
+    # the row and column blocks, L and K halved and doubled).
+    assert len(prof.keys) <= CHAIN_FIRST + CHAIN_STARTS * 13
+
+
+@pytest.mark.parametrize("field", ["block_m", "block_n"])
+def test_tuning_walks_to_the_row_or_column_block_the_model_missed(tmp_path, field):
+    """The walk also halves and doubles the row and the output column block (attn_s6 tf32 on the H100
+    tuned to m16 where m32 ran 11% faster, sessions 37 and 41): here the fastest schedule is the
+    model's first pick with one of them changed, a schedule rank order alone would never measure."""
+    from dataclasses import replace
+
+    from tessera.cost.chain_search import chain_space
+    from tessera.cost.db import TuningDB
+    from tessera.cost.measured import CHAIN_MOST, template_space, tune_schedules
+
+    model, _ = attention(1024, 256, 128, heads=2)  # more tiling families than rank order measures
+    g, _, nodes, outputs = whole_kernel(model)
+    og = build_ograph(g)
+    prims = list(og.nodes)
+    pro = prologue_of(og, prims)
+    ranked = template_space(g, prims, pro, outputs, "fp32", None)
+    space = set(chain_space(g, pro + prims))
+    # The first schedule measured with its row (column) block halved or doubled, in a tiling family
+    # (block_m x block_n) that none of the schedules rank order measures holds: no other move of
+    # the walk changes a family, so only this one reaches it.
+    families = {(s.block_m, s.block_n) for s in ranked[:CHAIN_MOST]}
+    near = [replace(ranked[0], **{field: f(getattr(ranked[0], field))}) for f in (lambda b: b * 2, lambda b: b // 2)]
+    fastest = next((s for s in near if s in space and (s.block_m, s.block_n) not in families), None)
+    assert fastest is not None, (field, ranked[0], families)
+
+    class Profiler:
+        schedules: list = []
+
+        def measure(self, jobs, record) -> None:
+            for i, j in enumerate(jobs):
+                self.schedules.append(j.schedule)
+                record(i, 1e-6 if j.schedule == fastest else 1e-5 if j.schedule is not None else 1e-3, "")
+
+    prof = Profiler()
+    with TuningDB(tmp_path / "t.db") as db:
+        best = tune_schedules(g, [("k_chain", prims, pro, outputs)], db, prof, "fake", "v1")
+    assert best["k_chain"] == (fastest, 1e-6) and fastest in prof.schedules
+
+
+def test_a_schedule_that_faulted_for_another_kernel_is_not_run(tmp_path):
+    """A chain schedule recorded as faulting the GPU for one kernel is neither measured nor chosen
+    for another (a miscompiled schedule faults now and then: one clean timing does not clear it).
+    Here it would be the fastest by far."""
+    from tessera.cost.db import Key, TuningDB
+    from tessera.cost.measured import _schedule_key, template_space, tune_schedules
+
+    g, prims, pro, outputs = tuned_attention()
+    bad = template_space(g, prims, pro, outputs, "fp32", None)[0]
+
+    class Profiler:
+        keys: list = []
+
+        def measure(self, jobs, record) -> None:
+            for i, j in enumerate(jobs):
+                self.keys.append(j.schedule)
+                record(i, 1e-7 if j.schedule == bad else 1e-5 if j.schedule is not None else 1e-3, "")
+
+    for faulted, expect_bad in ((False, True), (True, False)):
+        prof = Profiler()
+        prof.keys = []
+        with TuningDB(tmp_path / f"t{faulted}.db") as db:
+            if faulted:
+                db.put(Key("fake", "v1", "another-kernel", _schedule_key(bad)), float("inf"),
+                       "time: the GPU faulted running it (AcceleratorError: CUDA error: an illegal memory access)")
+            best = tune_schedules(g, [("k_chain", prims, pro, outputs)], db, prof, "fake", "v1")
+        assert (best["k_chain"][0] == bad) == expect_bad and (bad in prof.keys) == expect_bad
+
+
+def test_a_flat_landscape_stops_the_walk(tmp_path):
+    """Where every schedule ties, each is near the fastest and the walk could go on while the space
+    lasts: it stops after CHAIN_ROUNDS rounds, CHAIN_WALK schedules measured at most."""
+    from tessera.cost.db import TuningDB
+    from tessera.cost.measured import CHAIN_WALK, tune_schedules
+
+    g, prims, pro, outputs = tuned_attention()
+
+    class Profiler:
+        batches: list[int] = []
+
+        def measure(self, jobs, record) -> None:
+            self.batches.append(len(jobs))
+            for i, j in enumerate(jobs):
+                record(i, 1e-5 if j.schedule is not None else 1e-3, "")
+
+    prof = Profiler()
+    with TuningDB(tmp_path / "t.db") as db:
+        tune_schedules(g, [("k_chain", prims, pro, outputs)], db, prof, "fake", "v1")
+    assert sum(prof.batches) <= CHAIN_WALK and len(prof.batches) <= 1 + 4
+
+
+def test_tuning_walks_from_every_schedule_near_the_fastest(tmp_path):
+    """A family measured a little slower than the fastest at the model's warps can win at other
+    warps (attn_s2 fp16 on the H100): the walk starts from each schedule within CHAIN_NEAR."""
+    from dataclasses import replace
+
+    from tessera.cost.chain_search import chain_space
+    from tessera.cost.db import TuningDB
+    from tessera.cost.measured import CHAIN_FIRST, CHAIN_MOST, CHAIN_NEAR, template_space, tune_schedules
+
+    g, prims, pro, outputs = tuned_attention()
+    ranked = template_space(g, prims, pro, outputs, "fp32", None)
+    space = set(chain_space(g, pro + prims))
+    head, second = ranked[0], ranked[1]
+    warps = [replace(second, num_warps=w) for w in (4, 8)] + [replace(second, num_stages=st) for st in (1, 2, 3)]
+    fastest = next(s for s in warps if s != second and s in space and s not in ranked[:CHAIN_MOST])
+    assert fastest not in {replace(head, num_warps=w) for w in (4, 8)} | {replace(head, num_stages=st)
+                                                                          for st in (1, 2, 3)}
+
+    class Profiler:
+        keys: list = []
+
+        def measure(self, jobs, record) -> None:
+            for i, j in enumerate(jobs):
+                self.keys.append(j.schedule)
+                t = {head: 1e-5, second: 1e-5 * (1 + CHAIN_NEAR / 2), fastest: 1e-6}.get(j.schedule, 3e-5)
+                record(i, t if j.schedule is not None else 1e-3, "")
+
+    prof = Profiler()
+    with TuningDB(tmp_path / "t.db") as db:
+        best = tune_schedules(g, [("k_chain", prims, pro, outputs)], db, prof, "fake", "v1")
+    assert best["k_chain"] == (fastest, 1e-6)
+    assert second in prof.keys[:CHAIN_FIRST + 1]
+
+
+def test_candidates_around_one_chain_core_measure_its_fastest_schedule_once(tmp_path):
+    """Every chain candidate around the same two matmuls (more or less of the scale and layout
+    fused) but the first is measured at the first one's fastest schedule, not at CHAIN_CANDIDATE
+    schedules of its own (segformer_b0 had 38 such candidates per attention block)."""
+    from fake_profiler import core_measurements
+
+    from tessera.cost.measured import CHAIN_CANDIDATE
+    from tessera.orchestrate.candidates import CandidateRules
+
+    model, _ = attention(40, 72, 64, heads=2, mask="additive", seed=9)
+    g = defer_normalization(fission(load(model).graph).graph)[0]
+    og = build_ograph(g)
+    chains, best = core_measurements(og, ChainSchedule, CandidateRules(max_linear=2), TritonLegality(chains=True),
+                                     tmp_path / "t.db")
+    firsts = [s for s, v in chains.items() if len(v) == CHAIN_CANDIDATE]
+    assert len(firsts) == 1 and len(chains) > 1  # one core here, several candidates around it
+    (first,) = firsts
+    assert all(v == [next(s for s in chains[first] if _schedule_key(s) == best)]
+               for sig, v in chains.items() if sig != first)
