@@ -263,7 +263,12 @@ class PlanCaches:
 def plan_seconds(result: CompileResult) -> float:
     """A compiled plan's estimated time: each kernel at its tuned time where post-solve tuning
     timed it, else at its candidate's."""
-    return sum(result.tuned_s.get(k.name, k.cost_s) for k in result.plan.kernels)
+    return tuned_total(result.plan, result.tuned_s)
+
+
+def tuned_total(plan: Plan, tuned_s: Mapping[str, float]) -> float:
+    """`plan`'s time with each kernel at its tuned time (`tuned_s`, by name) where it has one."""
+    return sum(tuned_s.get(k.name, k.cost_s) for k in plan.kernels)
 
 
 def tune_plan(graph: Graph, plan: Plan, cost: MeasuredCost, opt: CompileOptions, dev: Device,
@@ -303,8 +308,7 @@ def window_cost(opt: CompileOptions, cost_kind: str, dev: Device, db: TuningDB |
         plan = orchestrate(og, cost, strategy="optimal", rules=rules, legality=legality, solver=opt.solver,
                            time_limit=10.0, max_states=opt.max_states)
         if isinstance(cost, MeasuredCost) and opt.schedule_tuning:
-            tuned = tune_plan(g, plan, cost, opt, dev)
-            return sum(tuned[k.name][1] if k.name in tuned else k.cost_s for k in plan.kernels)
+            return tuned_total(plan, {name: t for name, (_, t) in tune_plan(g, plan, cost, opt, dev).items()})
         return plan.estimated_total_s
 
     return evaluate
