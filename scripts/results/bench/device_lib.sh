@@ -1,16 +1,18 @@
 # Shared by the sessions' next.sh (sourced, run on the GPU machine from the repository root, carrying .whl
 # with the highspy wheel and .pin16, a `git archive` of the commit measured with its hash in CODE).
-# Stops unless the card is an H100, installs highspy, records the card, then defines `gemms` and `models`.
-nvidia-smi -L | grep -q H100 || { nvidia-smi -L; exit 3; }
+# Stops unless the cards are H100s or H200s (the same Hopper chip), installs highspy, records the cards, then
+# defines `gemms` and `models`. Set CUDA_VISIBLE_DEVICES to give a runner one GPU of several.
+nvidia-smi -L | grep -q 'H100\|H200' || { nvidia-smi -L; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/highspy*.whl || exit 1
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 export PYTHONPATH=/tmp/site:$PWD TESSERA_LOG=info
 # MCFuser rows beside eager (and PEERS), GPU time, one empty database: gemms NAME MODELS PRECISION TIMEOUT_S [PEERS]
+# (PROFILE=1: also each contender's kernels by kind, as the end-to-end rows need)
 gemms() {
     (cd .pin16 && export PYTHONPATH=/tmp/site:$PWD && mkdir -p /tmp/$1
     timeout $4 python3 scripts/bench_suite.py --models "$2" --precisions $3 --vs ${5:-eager} \
         --strategies optimal-precisionio --timing gpu --fresh-db --budget-s $(($4 - 15)) --solver highs \
-        --code "$(cat CODE)" --out /tmp/$1 > /tmp/$1/log.txt 2>&1
+        --code "$(cat CODE)" ${PROFILE:+--profile} --out /tmp/$1 > /tmp/$1/log.txt 2>&1
     echo "gemm $3 rc=$?"; gzip -f /tmp/$1/*.jsonl 2>/dev/null; tar -czf "$OUT/$1.tgz" -C /tmp $1
     grep -h "bench .* ms$\|rewrites:" /tmp/$1/log.txt | sed 's/.*tessera [0-9:]* //')
 }
