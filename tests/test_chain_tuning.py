@@ -189,7 +189,8 @@ def test_tuning_walks_from_every_schedule_near_the_fastest(tmp_path):
 def test_candidates_around_one_chain_core_measure_its_fastest_schedule_once(tmp_path):
     """Every chain candidate around the same two matmuls (more or less of the scale and layout
     fused) but the first is measured at the first one's fastest schedule, not at CHAIN_CANDIDATE
-    schedules of its own (segformer_b0 had 38 such candidates per attention block)."""
+    schedules of its own (segformer_b0 had 38 such candidates per attention block). The first is
+    measured at CHAIN_CANDIDATE schedules and its fastest's warp twin."""
     from fake_profiler import core_measurements
 
     from tessera.cost.measured import CHAIN_CANDIDATE
@@ -200,8 +201,50 @@ def test_candidates_around_one_chain_core_measure_its_fastest_schedule_once(tmp_
     og = build_ograph(g)
     chains, best = core_measurements(og, ChainSchedule, CandidateRules(max_linear=2), TritonLegality(chains=True),
                                      tmp_path / "t.db")
-    firsts = [s for s, v in chains.items() if len(v) == CHAIN_CANDIDATE]
+    firsts = [s for s, v in chains.items() if len(v) > 1]
     assert len(firsts) == 1 and len(chains) > 1  # one core here, several candidates around it
     (first,) = firsts
+    assert len(chains[first]) == CHAIN_CANDIDATE + 1
     assert all(v == [next(s for s in chains[first] if _schedule_key(s) == best)]
                for sig, v in chains.items() if sig != first)
+
+
+def test_a_chain_core_is_timed_at_its_fastest_first_schedules_other_warps_before_the_solve(tmp_path):
+    """The chain model prices warps by occupancy alone, so a core's first schedules can all come at
+    the wrong warps (attn_s6 tf32 on the H200, session 42: all at 8, and the chain lost the solve by
+    1%). Before the solve, the fastest of them is timed at the other warps too, and every candidate
+    around the core is priced at the faster: here 4 warps run twice as fast as 8, the rest the same."""
+    from dataclasses import replace
+
+    from tessera.cost.db import TuningDB
+    from tessera.cost.measured import CHAIN_CANDIDATE, MeasuredCost
+    from tessera.orchestrate import orchestrate
+    from tessera.orchestrate.candidates import CandidateRules
+
+    model, _ = attention(40, 72, 64, heads=2, mask="additive", seed=9)
+    g = defer_normalization(fission(load(model).graph).graph)[0]
+    og = build_ograph(g)
+    timed: dict[str, list] = {}
+
+    class Profiler:
+        def measure(self, jobs, record) -> None:
+            for i, j in enumerate(jobs):
+                s = j.schedule
+                if isinstance(s, ChainSchedule):
+                    timed.setdefault(j.key.signature, []).append(s)
+                    eight = 1e-5 * (1 + (s.block_m + s.block_l) / 1000)  # 8 warps: slower for larger tiles
+                    record(i, eight if s.num_warps == 8 else eight / 2, "")
+                else:
+                    record(i, 1e-3, "")  # everything else is far slower: the plan is one chain kernel
+
+    with TuningDB(tmp_path / "t.db") as db:
+        plan = orchestrate(og, MeasuredCost(og, db, Profiler(), "fake", "v1", templates=True),
+                           rules=CandidateRules(max_linear=2), legality=TritonLegality(chains=True))
+    (first,) = [sig for sig, v in timed.items() if len(v) > 1]
+    firsts = timed[first][:CHAIN_CANDIDATE]
+    fastest = min(firsts, key=lambda s: (s.num_warps == 8, s.block_m + s.block_l))
+    twin = replace(fastest, num_warps=12 - fastest.num_warps)
+    assert twin in timed[first] and twin not in firsts
+    price = min(1e-5 * (1 + (s.block_m + s.block_l) / 1000) / (2 if s.num_warps == 4 else 1)
+                for s in (fastest, twin))
+    assert any(k.cost_s == pytest.approx(price) for k in plan.kernels)

@@ -179,6 +179,7 @@ class MeasuredCost:
         # A template core (its linear primitives, by what they compute: `_core_id`) -> the signature
         # of the candidate that claimed it and the schedules that one is measured at.
         self._cores: dict[str, tuple[str, list[TemplateSchedule]]] = {}
+        self._warp_pending: dict[str, Job] = {}  # chain cores claimed, not yet timed at other warps: their library job
         self._core_ids: dict[frozenset[int], str] = {}
         self.share_variants = share_variants
         self._written: list[float] | None = None  # bytes each node's outputs take (`_variant`)
@@ -271,6 +272,8 @@ class MeasuredCost:
                     core = self._core_id(frozenset(i for i in bits(c.nodes)
                                                    if CATEGORY_OF[self.og.nodes[i].op] is Category.LINEAR))
                     first = self._cores.setdefault(core, (sig, _with(ranked[:n_first], timed)))
+                    if first[0] == sig and isinstance(ranked[0], ChainSchedule) and core not in self._warp_pending:
+                        self._warp_pending[core] = lib
                     if first[0] != sig and not alone:
                         best = self._core_best(*first)
                         if best is None:
@@ -305,6 +308,37 @@ class MeasuredCost:
             return None
         ok = [(r.seconds, i) for i, (r, _) in enumerate(recs) if r is not None and math.isfinite(r.seconds)]
         return schedules[min(ok)[1] if ok else 0]
+
+    def _warp_twins(self) -> list[Job]:
+        """Jobs timing each chain core claimed since the last call at its fastest first schedule with
+        the other warp counts (CHAIN_WARPS), added to the core's schedules. The chain model prices warps
+        by occupancy alone, so the first schedules come at its warps, which are often wrong: in the
+        chains measured on the H100 and H200 (sessions 37-42), 4 warps beat 8 with the rest the same
+        in 74-97% of pairs for 16-64 rows per program (by 2-20% at the median), 8 beat 4 at 128 rows.
+        attn_s6 tf32 on the H200 (session 42) lost its chain kernel to three kernels in the solve,
+        14.02 us at its best 8-warp first schedule against 14.1: post-solve tuning, which walks the
+        warps, then had nothing to tune. One more job per core, in a batch of its own."""
+        jobs: list[Job] = []
+        for core, lib in self._warp_pending.items():
+            sig, schedules = self._cores[core]
+            best = self._core_best(sig, schedules)
+            rec = self.db.get(Key(self.device, self.versions, sig, _schedule_key(best))) if best else None
+            if not isinstance(best, ChainSchedule) or rec is None or not math.isfinite(rec.seconds):
+                continue
+            space = set(chain_space(self.og.graph, list(lib.prologue) + list(lib.prims), self.gpu))
+            twins = [t for w in CHAIN_WARPS if (t := replace(best, num_warps=w)) in space and t not in schedules]
+            if not twins:
+                continue
+            self._cores[core] = (sig, [*schedules, *twins])
+            self._tspace[sig] = _with(self._tspace[sig], twins)
+            new = [Job(Key(self.device, self.versions, sig, _schedule_key(t)), self.og.graph, lib.prims,
+                       lib.prologue, lib.outputs, t, self.precision) for t in twins]
+            for js in self._tjobs.values():  # every candidate priced at this signature's schedules
+                if js and js[0].key.signature == sig:
+                    js.extend(new)
+            jobs += new
+        self._warp_pending.clear()
+        return jobs
 
     def _best_ranked(self, prims: list[Node], pro: list[Node], outs: list[str]) -> Schedule | None:
         """The schedule model's first choice for a generated kernel, or None for the default."""
@@ -350,6 +384,9 @@ class MeasuredCost:
         before = len(self.db)
         got = tune([j for j in jobs if j is not None] + [t for ts in tjobs if ts for t in ts], self.profiler,
                    self.db, progress=self.progress)
+        twins = self._warp_twins()
+        if twins:  # before the cores' other candidates, which take the fastest found
+            got.update(tune(twins, self.profiler, self.db, progress=self.progress))
         if any(ts is None for ts in tjobs):  # chains around a core measured just now: at its fastest schedule
             tjobs = [ts if ts is not None else self.template_jobs(c) or self.template_jobs(c, alone=True) or []
                      for c, ts in zip(new, tjobs)]
