@@ -10,6 +10,7 @@
 # 3: what call 1's timeouts left (G10-G12, attention S7-S9, both precisions) on GPU 1; segformer_b0 as 2 on GPU 0.
 # 4: after the chain cores' warp twins (call 1's attn_s6 tf32 lost its chain kernel in the solve): attention
 #    S6, S2, S9 tf32 on GPU 0; S9 (not reached in calls 1 and 3), S6, S3 fp16 on GPU 1.
+# 5: the same code on the GEMM chains whose plans hold a chain kernel (G1-G3, G7, G9), fp16 on GPU 0, tf32 on 1.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms` and `models`
 on_gpu() {  # on_gpu GPU LOG COMMAND...: one runner on one GPU, in the background
     local gpu=$1 log=$2; shift 2
@@ -37,5 +38,9 @@ case $1 in
         on_gpu 0 a4.txt eval 'gemms atf32c attn_s6,attn_s2,attn_s9 tf32 200 eager,sdpa,inductor'
         on_gpu 1 b4.txt eval 'gemms afp16c attn_s9,attn_s6,attn_s3 fp16 200 eager,sdpa,inductor'
         wait; cat "$OUT/a4.txt" "$OUT/b4.txt" ;;
-    *) echo "next.sh: call 1-4"; exit 2 ;;
+    5)
+        on_gpu 0 a5.txt eval 'gemms gfp16c gemm_g9,gemm_g1,gemm_g2,gemm_g3,gemm_g7 fp16 170'
+        on_gpu 1 b5.txt eval 'gemms gtf32c gemm_g7,gemm_g1,gemm_g2,gemm_g3,gemm_g9 tf32 170'
+        wait; cat "$OUT/a5.txt" "$OUT/b5.txt" ;;
+    *) echo "next.sh: call 1-5"; exit 2 ;;
 esac
