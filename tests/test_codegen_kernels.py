@@ -303,6 +303,22 @@ def test_tiled_transposes(shape, perm, schedule):
     assert ("for r" in ks.source) == (not schedule.persistent)
 
 
+@pytest.mark.parametrize("schedule", [Schedule(4, 8, 4, False), Schedule(8, 16, 4, True), Schedule(2, 2, 2, False)])
+def test_a_transposed_axis_split_by_a_reshape_is_one_column_group(schedule):
+    # [N, HW, C] -> [N, C, HW] -> [N, C, H, W] (segformer_b0's decoder): a row is one channel and its
+    # columns are H x W, so the input is read along the rows and the output written along the columns.
+    from tessera.codegen.kernels import tile_shape
+
+    x = rand(2, 15, 6, seed=41)
+    m = graph_model([helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
+                     helper.make_node("Reshape", ["t", "s"], ["r"]), helper.make_node("Add", ["r", "b"], ["out"])],
+                    {"x": x, "s": Const(np.array([2, 6, 3, 5], I64)), "b": Const(rand(5, seed=42))}, ["out"])
+    g = fission(load(m).graph).graph
+    assert tile_shape(g, g.nodes, list(g.outputs)) == (2 * 6, 15)
+    ks = check_kernel(m, {"x": x}, schedule)
+    assert "tiled pointwise" in ks.source and ks.rnumel == 15
+
+
 def test_tiled_schedules_only_for_transposing_kernels():
     from tessera.codegen.kernels import tile_shape
 
