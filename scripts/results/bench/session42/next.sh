@@ -11,6 +11,9 @@
 # 4: after the chain cores' warp twins (call 1's attn_s6 tf32 lost its chain kernel in the solve): attention
 #    S6, S2, S9 tf32 on GPU 0; S9 (not reached in calls 1 and 3), S6, S3 fp16 on GPU 1.
 # 5: the same code on the GEMM chains whose plans hold a chain kernel (G1-G3, G7, G9), fp16 on GPU 0, tf32 on 1.
+# Next session (rebuild .pin16 from HEAD first):
+# 6: segformer_b0 fp16 (GPU 0) and tf32 (GPU 1) cold, profiled: 899f6c6 tiles the decoder's transposes by
+#    channel rows (call 3's k123_add_transpose_reshape ran 29 us for 17 MB, 5x its roofline).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms` and `models`
 on_gpu() {  # on_gpu GPU LOG COMMAND...: one runner on one GPU, in the background
     local gpu=$1 log=$2; shift 2
@@ -42,5 +45,10 @@ case $1 in
         on_gpu 0 a5.txt eval 'gemms gfp16c gemm_g9,gemm_g1,gemm_g2,gemm_g3,gemm_g7 fp16 170'
         on_gpu 1 b5.txt eval 'gemms gtf32c gemm_g7,gemm_g1,gemm_g2,gemm_g3,gemm_g9 tf32 170'
         wait; cat "$OUT/a5.txt" "$OUT/b5.txt" ;;
-    *) echo "next.sh: call 1-5"; exit 2 ;;
+    6)
+        export PROFILE=1
+        on_gpu 0 e2e_d.txt gemms e2e_d segformer_b0 fp16 560 eager,inductor
+        on_gpu 1 e2e_e.txt gemms e2e_e segformer_b0 tf32 560 eager,inductor
+        wait; cat "$OUT/e2e_d.txt" "$OUT/e2e_e.txt" ;;
+    *) echo "next.sh: call 1-6"; exit 2 ;;
 esac
