@@ -173,7 +173,9 @@ class MeasuredCost:
         self._jobs: dict[tuple[int, int], Job] = {}  # signatures are computed once per candidate
         # A generated kernel's first-ranked schedule by signature: a transformer's layers share it,
         # and so do the plans of one compile (`ranked`: the caller's, kept across them).
-        self._ranked: dict[str, Schedule | None] = {} if ranked is None else ranked
+        # By signature: (the best-ranked flat schedule, None for the space's first; the best-ranked
+        # tiled one of a transposing kernel, else None).
+        self._ranked: dict[str, tuple[Schedule | None, Schedule | None]] = {} if ranked is None else ranked
         self._tjobs: dict[tuple[int, int], list[Job]] = {}  # the template lane, where there is one
         self._tspace: dict[str, list[TemplateSchedule]] = {}  # by signature: identical layers generate once
         # A template core (its linear primitives, by what they compute: `_core_id`) -> the signature
@@ -199,7 +201,7 @@ class MeasuredCost:
         sig = kernel_signature(self.og.graph, prims, pro, outs, math_mode(prims, self.precision))
         if sig not in self._ranked:
             self._ranked[sig] = self._best_ranked(prims, pro, outs)
-        sched = self._ranked[sig]
+        sched = self._ranked[sig][0]
         # The space's first schedule keeps the key "default" (rows measured before ranking stay valid).
         key = "default" if sched is None else _schedule_key(sched)
         return Job(Key(self.device, self.versions, sig, key), self.og.graph, tuple(prims), tuple(pro),
@@ -234,6 +236,17 @@ class MeasuredCost:
         that computes a linear primitive's operand prologue or a GEMM chain, which only a template can."""
         j = self.job(c)
         return None if needs_template(j.prims) else j
+
+    def tiled_job(self, c: Candidate) -> Job | None:
+        """The candidate as a transposing kernel at its best-ranked tiled schedule (None for every
+        other kernel). Candidates were measured flat only, so the solver priced a transpose at its
+        strided form: segformer_b0's decoder transposes ran 5x their roofline flat on the H200
+        (session 42), and post-solve tuning could tile only the transposes the solver had kept."""
+        j = self.job(c)
+        sched = self._ranked[j.key.signature][1]
+        if sched is None or needs_template(j.prims):
+            return None
+        return replace(j, key=replace(j.key, schedule=_schedule_key(sched)), schedule=sched)
 
     def template_jobs(self, c: Candidate, alone: bool = False) -> list[Job] | None:
         """The candidate as its best-ranked template (empty: templates off, or no template form).
@@ -340,8 +353,10 @@ class MeasuredCost:
         self._warp_pending.clear()
         return jobs
 
-    def _best_ranked(self, prims: list[Node], pro: list[Node], outs: list[str]) -> Schedule | None:
-        """The schedule model's first choice for a generated kernel, or None for the default."""
+    def _best_ranked(self, prims: list[Node], pro: list[Node],
+                     outs: list[str]) -> tuple[Schedule | None, Schedule | None]:
+        """The schedule model's first flat choice for a generated kernel (None: the space's first,
+        the default) and, for a transposing kernel, its best-ranked tiled schedule (else None)."""
         from tessera.codegen.select import implement
         from tessera.codegen.triton_ops import Unsupported
         from tessera.cost.schedule_model import rank_kernel
@@ -349,13 +364,14 @@ class MeasuredCost:
         try:
             ks = implement(self.og.graph, prims, pro, outs, "k").triton
         except Unsupported:
-            return None
+            return None, None
         if ks is None:
-            return None
+            return None, None
         space, ranked = rank_kernel(self.og.graph, ks, self.gpu)
-        # Candidates stay flat: tiled schedules, which the model cannot price, wait for post-scheduling.
+        # A transposing kernel is also timed at its best-ranked tiled schedule (`tiled_job`): the
+        # model does not see the coalescing that tiling buys, so it ranks the flat ones first.
         top = next(s for s in ranked if not _tiled(ks, s))
-        return None if top == space[0] else top
+        return None if top == space[0] else top, next((s for s in ranked if _tiled(ks, s)), None)
 
     def prepare(self, candidates: Sequence[Candidate]) -> None:
         t0 = time.perf_counter()
@@ -375,6 +391,7 @@ class MeasuredCost:
         new += [f for f in {(f.nodes, f.outputs): f for f, _ in variants.values()}.values()
                 if (f.nodes, f.outputs) not in queued and (f.nodes, f.outputs) not in self._cache]
         jobs = [self.library_job(c) for c in new]
+        tiled = [self.tiled_job(c) for c in new]
         # Smallest first, so the candidate that claims a core (`template_jobs`: its schedules are
         # measured, its twins get its fastest) is the core with the least around it. In enumeration
         # order BERT's MLP down projection was claimed by its GELU-prologue twin, whose fastest tile
@@ -382,7 +399,7 @@ class MeasuredCost:
         by_size = {i: self.template_jobs(new[i]) for i in sorted(range(len(new)), key=lambda i: new[i].nodes.bit_count())}
         tjobs = [by_size[i] for i in range(len(new))]
         before = len(self.db)
-        got = tune([j for j in jobs if j is not None] + [t for ts in tjobs if ts for t in ts], self.profiler,
+        got = tune([j for j in jobs + tiled if j is not None] + [t for ts in tjobs if ts for t in ts], self.profiler,
                    self.db, progress=self.progress)
         twins = self._warp_twins()
         if twins:  # before the cores' other candidates, which take the fastest found
@@ -392,8 +409,8 @@ class MeasuredCost:
                      for c, ts in zip(new, tjobs)]
             got.update(tune([t for ts in tjobs for t in ts if t.key not in got], self.profiler, self.db,
                             progress=self.progress))
-        for c, j, ts in zip(new, jobs, tjobs):
-            lib = got[j.key] if j is not None else math.inf
+        for c, j, tj, ts in zip(new, jobs, tiled, tjobs):
+            lib = min(got[j.key] if j is not None else math.inf, got[tj.key] if tj is not None else math.inf)
             tpl = min((got[t.key] for t in ts or []), default=math.inf)
             self._cache[(c.nodes, c.outputs)] = min(lib, tpl)
             self.stats["template_candidates"] += bool(ts)
@@ -431,7 +448,7 @@ class MeasuredCost:
         tjobs = self.template_jobs(c)
         if tjobs is None:
             return False
-        recs = [self.db.get(j.key) for j in [self.library_job(c), *tjobs] if j is not None]
+        recs = [self.db.get(j.key) for j in [self.library_job(c), self.tiled_job(c), *tjobs] if j is not None]
         if any(r is None for r in recs):
             return False
         self._cache[k] = min(r.seconds for r in recs if r is not None)
