@@ -326,8 +326,9 @@ class MeasuredCost:
         """Jobs timing each chain core claimed since the last call at its fastest first schedule with
         the other warp counts (CHAIN_WARPS), added to the core's schedules. The chain model prices warps
         by occupancy alone, so the first schedules come at its warps, which are often wrong: in the
-        chains measured on the H100 and H200 (the committed tuning rows), 4 warps beat 8 with the rest the same
-        in 74-97% of pairs for 16-64 rows per program (by 2-20% at the median), 8 beat 4 at 128 rows.
+        chains measured on the H100 and H200 (the committed tuning rows), 4 warps beat 8 with the rest
+        the same in 74-97% of pairs for 16-64 rows per program (by 2-20% at the median), 8 beat 4 at
+        128 rows.
         attn_s6 tf32 on the H200 (session 42) lost its chain kernel to three kernels in the solve,
         14.02 us at its best 8-warp first schedule against 14.1: post-solve tuning, which walks the
         warps, then had nothing to tune. One more job per core, in a batch of its own."""
