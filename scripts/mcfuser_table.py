@@ -5,8 +5,12 @@ pair replaces an earlier one's. Prints one markdown row per pair: tessera's GPU 
 strategy that passed, with the rewrites that plan kept), the peers',
 tessera over the best of SDPA and Inductor (attention) or over eager's cuBLAS calls (GEMM
 chains, the issue's target), the chain kernel's search statistics and the compile's seconds.
+With --models, the end-to-end rows instead (whole models run with `--profile`): tessera against
+eager and Inductor, the check, the compile's and the measuring's seconds, and the plan's chain
+kernels (attention) with their GPU time per call from the replay's profile.
 
     python scripts/mcfuser_table.py DIR [DIR ...]
+    python scripts/mcfuser_table.py --models DIR [DIR ...]
 """
 from __future__ import annotations
 
@@ -16,7 +20,39 @@ import sys
 from pathlib import Path
 
 
+def models(dirs: list[str]) -> int:
+    docs: dict[tuple[str, str], dict] = {}
+    for d in dirs:
+        for f in sorted(Path(d).glob("bench_*.json")):
+            doc = json.loads(f.read_text())
+            if not re.fullmatch(r"(attn_s|gemm_g)\d+", doc["model"]):
+                docs[(doc["model"], doc["precision"])] = doc
+    print("| model | prec | tessera ms | eager ms | Inductor ms | vs best peer | check (rel L2) | compile s"
+          " | measuring s (candidates + schedules) | chain kernels in the plan | commit |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- | --- |")
+    for (model, prec), doc in sorted(docs.items()):
+        e = {x["name"]: x for x in doc["entries"]}
+        t = next(x for n, x in e.items() if n.startswith("tessera"))
+        peers = {n: x["ms"] for n, x in e.items() if not n.startswith("tessera") and x["passed"]}
+        best = min(peers.values())
+        ex = t["extra"]
+        names = set(ex.get("chains", {}))
+        chained = [k for k in ex.get("run_profile", {}).get("plan", []) if k["name"] in names]
+        kinds = sorted({k["name"].split("_", 1)[1] for k in chained})
+        chain_cell = (f"{len(chained)} ({', '.join(f'`{k}…`' for k in kinds)}), "
+                      f"{sum(k['us'] for k in chained):.1f} µs" if chained else "none")
+        tuning = ex["tuning"]
+        print(f"| {model} | {prec} | {t['ms']:.3f} | {e['eager']['ms'] if 'eager' in e else float('nan'):.3f} | "
+              f"{e['inductor']['ms'] if 'inductor' in e else float('nan'):.3f} | "
+              f"{t['ms'] / best:.2f} ({best / t['ms']:.2f}x) | {'PASS' if t['passed'] else 'FAIL'} "
+              f"{t['rel_l2']:.1e} | {ex['compile_s']:.0f} | {tuning['seconds']:.0f} + "
+              f"{tuning.get('schedule_s', 0):.0f} | {chain_cell} | {doc.get('code', '')} |")
+    return 0
+
+
 def main(dirs: list[str]) -> int:
+    if dirs[:1] == ["--models"]:
+        return models(dirs[1:])
     pairs: dict[tuple[str, str], dict] = {}
     for d in dirs:
         for f in sorted(Path(d).glob("bench_*.json")):
