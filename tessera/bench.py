@@ -30,6 +30,7 @@ from tessera.codegen.launch import use_interpreter
 from tessera.compiler import CompileOptions, CompileResult, compile_model, plan_document
 from tessera.cost import AnalyticalCost
 from tessera.cost import device as device_spec
+from tessera.cost.devices import DEFAULT_PRESET, preset_for
 from tessera.errors import TesseraError
 from tessera.frontend import load as frontend_load
 from tessera.log import logger
@@ -106,7 +107,7 @@ def median_ms(fn: Callable[[], Any], device: torch.device) -> float:
     return float(np.median(times) * 1e3)
 
 
-def kernel_profile(result: CompileResult, gpu: str = "h100", top: int = 12) -> dict[str, Any]:
+def kernel_profile(result: CompileResult, gpu: str | None = None, top: int = 12) -> dict[str, Any]:
     """Where a plan's time goes: each kernel's cost (measured, under a measured cost model, at its
     tuned schedule and layout where post-solve tuning timed it) beside its roofline (the time its
     DRAM traffic and arithmetic need at the device's peak rates).
@@ -115,7 +116,9 @@ def kernel_profile(result: CompileResult, gpu: str = "h100", top: int = 12) -> d
     roofline: what the benchmark docs quote where tessera loses.
     """
     og, plan = result.ograph, result.plan
-    model = AnalyticalCost(og, device_spec(gpu), plan.precision)
+    # The plan's device (a measured plan records the GPU's CUDA name) unless told: an H200 row's
+    # roofline at an H100's bandwidth overstated its gap by 1.4x (session 42).
+    model = AnalyticalCost(og, device_spec(gpu or preset_for(plan.device) or DEFAULT_PRESET), plan.precision)
     rows = []
     for k, impl in zip(plan.kernels, result.kernels):
         mask = sum(1 << og.index[n] for n in k.prims if n in og.index)

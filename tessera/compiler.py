@@ -21,7 +21,7 @@ from tessera.codegen.triton_ops import Unsupported
 from tessera.cost import AnalyticalCost, device
 from tessera.cost.chain_search import calibrate_from_db, db_samples
 from tessera.cost.db import Key, TuningDB, default_db_path, software_versions
-from tessera.cost.devices import Device
+from tessera.cost.devices import Device, resolve_preset
 from tessera.cost.layout_price import AnalyticalLayoutPrice, MeasuredLayoutPrice
 from tessera.cost.measured import (MeasuredCost, Profiler, kernel_signature, math_mode, template_space,
                                    tune_schedules)
@@ -74,7 +74,7 @@ class CompileOptions:
     rewrite_budget_s: float = 30.0  # the search prices no new window after this long
     # (30 s: issue 17 allows --rewrites on 60 s of a cold compile, and the measured guard's second
     # plan takes about 25 s of them for a GPT-2-sized graph)
-    gpu: str = "h100"
+    gpu: str = "auto"  # the cost model's device preset (cost/devices.py); auto: the visible GPU's
     precision: str = "fp32"
     # Float inputs and outputs: "model" (the dtypes the model declares) or "precision" (fp16/bf16
     # plans take and return the narrow type: no boundary casts; rewrite/precision.py)
@@ -137,10 +137,7 @@ def compile_model(source: Any, options: CompileOptions | None = None,
         raise TesseraError(f"templates must be auto, off or force, not {opt.templates!r}")
     if cost_kind == "measured" and not torch.cuda.is_available():
         raise TesseraError("--cost measured times kernels on a GPU, and none is visible; use --cost analytical")
-    try:
-        dev = device(opt.gpu)
-    except KeyError as e:
-        raise TesseraError(str(e.args[0])) from None
+    dev = preset_device(opt.gpu)
     timings: dict[str, float] = {}
     t = time.perf_counter()
 
@@ -258,6 +255,18 @@ class PlanCaches:
 
     verdicts: dict[str, str | None] = field(default_factory=dict)
     ranked: dict[str, Any] = field(default_factory=dict)
+
+
+def preset_device(gpu: str) -> Device:
+    """The cost model's device for `CompileOptions.gpu` ("auto": the visible GPU's preset)."""
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    preset, why = resolve_preset(gpu, name)
+    if gpu == "auto":
+        logger.info("device preset: %s (%s)", preset, why)
+    try:
+        return device(preset)
+    except KeyError as e:
+        raise TesseraError(str(e.args[0])) from None
 
 
 def plan_seconds(result: CompileResult) -> float:

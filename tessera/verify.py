@@ -108,12 +108,11 @@ def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
 
 def rewritten(graph: Graph, precision: str) -> Graph:
     """`graph` after the rewrite search of a compile with `--rewrites on`, analytical cost."""
-    from tessera.compiler import CompileOptions, window_cost
-    from tessera.cost import device
+    from tessera.compiler import CompileOptions, preset_device, window_cost
     from tessera.rewrite.search import search
 
     opt = CompileOptions(cost="analytical", precision=precision, rewrites="on")
-    return search(graph, window_cost(opt, "analytical", device(opt.gpu), None, None)).graph
+    return search(graph, window_cost(opt, "analytical", preset_device(opt.gpu), None, None)).graph
 
 
 def run_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -62,6 +62,29 @@ def test_compile_writes_plan_and_report(tmp_path, capsys):
     assert (out / "report.html").read_text().startswith("<!DOCTYPE html>")
 
 
+def test_the_default_preset_is_the_visible_gpus(tmp_path, monkeypatch):
+    # --gpu auto (the default) takes the preset of the GPU CUDA names, h100 where none is visible or
+    # the family has none: an H200 was priced with the H100's bandwidth (session 42), and a V100 would
+    # have had chain schedules pruned for an H100's 227 KB of shared memory.
+    import torch
+
+    from tessera.compiler import preset_device
+    from tessera.cost.devices import DEVICES, resolve_preset
+
+    assert resolve_preset("auto", None) == ("h100", "no GPU visible")
+    assert resolve_preset("auto", "NVIDIA H200")[0] == "h200"
+    assert resolve_preset("auto", "Tesla V100-SXM2-32GB")[0] == "v100"
+    assert resolve_preset("auto", "NVIDIA A100-SXM4-80GB")[0] == "a100"
+    assert resolve_preset("auto", "NVIDIA L4") == ("h100", "no preset for NVIDIA L4")
+    assert resolve_preset("a100", "NVIDIA H200") == ("a100", "chosen")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "Tesla V100-SXM2-32GB")
+    assert preset_device("auto") is DEVICES["v100"] and preset_device("h200") is DEVICES["h200"]
+    out = tmp_path / "out"
+    assert main(["compile", str(MODELS / "gemm_g1.onnx"), "-o", str(out), "--cost", "analytical"]) == 0
+    assert json.loads((out / "plan.json").read_text())["device"] == DEVICES["v100"].name
+
+
 def test_compile_bad_gpu_is_a_user_error(tmp_path, capsys):
     assert main(["compile", str(MODELS / "gemm_g1.onnx"), "-o", str(tmp_path), "--strategy", "greedy",
                  "--gpu", "h100", "--cost", "analytical", "--precision", "fp16"]) == 0

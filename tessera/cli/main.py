@@ -139,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-workers", type=_count(1), help="parallel kernel builds while tuning (default: cores - 2)")
     p.add_argument("--tune", choices=["all", "lazy"], default="all",
                    help="measure every candidate, or only those the solver picks (re-solving until exact)")
-    p.add_argument("--gpu", default="h100", choices=sorted(DEVICES), help="device preset for the cost model")
+    p.add_argument("--gpu", default="auto", choices=["auto", *sorted(DEVICES)],
+                   help="device preset for the cost model (auto: the visible GPU's, else h100)")
     p.add_argument("--strategy", choices=STRATEGIES, default="optimal")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32")
     p.add_argument("--io", choices=IO_CHOICES, default="model",

@@ -47,9 +47,35 @@ DEVICES: dict[str, Device] = {
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
+# The preset of a GPU by the family its CUDA name carries (`torch.cuda.get_device_name`), newest first.
+FAMILIES = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("V100", "v100"))
+DEFAULT_PRESET = "h100"  # where no GPU is visible (an analytical compile for the GPU this project targets)
+
 
 def device(name: str) -> Device:
     try:
         return DEVICES[name.lower()]
     except KeyError:
         raise KeyError(f"unknown GPU '{name}'; presets: {', '.join(DEVICES)}") from None
+
+
+def preset_for(cuda_name: str) -> str | None:
+    """The preset of the GPU that CUDA names `cuda_name` ("NVIDIA H200", "NVIDIA A100-SXM4-80GB"),
+    or None for a family without one."""
+    upper = cuda_name.upper()
+    return next((preset for family, preset in FAMILIES if family in upper), None)
+
+
+def resolve_preset(gpu: str, cuda_name: str | None) -> tuple[str, str]:
+    """The preset a compile uses and why: `gpu` itself unless it is "auto", which takes the visible
+    GPU's (`cuda_name`, None where there is none) and the default where it has none. The presets
+    differ in shared memory per block (the chain and template spaces are pruned by it: a V100's 96
+    KB against an H100's 227) and in the bandwidth the analytical prices, bounds and variants use."""
+    if gpu != "auto":
+        return gpu, "chosen"
+    if cuda_name is None:
+        return DEFAULT_PRESET, "no GPU visible"
+    preset = preset_for(cuda_name)
+    if preset is None:
+        return DEFAULT_PRESET, f"no preset for {cuda_name}"
+    return preset, cuda_name
