@@ -329,7 +329,8 @@ def tile_shape(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str]) -> t
     # A reshape may split the transpose's last axis over several output dims ([N, HW, C] -> [N, C, HW]
     # -> [N, C, H, W], segformer_b0's decoder): the columns are then all of them, so that a row is one
     # channel, which the input holds contiguously, and a block's rows read coalesced. With W alone as
-    # the columns neither side of a block was (29 us for 17 MB on the H200, 5x the roofline).
+    # the columns neither side of a block was: on the H200 its 17 MB kernel ran 35.6 us tiled, 29.2 flat
+    # (the roofline: 3.9).
     moved = {graph.types[n.outputs[0]].shape[-1] for n in movers}
     if len(moved) == 1:
         split = next((k for k in range(1, len(shape) - 1) if prod(shape[k:]) == min(moved)), None)

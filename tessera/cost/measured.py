@@ -240,7 +240,7 @@ class MeasuredCost:
     def tiled_job(self, c: Candidate) -> Job | None:
         """The candidate as a transposing kernel at its best-ranked tiled schedule (None for every
         other kernel). Candidates were measured flat only, so the solver priced a transpose at its
-        strided form: segformer_b0's decoder transposes ran 5x their roofline flat on the H200
+        strided form: segformer_b0's decoder transposes ran 7-8x their roofline flat on the H200
         (session 42), and post-solve tuning could tile only the transposes the solver had kept."""
         j = self.job(c)
         sched = self._ranked[j.key.signature][1]

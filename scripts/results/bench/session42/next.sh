@@ -13,7 +13,7 @@
 # 5: the same code on the GEMM chains whose plans hold a chain kernel (G1-G3, G7, G9), fp16 on GPU 0, tf32 on 1.
 # Next session (rebuild .pin16 from HEAD first):
 # 6: segformer_b0 fp16 (GPU 0) and tf32 (GPU 1) cold, profiled: 899f6c6 tiles the decoder's transposes by
-#    channel rows (call 3's k123_add_transpose_reshape ran 29 us for 17 MB, 5x its roofline).
+#    channel rows (call 3's k123_add_transpose_reshape ran 29 us flat for 17 MB, 7.5x its roofline).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms` and `models`
 on_gpu() {  # on_gpu GPU LOG COMMAND...: one runner on one GPU, in the background
     local gpu=$1 log=$2; shift 2
