@@ -20,13 +20,20 @@ import sys
 from pathlib import Path
 
 
-def models(dirs: list[str]) -> int:
+def results(dirs: list[str], cases: bool) -> dict[tuple[str, str], dict]:
+    """(model, precision) -> its bench JSON, a later directory's replacing an earlier one's: the
+    MCFuser cases (`cases`) or the whole models."""
     docs: dict[tuple[str, str], dict] = {}
     for d in dirs:
         for f in sorted(Path(d).glob("bench_*.json")):
             doc = json.loads(f.read_text())
-            if not re.fullmatch(r"(attn_s|gemm_g)\d+", doc["model"]):
+            if bool(re.fullmatch(r"(attn_s|gemm_g)\d+", doc["model"])) == cases:
                 docs[(doc["model"], doc["precision"])] = doc
+    return docs
+
+
+def models(dirs: list[str]) -> int:
+    docs = results(dirs, cases=False)
     print("| model | prec | tessera ms | eager ms | Inductor ms | vs best peer | check (rel L2) | compile s"
           " | measuring s (candidates + schedules) | chain kernels in the plan | commit |")
     print("| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- | --- |")
@@ -53,12 +60,7 @@ def models(dirs: list[str]) -> int:
 def main(dirs: list[str]) -> int:
     if dirs[:1] == ["--models"]:
         return models(dirs[1:])
-    pairs: dict[tuple[str, str], dict] = {}
-    for d in dirs:
-        for f in sorted(Path(d).glob("bench_*.json")):
-            doc = json.loads(f.read_text())
-            if re.fullmatch(r"(attn_s|gemm_g)\d+", doc["model"]):  # whole models have their own table
-                pairs[(doc["model"], doc["precision"])] = doc
+    pairs = results(dirs, cases=True)  # whole models have their own table (--models)
     print("| case | prec | tessera µs | eager µs | SDPA µs | Inductor µs | target ratio | kernels | chain schedule"
           " | space → pruned | generations | measured | discordant pairs | regret | compile s | commit |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")

@@ -30,7 +30,7 @@ from tessera.codegen.launch import use_interpreter
 from tessera.compiler import CompileOptions, CompileResult, compile_model, plan_document
 from tessera.cost import AnalyticalCost
 from tessera.cost import device as device_spec
-from tessera.cost.devices import DEFAULT_PRESET, preset_for
+from tessera.cost.devices import resolve_preset
 from tessera.errors import TesseraError
 from tessera.frontend import load as frontend_load
 from tessera.log import logger
@@ -118,7 +118,7 @@ def kernel_profile(result: CompileResult, gpu: str | None = None, top: int = 12)
     og, plan = result.ograph, result.plan
     # The plan's device (a measured plan records the GPU's CUDA name) unless told: an H200 row's
     # roofline at an H100's bandwidth overstated its gap by 1.4x (session 42).
-    model = AnalyticalCost(og, device_spec(gpu or preset_for(plan.device) or DEFAULT_PRESET), plan.precision)
+    model = AnalyticalCost(og, device_spec(resolve_preset(gpu or "auto", plan.device)[0]), plan.precision)
     rows = []
     for k, impl in zip(plan.kernels, result.kernels):
         mask = sum(1 << og.index[n] for n in k.prims if n in og.index)

@@ -308,13 +308,22 @@ def _pointwise(k: KernelBody, sched: Schedule) -> tuple[list[str], int, int]:
 def tile_shape(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str]) -> tuple[int, int] | None:
     """(rows, columns) of a pointwise kernel that can run tiled, or None.
 
-    Tiled: a program owns XBLOCK rows of the output (all dims but the last) and walks its
-    columns RBLOCK at a time, so every access is a 2-D block. A kernel that transposes reads
-    its input along the rows while it writes along the columns; in 2-D blocks Triton stages
-    the exchange through shared memory and both sides stay coalesced, where a flat index
-    reads with a stride. Only kernels with a transpose that moves the last axis get the
-    option, and all their outputs must have one shape.
+    Tiled: a program owns XBLOCK rows of the output and walks its columns RBLOCK at a time, so
+    every access is a 2-D block. A kernel that transposes reads its input along the rows while it
+    writes along the columns; in 2-D blocks Triton stages the exchange through shared memory and
+    both sides stay coalesced, where a flat index reads with a stride. Only kernels with a
+    transpose that moves the last axis get the option, and all their outputs must have one shape.
     """
+    split = _column_split(graph, nodes, outputs)
+    if split is None:
+        return None
+    shape = graph.types[outputs[0]].shape
+    return prod(shape[:split]), prod(shape[split:])
+
+
+def _column_split(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str]) -> int | None:
+    """The first output dim of a tiled kernel's columns (the dims before it make the rows), or None
+    where the kernel has no tiled form (`tile_shape`)."""
     shapes = {graph.types[o].shape for o in outputs}
     if len(shapes) != 1 or not all(graph.types[o].plain for o in outputs):
         return None  # tiles write row-major outputs
@@ -325,7 +334,6 @@ def tile_shape(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str]) -> t
               if n.op == Prim.TRANSPOSE.value and list(n.attrs["perm"])[-1] != len(n.attrs["perm"]) - 1]
     if not movers:
         return None
-    cols = shape[-1]
     # A reshape may split the transpose's last axis over several output dims ([N, HW, C] -> [N, C, HW]
     # -> [N, C, H, W], segformer_b0's decoder): the columns are then all of them, so that a row is one
     # channel, which the input holds contiguously, and a block's rows read coalesced. With W alone as
@@ -333,19 +341,19 @@ def tile_shape(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str]) -> t
     # (the roofline: 3.9).
     moved = {graph.types[n.outputs[0]].shape[-1] for n in movers}
     if len(moved) == 1:
-        split = next((k for k in range(1, len(shape) - 1) if prod(shape[k:]) == min(moved)), None)
+        (extent,) = moved
+        split = next((d for d in range(1, len(shape) - 1) if prod(shape[d:]) == extent), None)
         if split is not None and prod(shape[:split]) >= 2:
-            cols = prod(shape[split:])
-    return prod(shape) // cols, cols
+            return split
+    return len(shape) - 1
 
 
 def _tiled(k: KernelBody, sched: Schedule) -> tuple[list[str], int, int]:
     em = k.em
     shape = k.graph.types[k.outputs[0]].shape
-    tile = tile_shape(k.graph, k.nodes, k.outputs)
-    assert tile is not None
-    rows, cols = tile
-    split = next(d for d in range(len(shape)) if prod(shape[d:]) == cols)  # the output dims of a column
+    split = _column_split(k.graph, k.nodes, k.outputs)
+    assert split is not None
+    rows, cols = prod(shape[:split]), prod(shape[split:])
     if sched.persistent and sched.rblock < cols:
         raise Unsupported("persistent tiled schedule with a block narrower than the row")
     xdep = frozenset({"x"})
