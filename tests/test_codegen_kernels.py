@@ -295,12 +295,14 @@ def _transpose_add_model(shape, perm, seed=3):
 @pytest.mark.parametrize("shape,perm", [((1, 13, 9, 7), [0, 2, 3, 1]), ((2, 37, 19), [0, 2, 1]), ((5, 3), [1, 0])])
 @pytest.mark.parametrize("schedule", [Schedule(8, 4, 4, False), Schedule(16, 64, 4, True), Schedule(2, 2, 2, False)])
 def test_tiled_transposes(shape, perm, schedule):
-    # Rows of the output against columns in 2-D blocks: remainders on both axes are masked,
-    # looped and persistent column walks give the float64 reference's result.
+    # Rows of the output against columns in 2-D blocks: remainders on both axes are masked, and
+    # one tile a program (its grid covers every tile) or whole rows give the float64 reference's result.
     m, feeds = _transpose_add_model(shape, perm)
     ks = check_kernel(m, feeds, schedule)
     assert "tiled pointwise" in ks.source and ks.rnumel == shape[perm[-1]]
-    assert ("for r" in ks.source) == (not schedule.persistent)
+    assert "for r" not in ks.source
+    col_blocks = 1 if schedule.persistent else -(-ks.rnumel // schedule.rblock)
+    assert ks.grid == -(-ks.xnumel // schedule.xblock) * col_blocks
 
 
 @pytest.mark.parametrize("schedule", [Schedule(4, 8, 4, False), Schedule(8, 16, 4, True), Schedule(2, 2, 2, False)])

@@ -35,7 +35,7 @@ from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import REDUCTIONS, Prim
 
 # Bump when generated code changes: it is part of every tuning-database key.
-CODEGEN_VERSION = 14  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts;
+CODEGEN_VERSION = 15  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts;
 # 4: reduction rows numbered in storage order; 5: GEMM templates with fused epilogues (codegen/gemm.py);
 # 6: convolution templates (codegen/conv.py), the template tile shared in codegen/tile.py;
 # 7: convolution templates read their constant weight from a K-contiguous copy;
@@ -50,6 +50,7 @@ CODEGEN_VERSION = 14  # 2: tiled pointwise schedules; trailing runs of one flat 
 # (split-K GEMM templates in one launch came without a bump: their keys end in "-1l")
 # 13: one-element float constants are literals in the source (Graph.scalar_constant; GELU's x**3 as products)
 # 14: tf32 rounding through a helper each rounding module defines: one PTX cvt.rna.tf32.f32 per element on the GPU
+# 15: a tiled pointwise kernel narrower than its rows runs one tile a program, not a walk of its rows' columns
 
 # Elements one program holds in registers per value (fp32: 16 KiB).
 BLOCK_ELEMENTS = 4096
@@ -198,15 +199,18 @@ class KernelSource:
 
     @property
     def grid(self) -> int:
-        assert isinstance(self.schedule, Schedule), "a template launches by `launches`"
-        return -(-self.xnumel // self.schedule.xblock)
+        s = self.schedule
+        assert isinstance(s, Schedule), "a template launches by `launches`"
+        if self.tile is not None and s.rblock > 1 and not s.persistent:  # one tile a program (`_tiled`)
+            return -(-self.xnumel // s.xblock) * -(-self.rnumel // s.rblock)
+        return -(-self.xnumel // s.xblock)
 
 
 def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-TILES = ((32, 32), (64, 32), (32, 64), (16, 64))  # tiled pointwise: (rows, columns) per block
+TILES = ((32, 32), (64, 32), (32, 64), (16, 64), (64, 64))  # tiled pointwise: (rows, columns) per block
 
 
 def schedules(xnumel: int, rnumel: int, tile: tuple[int, int] | None = None, strided: bool = False) -> list[Schedule]:
@@ -308,8 +312,8 @@ def _pointwise(k: KernelBody, sched: Schedule) -> tuple[list[str], int, int]:
 def tile_shape(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str]) -> tuple[int, int] | None:
     """(rows, columns) of a pointwise kernel that can run tiled, or None.
 
-    Tiled: a program owns XBLOCK rows of the output and walks its columns RBLOCK at a time, so
-    every access is a 2-D block. A kernel that transposes reads its input along the rows while it
+    Tiled: a program owns a block of XBLOCK rows by RBLOCK columns of the output (persistent: whole
+    rows), so every access is a 2-D block. A kernel that transposes reads its input along the rows while it
     writes along the columns; in 2-D blocks Triton stages the exchange through shared memory and
     both sides stay coalesced, where a flat index reads with a stride. Only kernels with a
     transpose that moves the last axis get the option, and all their outputs must have one shape.
@@ -357,18 +361,21 @@ def _tiled(k: KernelBody, sched: Schedule) -> tuple[list[str], int, int]:
     if sched.persistent and sched.rblock < cols:
         raise Unsupported("persistent tiled schedule with a block narrower than the row")
     xdep = frozenset({"x"})
-    em.stack[0].avail = xdep
     em.shape_of = lambda deps: "[XBLOCK, RBLOCK]" if any(d.startswith("r") for d in deps) else "[XBLOCK, 1]"
-    header = ["pid = tl.program_id(0)", "xindex = pid * XBLOCK + tl.arange(0, XBLOCK)[:, None]",
-              f"xmask = xindex < {rows}"]
-    em.cond_deps["xmask"] = xdep
     tag = em.fresh("r")
-    if sched.persistent:
-        em.stack[0].avail = em.stack[0].avail | {tag}
+    em.stack[0].avail = xdep | {tag}
+    if sched.persistent:  # a program owns whole rows
+        header = ["pid = tl.program_id(0)", "xindex = pid * XBLOCK + tl.arange(0, XBLOCK)[:, None]"]
         cexpr = "tl.arange(0, RBLOCK)[None, :]"
     else:
-        em.push(f"for {tag} in range(0, {cols}, RBLOCK):", tag)
-        cexpr = f"{tag} + tl.arange(0, RBLOCK)[None, :]"
+        # One tile a program, the programs of a row block side by side. A program walking its rows'
+        # columns left the grid at rows / XBLOCK: 16 programs for segformer_b0's decoder transposes
+        # (256 channel rows of 16384 columns), which ran 5-13x slower tiled than flat on the H200.
+        header = ["pid = tl.program_id(0)", f"col_blocks = tl.cdiv({cols}, RBLOCK)",
+                  "xindex = (pid // col_blocks) * XBLOCK + tl.arange(0, XBLOCK)[:, None]"]
+        cexpr = "(pid % col_blocks) * RBLOCK + tl.arange(0, RBLOCK)[None, :]"
+    header.append(f"xmask = xindex < {rows}")
+    em.cond_deps["xmask"] = xdep
     dep = frozenset({tag})
     cindex = Ix(em.emit(cexpr, dep, "cindex"), None, cols, dep)
     cmask = em.cond(f"{cindex.expr} < {cols}", dep)
@@ -379,8 +386,6 @@ def _tiled(k: KernelBody, sched: Schedule) -> tuple[list[str], int, int]:
     for o in k.outputs:
         v = em.value(o, coords, mask)
         k.store(o, flat, v, mask, "[XBLOCK, RBLOCK]", v.deps | flat.deps)
-    if not sched.persistent:
-        em.pop()
     return header, rows, cols
 
 

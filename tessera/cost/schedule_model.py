@@ -34,7 +34,7 @@ unfitted roofline of its own.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from tessera.codegen.chain import chain_roots
@@ -94,7 +94,11 @@ def rank(space: Sequence[Schedule], xnumel: int, rnumel: int, nbytes: float, dev
     the model knows nothing of coalescing, which is what tiling is for."""
     def cost(s: Schedule) -> float:
         if tile is not None and rnumel <= 1 and s.rblock > 1:
-            return predict(s, tile[0], tile[1], nbytes, dev, p)
+            if s.persistent:
+                return predict(s, tile[0], tile[1], nbytes, dev, p)
+            # one tile a program (`codegen.kernels._tiled`): priced as that many programs of one block
+            tiles = math.ceil(tile[0] / s.xblock) * math.ceil(tile[1] / s.rblock)
+            return predict(replace(s, persistent=True), tiles * s.xblock, s.rblock, nbytes, dev, p)
         return predict(s, xnumel, rnumel, nbytes, dev, p, strided_itemsize)
 
     return sorted(space, key=cost)
