@@ -1,0 +1,31 @@
+#!/bin/bash
+# Session 43's device calls: `bash scripts/results/bench/session43/next.sh N` on nvidia-h200-x2 (one runner per
+# GPU, side by side), carrying .whl and .pin16 (rebuilt from HEAD first, as ../session34/next.sh says).
+# The first runs with the h200 cost preset (0d09d10, `--gpu auto`).
+# 1: segformer_b0 fp16 (GPU 0) and tf32 (GPU 1) cold, profiled: 899f6c6 tiles the decoder's transposes by
+#    channel rows, adbb95b prices transposing candidates tiled before the solve (both untimed until now).
+# 2: the GEMM chains not met in session 42: fp16 G4-G10 on GPU 0; tf32 G5, G6, G4, then G1, G7 on GPU 1.
+# 3: as 1, after the tiled kernels' one tile a program (call 1's database: k119_add_transpose_reshape 29.2 us
+#    flat, 149 us tiled, with 16 programs walking 16384 columns each).
+source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms` and `models`
+on_gpu() {  # on_gpu GPU LOG COMMAND...: one runner on one GPU, in the background
+    local gpu=$1 log=$2; shift 2
+    (export CUDA_VISIBLE_DEVICES=$gpu; "$@") > "$OUT/$log" 2>&1 &
+}
+case $1 in
+    1)
+        export PROFILE=1
+        on_gpu 0 e2e_a.txt gemms e2e_a segformer_b0 fp16 560 eager,inductor
+        on_gpu 1 e2e_b.txt gemms e2e_b segformer_b0 tf32 560 eager,inductor
+        wait; cat "$OUT/e2e_a.txt" "$OUT/e2e_b.txt" ;;
+    2)
+        on_gpu 0 g2a.txt gemms gfp16 "$(echo gemm_g{4..10} | tr " " ,)" fp16 560
+        on_gpu 1 g2b.txt gemms gtf32 gemm_g5,gemm_g6,gemm_g4,gemm_g1,gemm_g7 tf32 560
+        wait; cat "$OUT/g2a.txt" "$OUT/g2b.txt" ;;
+    3)
+        export PROFILE=1
+        on_gpu 0 e2e_c.txt gemms e2e_c segformer_b0 fp16 560 eager,inductor
+        on_gpu 1 e2e_d.txt gemms e2e_d segformer_b0 tf32 560 eager,inductor
+        wait; cat "$OUT/e2e_c.txt" "$OUT/e2e_d.txt" ;;
+    *) echo "next.sh: call 1-3"; exit 2 ;;
+esac
