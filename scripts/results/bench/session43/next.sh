@@ -7,6 +7,9 @@
 # 2: the GEMM chains not met in session 42: fp16 G4-G10 on GPU 0; tf32 G5, G6, G4, then G1, G7 on GPU 1.
 # 3: as 1, after the tiled kernels' one tile a program (call 1's database: k119_add_transpose_reshape 29.2 us
 #    flat, 149 us tiled, with 16 programs walking 16384 columns each).
+# 4: after 32-bit gather positions with no wrap for constant indices (call 3's bilinear upsampling kernels,
+#    `gather_mul_add`, ran 12-13 us, 4-5x their roofline): segformer_b0 fp16 on GPU 0; issue 15's other two
+#    end-to-end rows, gpt2 and bert_base fp16, on GPU 1, at the same commit.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms` and `models`
 on_gpu() {  # on_gpu GPU LOG COMMAND...: one runner on one GPU, in the background
     local gpu=$1 log=$2; shift 2
@@ -27,5 +30,10 @@ case $1 in
         on_gpu 0 e2e_c.txt gemms e2e_c segformer_b0 fp16 560 eager,inductor
         on_gpu 1 e2e_d.txt gemms e2e_d segformer_b0 tf32 560 eager,inductor
         wait; cat "$OUT/e2e_c.txt" "$OUT/e2e_d.txt" ;;
-    *) echo "next.sh: call 1-3"; exit 2 ;;
+    4)
+        export PROFILE=1
+        on_gpu 0 e2e_e.txt gemms e2e_e segformer_b0 fp16 560 eager,inductor
+        on_gpu 1 e2e_f.txt eval 'gemms e2e_f gpt2 fp16 280 eager,inductor; gemms e2e_g bert_base fp16 270 eager,inductor'
+        wait; cat "$OUT/e2e_e.txt" "$OUT/e2e_f.txt" ;;
+    *) echo "next.sh: call 1-4"; exit 2 ;;
 esac
