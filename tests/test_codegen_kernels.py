@@ -120,19 +120,7 @@ def test_pad(mode):
 def test_gather_negative_indices(axis):
     x = rand(5, 7, 3, seed=9)
     idx = np.array([[0, -1, 2], [4, -5, 1]], I64)
-    ks = check_kernel(build_model("Gather", {"x": x, "i": idx}, {"axis": axis}, opset=13), {"x": x, "i": idx})
-    assert " < 0, " in ks.source  # indices from the graph's input may count from the end
-
-
-@pytest.mark.parametrize("idx", [[[3, 0, 2], [2, 4, 1]], [[3, 0, -2], [2, 4, 1]]])
-def test_gather_by_constant_indices(idx):
-    # Constant indices have no negative one after fission (it counts them from the end), so the
-    # kernel needs no wrap; the position is 32-bit, so the address arithmetic after it is too
-    # (bilinear upsampling gathers by constant int64 indices).
-    x = rand(5, 7, 3, seed=11)
-    ks = check_kernel(build_model("Gather", {"x": x, "i": Const(np.array(idx, I64))}, {"axis": 0}, opset=13),
-                      {"x": x})
-    assert ".to(tl.int32)" in ks.source and " < 0, " not in ks.source
+    check_kernel(build_model("Gather", {"x": x, "i": idx}, {"axis": axis}, opset=13), {"x": x, "i": idx})
 
 
 def test_gather_elements():

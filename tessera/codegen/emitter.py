@@ -336,17 +336,8 @@ def _concat(em: Emitter, node: Node, index: tuple[Ix, ...], mask: Mask) -> Val:
     return Val(em.emit(expr, deps), dtype, deps)
 
 
-def _wrapped(em: Emitter, idx: Val, data: str, indices: str, extent: int) -> Ix:
-    """A gathered position along an axis of `extent`: negative indices count from the end, except
-    where the indices are a constant with none (Graph.nonnegative_index). Where the data's offsets
-    fit in 32 bits the position is 32-bit, so the address arithmetic after it is too: int64 indices
-    made it 64-bit, and bilinear upsampling (two gathers of constant indices per axis) ran 4-5x its
-    roofline on the H200, bound by instructions."""
-    j = idx.expr
-    if em.graph.types[data].numel < 2 ** 31 and idx.dtype.itemsize > 4:
-        j = em.emit(f"{j}.to(tl.int32)", idx.deps, "i")
-    if not em.graph.nonnegative_index(indices):
-        j = em.emit(f"tl.where({j} < 0, {j} + {extent}, {j})", idx.deps, "i")
+def _wrapped(em: Emitter, idx: Val, extent: int) -> Ix:
+    j = em.emit(f"tl.where({idx.expr} < 0, {idx.expr} + {extent}, {idx.expr})", idx.deps, "i")
     return Ix(j, None, extent, idx.deps)
 
 
@@ -355,7 +346,7 @@ def _gather(em: Emitter, node: Node, index: tuple[Ix, ...], mask: Mask) -> Val:
     axis = node.attrs["axis"]
     q = em.graph.types[indices].rank
     extent = em.graph.types[data].shape[axis]
-    j = _wrapped(em, em.value(indices, index[axis:axis + q], mask), data, indices, extent)
+    j = _wrapped(em, em.value(indices, index[axis:axis + q], mask), extent)
     return em.value(data, list(index[:axis]) + [j] + list(index[axis + q:]), mask)
 
 
@@ -363,7 +354,7 @@ def _gather_elements(em: Emitter, node: Node, index: tuple[Ix, ...], mask: Mask)
     data, indices = node.inputs
     axis = node.attrs["axis"]
     extent = em.graph.types[data].shape[axis]
-    j = _wrapped(em, em.value(indices, index, mask), data, indices, extent)
+    j = _wrapped(em, em.value(indices, index, mask), extent)
     src = list(index)
     src[axis] = j
     return em.value(data, src, mask)

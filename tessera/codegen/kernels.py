@@ -35,7 +35,7 @@ from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import REDUCTIONS, Prim
 
 # Bump when generated code changes: it is part of every tuning-database key.
-CODEGEN_VERSION = 16  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts;
+CODEGEN_VERSION = 15  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts;
 # 4: reduction rows numbered in storage order; 5: GEMM templates with fused epilogues (codegen/gemm.py);
 # 6: convolution templates (codegen/conv.py), the template tile shared in codegen/tile.py;
 # 7: convolution templates read their constant weight from a K-contiguous copy;
@@ -51,7 +51,6 @@ CODEGEN_VERSION = 16  # 2: tiled pointwise schedules; trailing runs of one flat 
 # 13: one-element float constants are literals in the source (Graph.scalar_constant; GELU's x**3 as products)
 # 14: tf32 rounding through a helper each rounding module defines: one PTX cvt.rna.tf32.f32 per element on the GPU
 # 15: a tiled pointwise kernel narrower than its rows runs one tile a program, not a walk of its rows' columns
-# 16: gathered positions are 32-bit where the data's offsets fit, with no wrap for non-negative constant indices
 
 # Elements one program holds in registers per value (fp32: 16 KiB).
 BLOCK_ELEMENTS = 4096

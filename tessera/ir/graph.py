@@ -182,9 +182,6 @@ class Graph:
     # tf32 plans: activations that only tf32 products read, which their writer stores rounded to
     # tf32 so the products' kernels need not round them (rewrite/precision.py `mark_tf32_operands`)
     tf32_rounded: frozenset[str] = frozenset()
-    # nonnegative_index's answers by (tensor, the constant's array), so the signature of every
-    # candidate does not scan its index constants again
-    _nonneg: dict[tuple[str, int], bool] = field(default_factory=dict, repr=False, compare=False)
 
     # ---- queries -----------------------------------------------------------
     @property
@@ -198,17 +195,6 @@ class Graph:
         if c is None or c.size != 1 or not self.types[tensor].dtype.is_float:
             return None
         return float(c.reshape(-1)[0])
-
-    def nonnegative_index(self, tensor: str) -> bool:
-        """An integer constant with no negative value: a gather by it needs no wrap of negative
-        indices, so generated kernels leave the wrap out and kernel signatures include the fact."""
-        c = self.constants.get(tensor)
-        if c is None or self.types[tensor].dtype.is_float:
-            return False
-        key = (tensor, id(c))
-        if key not in self._nonneg:
-            self._nonneg[key] = c.size > 0 and int(c.min()) >= 0
-        return self._nonneg[key]
 
     def producers(self) -> dict[str, Node]:
         """Tensor name -> the node that writes it."""

@@ -24,8 +24,6 @@ def kernel_signature(graph: Graph, prims: Sequence[Node], prologue: Sequence[Nod
             one = graph.scalar_constant(t) if t else None
             # A tensor stored rounded to tf32 is written or read differently (Graph.tf32_rounded).
             mark = (f"={one!r}" if one is not None else "") + ("~tf32" if t in graph.tf32_rounded else "")
-            # A gather by non-negative constant indices leaves out the wrap (emitter._gather).
-            mark += "+" if t and graph.nonnegative_index(t) else ""
             ids[t] = f"t{len(ids)}:{graph.types[t]}{mark}" if t else ""
         return ids[t].split(":")[0] if ids[t] else ""
 
