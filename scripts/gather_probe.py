@@ -1,0 +1,116 @@
+"""Where the time of segformer_b0's bilinear upsampling kernel goes (session 43): the W pass of a 2x
+half-pixel resize, fp16 [256, 128, 64] -> [256, 128, 128], as tessera generates it (int64 index tables
+with the wrap of negative indices), with 32-bit positions, with the indices and weights computed in
+the kernel (no tables), and a plain gather-shaped copy (out[.., x] = in[.., x // 2]). GPU time per call
+from CUDA-graph replays (`triton.testing.do_bench_cudagraph`), two schedules each.
+
+    python3 scripts/gather_probe.py            (GPU machine; prints one table)
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+R, W_IN, W_OUT = 256 * 128, 64, 128
+N = R * W_OUT
+
+
+@triton.jit
+def gen(in0, in1, in2, in3, in4, out0, XBLOCK: tl.constexpr):  # tessera's source, as generated
+    pid = tl.program_id(0)
+    xindex = pid * XBLOCK + tl.arange(0, XBLOCK)
+    xmask = xindex < 4194304
+    i1 = xindex % 128
+    v2 = tl.load(in3 + i1, mask=xmask, other=0)
+    i3 = tl.where(v2 < 0, v2 + 64, v2)
+    i4 = (xindex // 16384) * 8192 + (((xindex // 128) % 128) * 64 + i3)
+    v5 = tl.load(in2 + i4, mask=xmask, other=0).to(tl.float32)
+    v6 = tl.load(in0 + i1, mask=xmask, other=0).to(tl.float32)
+    v8 = tl.load(in4 + i1, mask=xmask, other=0)
+    i9 = tl.where(v8 < 0, v8 + 64, v8)
+    i10 = (xindex // 16384) * 8192 + (((xindex // 128) % 128) * 64 + i9)
+    v11 = tl.load(in2 + i10, mask=xmask, other=0).to(tl.float32)
+    v12 = tl.load(in1 + i1, mask=xmask, other=0).to(tl.float32)
+    tl.store(out0 + xindex, v5 * v6 + v11 * v12, mask=xmask)
+
+
+@triton.jit
+def i32(in0, in1, in2, in3, in4, out0, XBLOCK: tl.constexpr):  # 32-bit positions, no wrap
+    pid = tl.program_id(0)
+    xindex = pid * XBLOCK + tl.arange(0, XBLOCK)
+    xmask = xindex < 4194304
+    i1 = xindex % 128
+    i3 = tl.load(in3 + i1, mask=xmask, other=0).to(tl.int32)
+    row = (xindex // 128) * 64
+    v5 = tl.load(in2 + row + i3, mask=xmask, other=0).to(tl.float32)
+    v6 = tl.load(in0 + i1, mask=xmask, other=0).to(tl.float32)
+    i9 = tl.load(in4 + i1, mask=xmask, other=0).to(tl.int32)
+    v11 = tl.load(in2 + row + i9, mask=xmask, other=0).to(tl.float32)
+    v12 = tl.load(in1 + i1, mask=xmask, other=0).to(tl.float32)
+    tl.store(out0 + xindex, v5 * v6 + v11 * v12, mask=xmask)
+
+
+@triton.jit
+def arith(in0, in1, in2, in3, in4, out0, XBLOCK: tl.constexpr):  # no tables: half-pixel 2x in the kernel
+    pid = tl.program_id(0)
+    xindex = pid * XBLOCK + tl.arange(0, XBLOCK)
+    xmask = xindex < 4194304
+    x = xindex % 128
+    s = tl.minimum(tl.maximum((x.to(tl.float32) + 0.5) * 0.5 - 0.5, 0.0), 63.0)
+    lo = s.to(tl.int32)
+    hi = tl.minimum(lo + 1, 63)
+    w_hi = s - lo.to(tl.float32)
+    row = (xindex // 128) * 64
+    a = tl.load(in2 + row + lo, mask=xmask, other=0).to(tl.float32)
+    b = tl.load(in2 + row + hi, mask=xmask, other=0).to(tl.float32)
+    tl.store(out0 + xindex, a * (1.0 - w_hi) + b * w_hi, mask=xmask)
+
+
+@triton.jit
+def copy(in0, in1, in2, in3, in4, out0, XBLOCK: tl.constexpr):  # the access pattern alone
+    pid = tl.program_id(0)
+    xindex = pid * XBLOCK + tl.arange(0, XBLOCK)
+    xmask = xindex < 4194304
+    v = tl.load(in2 + (xindex // 128) * 64 + (xindex % 128) // 2, mask=xmask, other=0)
+    tl.store(out0 + xindex, v, mask=xmask)
+
+
+def tables() -> tuple[np.ndarray, ...]:
+    x = np.clip((np.arange(W_OUT, dtype=np.float32) + 0.5) / 2 - 0.5, 0, W_IN - 1)
+    lo = np.minimum(x.astype(np.int64), W_IN - 1)
+    hi = np.minimum(lo + 1, W_IN - 1)
+    w_hi, w_lo = np.abs(x - lo), np.abs(x - hi)
+    edge = lo == hi
+    w_lo[edge], w_hi[edge] = 1, 0
+    return lo, hi, w_lo, w_hi
+
+
+def main() -> None:
+    lo, hi, w_lo, w_hi = tables()
+    dev = "cuda"
+    args = [torch.tensor(w_lo, dtype=torch.float16, device=dev), torch.tensor(w_hi, dtype=torch.float16, device=dev),
+            torch.randn(R * W_IN, dtype=torch.float16, device=dev), torch.tensor(lo, device=dev),
+            torch.tensor(hi, device=dev)]
+    ref = None
+    rows = []
+    for fn in (gen, i32, arith, copy):
+        for xb, w in ((1024, 4), (2048, 8)):
+            out = torch.empty(N, dtype=torch.float16, device=dev)
+            launch = lambda: fn[(triton.cdiv(N, xb),)](*args, out, XBLOCK=xb, num_warps=w)  # noqa: E731
+            launch()
+            torch.cuda.synchronize()
+            if fn is gen and ref is None:
+                ref = out.float().clone()
+            err = (out.float() - ref).abs().max().item() if fn is not copy else float("nan")
+            us = triton.testing.do_bench_cudagraph(launch, rep=100) * 1e3
+            rows.append((fn.fn.__name__, xb, w, us, err))
+    gb = (R * W_IN + N) * 2 / 1e9
+    print(f"{'kernel':8} {'XBLOCK':>6} {'warps':>5} {'us':>7} {'TB/s':>6} {'max err vs gen':>14}")
+    for name, xb, w, us, err in rows:
+        print(f"{name:8} {xb:6d} {w:5d} {us:7.2f} {gb / us * 1e6 / 1e3:6.2f} {err:14.2e}")
+
+
+if __name__ == "__main__":
+    main()
