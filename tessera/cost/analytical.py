@@ -17,7 +17,7 @@ from tessera.cost.devices import PRECISIONS, Device
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import Category, Prim
 from tessera.orchestrate.candidates import Candidate
-from tessera.orchestrate.graphview import OGraph, bits, is_view
+from tessera.orchestrate.graphview import OGraph, bits, free_concat, is_view
 
 # Relative cost of one element of an elementwise primitive, in fp32 FLOPs:
 # transcendental and division units run at a fraction of the FMA rate.
@@ -42,6 +42,7 @@ class AnalyticalCost:
         for i, n in enumerate(og.nodes):
             self.vec[i], self.mat[i] = self._flops(n)
         self.view_only = [is_view(g, n) for n in og.nodes]
+        self.free_concat = [free_concat(og, i) for i in range(og.n)]
         self.matrix_rate = {"fp32": device.fp32, "tf32": device.tf32}.get(precision, device.fp16)
         # cuDNN's tensor-core convolutions are NHWC kernels: an NCHW one converts its input before
         # and its result after (two more launches, a read and a write of each; cost/layout_price.py).
@@ -85,10 +86,14 @@ class AnalyticalCost:
         read += sum(self.ext_bytes[t] for t in ext)
         return read, sum(self.out_bytes[v] for v in bits(c.outputs))
 
+    def _copies_nothing(self, members: tuple[int, ...]) -> bool:
+        """Reshapes that are views, or a concatenation its producers write in place (`view_cost`)."""
+        return all(self.view_only[i] for i in members) or (len(members) == 1 and self.free_concat[members[0]])
+
     def roofline(self, c: Candidate) -> float:
         """The time the kernel's traffic and arithmetic need at the device's rates, with no launch cost."""
         members = bits(c.nodes)
-        if all(self.view_only[i] for i in members):
+        if self._copies_nothing(members):
             return 0.0
         read, written = self.traffic(c)
         compute = sum(self.vec[i] for i in members) / self.device.fp32 + \
@@ -97,7 +102,7 @@ class AnalyticalCost:
 
     def __call__(self, c: Candidate) -> float:
         members = bits(c.nodes)
-        if all(self.view_only[i] for i in members):
+        if self._copies_nothing(members):
             return 1e-9 * len(members)  # a view: no launch; a nanosecond of bookkeeping breaks ties
         read, written = self.traffic(c)
         vec = sum(self.vec[i] for i in members)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from math import prod
 from typing import Sequence
 
 from tessera.ir.graph import Graph, Node
@@ -106,10 +107,49 @@ def is_view(graph: Graph, node: Node) -> bool:
     return node.op == Prim.RESHAPE.value and all(graph.types[t].plain for t in (*node.inputs, *node.outputs))
 
 
+def concat_aliasable(graph: Graph, node: Node) -> bool:
+    """A concatenation whose inputs can be written straight into its output's buffer, so that it
+    copies nothing (`runtime.executable.Executable._concat_aliases`): row-major tensors, each input
+    a contiguous piece of the output (the dims before the axis all 1), computed by the plan (not a
+    graph input, constant or output) and read once, all stored tf32-rounded or none."""
+    if node.op != Prim.CONCAT.value:
+        return False
+    ins = [t for t in node.inputs if t]
+    tensors = [*ins, node.outputs[0]]
+    out = graph.types[node.outputs[0]]
+    axis = node.attrs["axis"] % max(1, len(out.shape))
+    if len(set(ins)) != len(ins) or not all(graph.types[t].plain for t in tensors):
+        return False
+    if any(t in graph.constants or t in graph.inputs or t in graph.outputs for t in ins):
+        return False
+    return prod(out.shape[:axis]) == 1 and len({t in graph.tf32_rounded for t in tensors}) == 1
+
+
+def free_concat(og: "OGraph", i: int) -> bool:
+    """Node i is a concatenation the runtime skips, whatever the plan around it, as far as the graph
+    tells: `concat_aliasable`, and its inputs come from kernels that write into the plan's buffers,
+    directly or through reshapes that are views (no free prologue computes one; no library call or
+    opaque operator writes one)."""
+    n = og.nodes[i]
+    if not concat_aliasable(og.graph, n) or og.free.get(n.name) or og.external[i]:
+        return False
+    writers = list(bits(og.preds[i]))
+    while writers:
+        p = writers.pop()
+        if is_view(og.graph, og.nodes[p]):  # a reshape runs as a view: what writes the tensor beneath
+            if og.free.get(og.nodes[p].name) or og.external[p]:
+                return False
+            writers.extend(bits(og.preds[p]))
+        elif Prim(og.nodes[p].op).category in (Category.LINEAR, Category.OPAQUE):
+            return False
+    return True
+
+
 def view_cost(og: "OGraph", nodes: int) -> float | None:
-    """A candidate's cost if it only reshapes (a nanosecond per primitive breaks ties), else None."""
+    """A candidate's cost if it only reshapes or is a concatenation written in place by its
+    producers (a nanosecond per primitive breaks ties), else None."""
     members = bits(nodes)
-    if all(is_view(og.graph, og.nodes[i]) for i in members):
+    if all(is_view(og.graph, og.nodes[i]) for i in members) or (len(members) == 1 and free_concat(og, members[0])):
         return 1e-9 * len(members)
     return None
 

@@ -28,6 +28,7 @@ from tessera.ir.graph import Graph, Node
 from tessera.ir.indices import check_feeds, check_range_now, index_bounds
 from tessera.ir.prims import Prim
 from tessera.runtime.buffers import BufferPool, Lifetime, as_layout, device_constant, round_tf32, stored_constant
+from tessera.runtime.concat_alias import concat_aliases
 from tessera.runtime.graphs import quiet_capture
 from tessera.runtime.index_check import check_in_graph
 from tessera.runtime.torch_prims import TORCH_DTYPES, pointwise_conv_as_gemm, run_linear_fused, run_node
@@ -178,7 +179,9 @@ class Executable:
     def _plan_memory(self) -> None:
         """Buffers for what generated kernels write; what to drop after each step.
 
-        A view step's outputs alias its input, so reading them reads the buffer beneath.
+        A view step's outputs alias its input, so reading them reads the buffer beneath, and the
+        inputs of a concatenation that copies nothing are pieces of its output's buffer
+        (`runtime/concat_alias.py`).
         """
         outputs = set(self.graph.outputs)
         alias: dict[str, str] = {}
@@ -195,15 +198,33 @@ class Executable:
                 base_last[alias.get(t, t)] = i
         for t in outputs:
             base_last[alias.get(t, t)] = end
+        # A concatenation whose producers write its pieces in place: its output's buffer lives from
+        # the first piece's write to the last read of it or of any piece.
+        pieces = concat_aliases(self.graph, self.steps, alias, {alias.get(t, t) for t in outputs})
+        self.in_place = {self.steps[p.step].impl.name for p in pieces.values()}
+        span: dict[str, tuple[int, int]] = {}
+        for i, step in enumerate(self.steps):
+            for t in step.kernel.ks.outputs if step.kernel is not None else ():
+                if t in pieces:
+                    c = pieces[t].concat
+                    first, last = span.get(c, (i, i))
+                    span[c] = (min(first, i), max(last, base_last.get(t, i)))
         lifetimes = []
         for i, step in enumerate(self.steps):
             if step.kernel is None:
                 continue
             for t in step.kernel.ks.outputs:
+                if t in pieces:
+                    continue
                 nbytes = self.graph.types[t].nbytes
-                lifetimes.append(Lifetime(t, nbytes, i, end if t in outputs else base_last.get(t, i)))
+                first, last = span.get(t, (i, i))
+                lifetimes.append(Lifetime(t, nbytes, min(i, first),
+                                          end if t in outputs else max(base_last.get(t, i), last)))
         types = {t: self.graph.types[t] for t in (lt.tensor for lt in lifetimes)}
         self.pool = BufferPool(lifetimes, types, self.device)
+        for t, p in pieces.items():
+            ty = self.graph.types[t]
+            self.pool.views[t] = self.pool.views[p.concat].reshape(-1).narrow(0, p.offset, ty.numel).view(ty.shape)
         # Per step, the tensors no later step reads: dropped from the environment after it.
         self.free_after: list[list[str]] = [[] for _ in self.steps]
         for t, i in last_read.items():
@@ -425,7 +446,7 @@ class Executable:
             if impl.backend == "view":  # reshapes only: nothing runs on the GPU
                 with suppress(KeyError):  # a view of what an opaque step computes
                     self.run_step(step, env)
-            if step.kernel is None:
+            if step.kernel is None or impl.name in self.in_place:
                 continue
             ks = step.kernel.ks
             names = step.args or ks.inputs
@@ -472,6 +493,9 @@ class Executable:
     def run_step(self, step: Step, env: dict[str, torch.Tensor]) -> None:
         """Run one plan kernel over `env` (tensors by name), adding its outputs to it."""
         impl = step.impl
+        if impl.name in self.in_place:  # its producers wrote its output (runtime/concat_alias.py)
+            env[impl.outputs[0]] = self.pool.views[impl.outputs[0]]
+            return
         if impl.backend in ("triton", "template"):  # a template launches like any generated kernel
             self._triton(step, env)
         elif impl.backend == "view":

@@ -1,0 +1,89 @@
+"""Concatenations whose producers write straight into the output's buffer (runtime/concat_alias.py)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from onnx import helper
+from opcheck import Const, graph_model, rand
+
+import tessera
+from tessera.cost.analytical import AnalyticalCost
+from tessera.cost.devices import device
+from tessera.fission import fission
+from tessera.frontend import load
+from tessera.ir.prims import Prim
+from tessera.orchestrate.candidates import Candidate
+from tessera.orchestrate.graphview import build_ograph
+from tessera.tolerance import rel_l2
+from tessera.verify import run_onnxruntime
+
+
+def _model(batch: int, piece_is_input: bool = False):
+    # a = relu(x), b = sigmoid(y) (or y itself), c = concat(a, b) on the channels; c and a are read after.
+    x, y = rand(batch, 3, 5, 7, seed=1), rand(batch, 2, 5, 7, seed=2)
+    nodes = [helper.make_node("Relu", ["x"], ["a"]),
+             helper.make_node("Sigmoid", ["y"], ["b"]),
+             helper.make_node("Concat", ["a", "y" if piece_is_input else "b"], ["c"], axis=1),
+             helper.make_node("Mul", ["c", "two"], ["out"]),
+             helper.make_node("Tanh", ["a"], ["out2"])]
+    return graph_model(nodes, {"x": x, "y": y, "two": Const(rand(1, seed=3))}, ["out", "out2"]), {"x": x, "y": y}
+
+
+def _run(batch: int, piece_is_input: bool = False):
+    m, feeds = _model(batch, piece_is_input)
+    # One primitive a kernel, so that the concatenation is a step of its own.
+    exe = tessera.compile(m, tessera.CompileOptions(max_kernel_nodes=1, cost="analytical"))
+    ref = run_onnxruntime(m, feeds)
+    outs = exe(*[torch.from_numpy(feeds[n]) for n in exe.input_names])
+    for name, out in zip(exe.output_names, outs):
+        assert rel_l2(out.numpy(), ref[name]) < 1e-6, name
+    concat = next(n for n in exe.graph.nodes if n.op == Prim.CONCAT.value)
+    return exe, concat
+
+
+def test_pieces_are_written_into_the_output():
+    exe, concat = _run(1)
+    assert len(exe.in_place) == 1
+    c = exe.pool.views[concat.outputs[0]]
+    a, b = (exe.pool.views[t] for t in concat.inputs)
+    assert a.data_ptr() == c.data_ptr() and b.data_ptr() == c.data_ptr() + a.numel() * a.element_size()
+    # The first piece is read again after the concatenation (tanh): nothing else takes its memory
+    # before then, which the check against onnxruntime above shows.
+
+
+def test_a_piece_beneath_a_view_is_written_in_place():
+    # d = reshape(relu(z)): the reshape is a view, so relu's kernel writes into the concatenation.
+    z = rand(1, 2, 35, seed=4)
+    b = rand(1, 3, 5, 7, seed=5)
+    nodes = [helper.make_node("Relu", ["z"], ["r"]), helper.make_node("Reshape", ["r", "shape"], ["d"]),
+             helper.make_node("Sigmoid", ["b"], ["s"]), helper.make_node("Concat", ["s", "d"], ["c"], axis=1),
+             helper.make_node("Tanh", ["c"], ["out"])]
+    m = graph_model(nodes, {"z": z, "b": b, "shape": Const([1, 2, 5, 7], np.int64)}, ["out"])
+    exe = tessera.compile(m, tessera.CompileOptions(max_kernel_nodes=1, cost="analytical"))
+    assert exe.backends.get("view") and len(exe.in_place) == 1
+    ref = run_onnxruntime(m, {"z": z, "b": b})["out"]
+    assert rel_l2(exe(torch.from_numpy(z), torch.from_numpy(b))[0].numpy(), ref) < 1e-6
+
+
+def test_a_concat_that_is_not_contiguous_pieces_copies():
+    exe, _ = _run(2)  # a batch of 2: each input is two pieces of the output
+    assert not exe.in_place
+
+
+def test_a_graph_input_is_never_a_piece():
+    exe, _ = _run(1, piece_is_input=True)
+    assert not exe.in_place
+
+
+def test_the_cost_models_price_it_free():
+    m, _ = _model(1)
+    g = fission(load(m).graph).graph
+    og = build_ograph(g)
+    i = next(i for i, n in enumerate(og.nodes) if n.op == Prim.CONCAT.value)
+    cost = AnalyticalCost(og, device("h100"), "fp32")
+    assert cost(Candidate(1 << i, 1 << i, 0)) < 1e-8
+    m2, _ = _model(2)
+    g2 = fission(load(m2).graph).graph
+    og2 = build_ograph(g2)
+    j = next(i for i, n in enumerate(og2.nodes) if n.op == Prim.CONCAT.value)
+    assert AnalyticalCost(og2, device("h100"), "fp32")(Candidate(1 << j, 1 << j, 0)) > 1e-7
