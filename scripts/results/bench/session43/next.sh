@@ -10,6 +10,10 @@
 # 4: after 32-bit gather positions with no wrap for constant indices (call 3's bilinear upsampling kernels,
 #    `gather_mul_add`, ran 12-13 us, 4-5x their roofline): segformer_b0 fp16 on GPU 0; issue 15's other two
 #    end-to-end rows, gpt2 and bert_base fp16, on GPU 1, at the same commit.
+# Next session (rebuild .pin16 from HEAD first):
+# 5: a6af258's concatenations that copy nothing (segformer_b0's decoder concat ran 15.6 us in call 3), cold and
+#    profiled: segformer_b0 fp16 on GPU 0 after scripts/gather_probe.py (what bounds the bilinear upsampling
+#    kernels, 12-13 us each), tf32 on GPU 1.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms` and `models`
 on_gpu() {  # on_gpu GPU LOG COMMAND...: one runner on one GPU, in the background
     local gpu=$1 log=$2; shift 2
@@ -35,5 +39,11 @@ case $1 in
         on_gpu 0 e2e_e.txt gemms e2e_e segformer_b0 fp16 560 eager,inductor
         on_gpu 1 e2e_f.txt eval 'gemms e2e_f gpt2 fp16 280 eager,inductor; gemms e2e_g bert_base fp16 270 eager,inductor'
         wait; cat "$OUT/e2e_e.txt" "$OUT/e2e_f.txt" ;;
-    *) echo "next.sh: call 1-4"; exit 2 ;;
+    5)
+        export PROFILE=1
+        on_gpu 0 e2e_h.txt eval 'python3 scripts/gather_probe.py > "$OUT/gather.txt" 2>&1;
+                                 gemms e2e_h segformer_b0 fp16 540 eager,inductor'
+        on_gpu 1 e2e_i.txt gemms e2e_i segformer_b0 tf32 560 eager,inductor
+        wait; cat "$OUT/gather.txt" "$OUT/e2e_h.txt" "$OUT/e2e_i.txt" ;;
+    *) echo "next.sh: call 1-5"; exit 2 ;;
 esac
