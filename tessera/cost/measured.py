@@ -316,11 +316,16 @@ class MeasuredCost:
     def _core_best(self, sig: str, schedules: Sequence[TemplateSchedule]) -> TemplateSchedule | None:
         """The fastest of a core's first candidate's schedules (its first where all failed);
         None while any is unmeasured."""
+        fastest = self._core_fastest(sig, schedules)
+        return None if fastest is None else fastest[0]
+
+    def _core_fastest(self, sig: str, schedules: Sequence[TemplateSchedule]) -> tuple[TemplateSchedule, float] | None:
+        """`_core_best` with its time (infinite where every schedule failed)."""
         recs = [(self.db.get(Key(self.device, self.versions, sig, _schedule_key(s))), s) for s in schedules]
         if any(r is None for r, _ in recs):
             return None
         ok = [(r.seconds, i) for i, (r, _) in enumerate(recs) if r is not None and math.isfinite(r.seconds)]
-        return schedules[min(ok)[1] if ok else 0]
+        return (schedules[min(ok)[1]], min(ok)[0]) if ok else (schedules[0], math.inf)
 
     def _warp_twins(self) -> list[Job]:
         """Jobs timing each chain core claimed since the last call at its fastest first schedule with
@@ -335,10 +340,10 @@ class MeasuredCost:
         jobs: list[Job] = []
         for core, lib in self._warp_pending.items():
             sig, schedules = self._cores[core]
-            best = self._core_best(sig, schedules)
-            rec = self.db.get(Key(self.device, self.versions, sig, _schedule_key(best))) if best else None
-            if not isinstance(best, ChainSchedule) or rec is None or not math.isfinite(rec.seconds):
+            fastest = self._core_fastest(sig, schedules)
+            if fastest is None or not isinstance(fastest[0], ChainSchedule) or not math.isfinite(fastest[1]):
                 continue
+            best = fastest[0]
             space = set(chain_space(self.og.graph, list(lib.prologue) + list(lib.prims), self.gpu))
             twins = [t for w in CHAIN_WARPS if (t := replace(best, num_warps=w)) in space and t not in schedules]
             if not twins:
