@@ -2,7 +2,8 @@
 half-pixel resize, fp16 [256, 128, 64] -> [256, 128, 128], as tessera generates it (int64 index tables
 with the wrap of negative indices), with 32-bit positions, with the indices and weights computed in
 the kernel (no tables), and a plain gather-shaped copy (out[.., x] = in[.., x // 2]). GPU time per call
-from CUDA-graph replays (`triton.testing.do_bench_cudagraph`), two schedules each.
+from CUDA-graph replays (`triton.testing.do_bench_cudagraph`), six schedules each (1 to 16 elements a
+thread).
 
     python3 scripts/gather_probe.py            (GPU machine; prints one table)
 """
@@ -96,7 +97,9 @@ def main() -> None:
     ref = None
     rows = []
     for fn in (gen, i32, arith, copy):
-        for xb, w in ((1024, 4), (2048, 8)):
+        # Tuning tried 2048 and 1024 (8 elements a thread and more); fewer elements a thread may
+        # coalesce the gathers (a warp's load then spans adjacent input elements).
+        for xb, w in ((2048, 8), (1024, 4), (512, 4), (512, 8), (256, 8), (128, 4)):
             out = torch.empty(N, dtype=torch.float16, device=dev)
             launch = lambda: fn[(triton.cdiv(N, xb),)](*args, out, XBLOCK=xb, num_warps=w)  # noqa: E731
             launch()
