@@ -92,3 +92,20 @@ def test_the_cost_models_price_it_free():
     og2 = build_ograph(g2)
     j = next(i for i, n in enumerate(og2.nodes) if n.op == Prim.CONCAT.value)
     assert AnalyticalCost(og2, device("h100"), "fp32")(Candidate(1 << j, 1 << j, 0)) > 1e-7
+
+
+def test_segformer_decoder_concat_in_place():
+    # The decoder concatenates its four upsampled maps in NCHW: each is written in place.
+    from pathlib import Path
+
+    from tessera.verify import random_inputs
+
+    path = Path(__file__).resolve().parents[2] / "shared" / "models" / "segformer_b0_small.onnx"
+    exe = tessera.compile(path, tessera.CompileOptions(cost="analytical", layout="nchw"))
+    assert exe.in_place
+    model = load(path)
+    feeds = random_inputs(model.graph, seed=13)
+    ref = run_onnxruntime(model.model, feeds)
+    outs = exe(*[torch.from_numpy(feeds[n]) for n in exe.input_names])
+    for name, out in zip(exe.output_names, outs):
+        assert rel_l2(out.numpy(), ref[name]) < 1e-5
