@@ -236,6 +236,7 @@ def options(spec: GraphSpec, tuning: str = "analytical", db: str | None = None) 
     # TESSERA_FUZZ_SOLVER: the GPU machine may carry one solver's wheel only (highs: 3 MB, pulp: 16 MB)
     return CompileOptions(cost=tuning, db=db, precision=spec.precision, layout=spec.layout, strategy=spec.strategy,
                           rewrites=spec.rewrites, time_limit=20.0, tune_workers=1 if tuning == "measured" else None,
+                          max_kernel_nodes=spec.kernel_nodes or CompileOptions.max_kernel_nodes,
                           solver=os.environ.get("TESSERA_FUZZ_SOLVER", CompileOptions.solver))
 
 
@@ -354,6 +355,7 @@ def check(spec: GraphSpec, device: str = "cpu", tuning: str = "analytical", db: 
             pick_schedules(result, spec.schedule_seed)
         forms = kernel_forms(result)
         exe = Executable(result.graph, plan_document(result), device)
+        forms["concat_in_place"] += len(exe.in_place)
     except Exception as e:  # noqa: BLE001
         return _timed(_with(_crash("build", e), opaque), t0)
     try:
@@ -414,18 +416,21 @@ def judge(spec: GraphSpec, x: Mapping[str, np.ndarray], ref: Mapping[str, np.nda
     if step:
         return Outcome("skip", "narrow-output-step", detail + f"; {step}", worst, floor)
     if p == "fp32" and model is not None:
-        # onnxruntime's own float32 rounding: tessera matches the float64 value and onnxruntime does not.
+        # onnxruntime's own float32 rounding: tessera matches the float64 value and onnxruntime does not,
+        # in every output where the two differ (an output where they agree may hold a cast to fp16, which
+        # the float64 value leaves out: session 43's fuzz_seed4343.fail1).
+        off = [o for o in spec.outputs if rel_l2(got[o], ref[o]) >= tol]
         if worst < REFERENCE_SLACK * tol:
             exact = exact_outputs(model, x)
-            e_t = max(rel_l2(got[o], exact[o]) for o in spec.outputs)
-            e_r = max(rel_l2(ref[o], exact[o]) for o in spec.outputs)
+            e_t = max(rel_l2(got[o], exact[o]) for o in off)
+            e_r = min(rel_l2(ref[o], exact[o]) for o in off)
             if e_t < tol / 4 and e_r >= tol:
                 return Outcome("skip", "reference-rounding",
                                detail + f"; float64 value: tessera {e_t:.3g}, onnxruntime {e_r:.3g} off", worst, floor)
         wide = float64_outputs(model, x)
         if wide is not None:
-            e_t = max(rel_l2(got[o], wide[o]) for o in spec.outputs)
-            e_r = max(rel_l2(ref[o], wide[o]) for o in spec.outputs)
+            e_t = max(rel_l2(got[o], wide[o]) for o in off)
+            e_r = min(rel_l2(ref[o], wide[o]) for o in off)
             if e_t < tol and e_r >= tol:
                 return Outcome("skip", "reference-rounding",
                                detail + f"; onnxruntime in float64: tessera {e_t:.3g}, onnxruntime's float32 "

@@ -97,7 +97,8 @@ def graph_specs(draw: Callable[[Any], Any], precisions: Sequence[str] = PRECISIO
                      index_bounds=b.index_bounds,
                      types=b.types,
                      # drawn last: earlier draws stay as they were (the default mode since session 39)
-                     rewrites="on" if d.maybe(0.3) else "regroup" if d.maybe(0.5) else "off")
+                     rewrites="on" if d.maybe(0.3) else "regroup" if d.maybe(0.5) else "off",
+                     kernel_nodes=1 if d.maybe(0.15) else 0)  # drawn after all the others, as rewrites was
 
 
 def _outputs(d: Draw, b: Builder) -> list[str]:

@@ -108,6 +108,9 @@ class GraphSpec:
     index_bounds: dict[str, tuple[int, int]] = field(default_factory=dict)  # integer inputs: value range
     types: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
     rewrites: str = "off"  # the compile's --rewrites (a spec saved before it existed ran without)
+    # the compile's --max-kernel-nodes (0: its default). 1 makes every primitive a kernel of its own:
+    # buffer planning across many steps, and concatenations written in place (runtime/concat_alias.py)
+    kernel_nodes: int = 0
 
     @property
     def families(self) -> list[str]:
@@ -125,7 +128,8 @@ class GraphSpec:
                            "family": n.family} for n in self.nodes],
                 "outputs": self.outputs,
                 "index_bounds": {k: list(v) for k, v in self.index_bounds.items()},
-                "types": {k: [list(s), d] for k, (s, d) in self.types.items()}, "rewrites": self.rewrites}
+                "types": {k: [list(s), d] for k, (s, d) in self.types.items()}, "rewrites": self.rewrites,
+                "kernel_nodes": self.kernel_nodes}
 
     @staticmethod
     def from_json(doc: dict[str, Any]) -> "GraphSpec":
@@ -138,14 +142,16 @@ class GraphSpec:
             [NodeSpec(n["op"], n["inputs"], n["outputs"], n["attrs"], n["family"]) for n in doc["nodes"]],
             doc["outputs"], doc["seed"], doc["schedule_seed"],
             {k: tuple(v) for k, v in doc.get("index_bounds", {}).items()},
-            {k: (tuple(s), d) for k, (s, d) in doc.get("types", {}).items()}, doc.get("rewrites", "off"))
+            {k: (tuple(s), d) for k, (s, d) in doc.get("types", {}).items()}, doc.get("rewrites", "off"),
+            doc.get("kernel_nodes", 0))
 
     def __repr__(self) -> str:
         lines = [f"GraphSpec(opset={self.opset}, precision={self.precision!r}, layout={self.layout!r}, "
                  f"strategy={self.strategy!r}, seed={self.seed}, schedule_seed={self.schedule_seed},",
                  f"  inputs={self.inputs!r},", f"  consts={self.consts!r},", "  nodes=["]
         lines += [f"    {n!r}," for n in self.nodes]
-        lines.append(f"  ], outputs={self.outputs!r}, index_bounds={self.index_bounds!r}, rewrites={self.rewrites!r})")
+        lines.append(f"  ], outputs={self.outputs!r}, index_bounds={self.index_bounds!r}, rewrites={self.rewrites!r}, "
+                     f"kernel_nodes={self.kernel_nodes})")
         return "\n".join(lines)
 
 

@@ -302,6 +302,22 @@ def test_onnxruntime_float32_rounding_is_a_counted_skip():
     assert (out.status, out.reason) == ("skip", "reference-rounding"), out
 
 
+def test_onnxruntime_float32_rounding_beside_an_fp16_cast_is_a_counted_skip():
+    """Session 43's fuzz_seed4343.fail1: the InstanceNorm above, beside an output cast to fp16 and
+    back, where tessera and onnxruntime agree but both are 6e-5 off the float64 value (which leaves
+    the cast out). Only the outputs where tessera and onnxruntime differ are held to the float64 value."""
+    spec = GraphSpec(opset=17, precision="fp32", layout="auto", strategy="optimal", seed=1, schedule_seed=0,
+                     inputs=[T("in1", (1, 3, 1), "float32")],
+                     consts=[C("c5", (3,), "float32"), C("c6", (3,), "float32", scale=0.5)],
+                     nodes=[N("Relu", ["in1"], ["t2"], family="elementwise"),
+                            N("Cast", ["t2"], ["t3"], {"to": 10}, family="cast"),
+                            N("Cast", ["t3"], ["t4"], {"to": 1}, family="cast"),
+                            N("InstanceNormalization", ["t2", "c5", "c6"], ["t7"], {"epsilon": 1e-05},
+                              family="normalization")], outputs=["t7", "t4"])
+    out = fuzzcheck.check(spec)
+    assert (out.status, out.reason) == ("skip", "reference-rounding"), out
+
+
 def _group_norm21_float64(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, groups: int,
                           eps: float = 1e-5) -> np.ndarray:
     """GroupNormalization-21 by hand in float64: two-pass statistics, scale and bias per channel."""
