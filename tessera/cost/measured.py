@@ -242,9 +242,9 @@ class MeasuredCost:
         other kernel). Candidates were measured flat only, so the solver priced a transpose at its
         strided form: segformer_b0's decoder transposes ran 7-8x their roofline flat on the H200
         (session 42), and post-solve tuning could tile only the transposes the solver had kept."""
-        j = self.job(c)
-        sched = self._ranked[j.key.signature][1]
-        if sched is None or needs_template(j.prims):
+        j = self.library_job(c)
+        sched = None if j is None else self._ranked[j.key.signature][1]
+        if j is None or sched is None:
             return None
         return replace(j, key=replace(j.key, schedule=_schedule_key(sched)), schedule=sched)
 

@@ -109,9 +109,9 @@ def is_view(graph: Graph, node: Node) -> bool:
 
 def concat_aliasable(graph: Graph, node: Node) -> bool:
     """A concatenation whose inputs can be written straight into its output's buffer, so that it
-    copies nothing (`runtime.executable.Executable._concat_aliases`): row-major tensors, each input
-    a contiguous piece of the output (the dims before the axis all 1), computed by the plan (not a
-    graph input, constant or output) and read once, all stored tf32-rounded or none."""
+    copies nothing (`runtime.concat_alias.concat_aliases`): row-major tensors, each input a
+    contiguous piece of the output (the dims before the axis all 1), computed by the plan (not a
+    graph input, constant or output) and named once, all stored tf32-rounded or none."""
     if node.op != Prim.CONCAT.value:
         return False
     ins = [t for t in node.inputs if t]

@@ -25,11 +25,12 @@ if TYPE_CHECKING:  # the executable imports this module
 @dataclass(frozen=True)
 class Piece:
     """An input of a skipped concatenation: its output, where in it the input starts (elements),
-    and the step of the concatenation."""
+    the step of the concatenation and the step that writes the input."""
 
     concat: str
     offset: int
     step: int
+    writer: int
 
 
 def concat_aliases(graph: Graph, steps: Sequence[Step], views: Mapping[str, str],
@@ -54,6 +55,6 @@ def concat_aliases(graph: Graph, steps: Sequence[Step], views: Mapping[str, str]
             continue  # a library call, an opaque step or another concatenation writes one
         offset = 0
         for b in bases:
-            pieces[b] = Piece(node.outputs[0], offset, i)
+            pieces[b] = Piece(node.outputs[0], offset, i, writer[b])
             offset += graph.types[b].numel
     return pieces

@@ -203,12 +203,9 @@ class Executable:
         pieces = concat_aliases(self.graph, self.steps, alias, {alias.get(t, t) for t in outputs})
         self.in_place = {self.steps[p.step].impl.name for p in pieces.values()}
         span: dict[str, tuple[int, int]] = {}
-        for i, step in enumerate(self.steps):
-            for t in step.kernel.ks.outputs if step.kernel is not None else ():
-                if t in pieces:
-                    c = pieces[t].concat
-                    first, last = span.get(c, (i, i))
-                    span[c] = (min(first, i), max(last, base_last.get(t, i)))
+        for t, p in pieces.items():
+            first, last = span.get(p.concat, (p.writer, p.writer))
+            span[p.concat] = (min(first, p.writer), max(last, base_last.get(t, p.writer)))
         lifetimes = []
         for i, step in enumerate(self.steps):
             if step.kernel is None:
