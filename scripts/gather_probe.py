@@ -3,9 +3,10 @@ half-pixel resize, fp16 [256, 128, 64] -> [256, 128, 128], as tessera generates 
 with the wrap of negative indices), with 32-bit positions, with the indices and weights computed in
 the kernel (no tables), and a plain gather-shaped copy (out[.., x] = in[.., x // 2]). GPU time per call
 from CUDA-graph replays (`triton.testing.do_bench_cudagraph`), six schedules each (1 to 16 elements a
-thread).
+thread). Then tessera's generated kernels for the W pass, the H pass and both, flat and tiled
+(session 44: `codegen.kernels._gather_split`).
 
-    python3 scripts/gather_probe.py            (GPU machine; prints one table)
+    python3 scripts/gather_probe.py            (GPU machine; prints two tables)
 """
 from __future__ import annotations
 
@@ -88,6 +89,60 @@ def tables() -> tuple[np.ndarray, ...]:
     return lo, hi, w_lo, w_hi
 
 
+def resize_graph(shape: tuple[int, ...], scales: tuple[int, ...]):
+    """A bilinear half-pixel Resize of an fp16 NCHW tensor, as tessera's primitives."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tessera.fission import fission
+    from tessera.frontend import load
+
+    out = [d * f for d, f in zip(shape, scales)]
+    n = helper.make_node("Resize", ["x", "", "sc"], ["out"], mode="linear", coordinate_transformation_mode="half_pixel")
+    m = helper.make_model(helper.make_graph(
+        [n], "resize", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, list(shape))],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT16, out)],
+        [numpy_helper.from_array(np.array(scales, np.float32), "sc")]), opset_imports=[helper.make_opsetid("", 20)])
+    return fission(load(m).graph).graph
+
+
+def generated_forms() -> None:
+    """tessera's own kernels for three upsamplings (the W pass, the H pass, both) at flat schedules
+    and at tiled ones (2-D blocks from the gathered axis: the index and weight tables load once per
+    column of a block), each checked against the flat default's output."""
+    from tessera.codegen.kernels import Schedule, generate, schedules, tile_shape
+    from tessera.codegen.launch import TritonKernel
+    from tessera.runtime.torch_prims import TORCH_DTYPES
+
+    cases = {"W pass": ((1, 256, 128, 64), (1, 1, 1, 2)), "H pass": ((1, 256, 64, 128), (1, 1, 2, 1)),
+             "H and W": ((1, 256, 64, 64), (1, 1, 2, 2))}
+    print(f"\n{'case':8} {'schedule':22} {'us':>7} {'TB/s':>6} {'max err':>8}")
+    for case, (shape, scales) in cases.items():
+        g = resize_graph(shape, scales)
+        tile = tile_shape(g, g.nodes, list(g.outputs))
+        n = g.types[g.outputs[0]].numel
+        space = schedules(n, 1, tile) + [Schedule(xb, cb, w, cb >= tile[1]) for xb, cb in ((8, 128), (16, 128), (4, 256))
+                                         for w in (4, 8) if tile and cb <= tile[1]]
+        x = torch.randn(shape, dtype=torch.float16, device="cuda")
+        env = {**{t: torch.as_tensor(np.asarray(v)).to("cuda", TORCH_DTYPES[g.types[t].dtype]) for t, v in g.constants.items()},
+               "x": x}
+        ref = None
+        gb = (x.numel() + n) * 2 / 1e9
+        for s in dict.fromkeys(space):
+            ks = generate(g, g.nodes, list(g.outputs), "k", s)
+            kern = TritonKernel(ks)
+            out = torch.empty(g.types[g.outputs[0]].shape, dtype=torch.float16, device="cuda")
+            args = [env[t] for t in ks.inputs]
+            launch = lambda: kern(*args, out)  # noqa: E731
+            launch()
+            torch.cuda.synchronize()
+            if ref is None:
+                ref = out.float().clone()
+            err = (out.float() - ref).abs().max().item()
+            us = triton.testing.do_bench_cudagraph(launch, rep=100) * 1e3
+            form = f"x{s.xblock}-r{s.rblock}-w{s.num_warps}" + ("-p" if s.persistent and s.rblock > 1 else "")
+            print(f"{case:8} {form:22} {us:7.2f} {gb / us * 1e6 / 1e3:6.2f} {err:8.1e}")
+
+
 def main() -> None:
     lo, hi, w_lo, w_hi = tables()
     dev = "cuda"
@@ -117,3 +172,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    generated_forms()

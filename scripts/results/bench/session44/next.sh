@@ -1,0 +1,20 @@
+#!/bin/bash
+# Session 44's device calls: `bash scripts/results/bench/session44/next.sh N` on nvidia-h200-x2 (one runner per
+# GPU, side by side), carrying .whl and .pin16 (rebuilt from HEAD first, as ../session34/next.sh says).
+# 1: a6af258's concatenations that copy nothing (segformer_b0's decoder concat ran 15.6 us in session 43's
+#    call 3), cold and profiled: segformer_b0 fp16 on GPU 0 after scripts/gather_probe.py (what bounds the
+#    bilinear upsampling kernels, 12-13 us each), tf32 on GPU 1.
+source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms` and `models`
+on_gpu() {  # on_gpu GPU LOG COMMAND...: one runner on one GPU, in the background
+    local gpu=$1 log=$2; shift 2
+    (export CUDA_VISIBLE_DEVICES=$gpu; "$@") > "$OUT/$log" 2>&1 &
+}
+case $1 in
+    1)
+        export PROFILE=1
+        on_gpu 0 e2e_a.txt eval 'python3 scripts/gather_probe.py > "$OUT/gather.txt" 2>&1;
+                                 gemms e2e_a segformer_b0 fp16 540 eager,inductor'
+        on_gpu 1 e2e_b.txt gemms e2e_b segformer_b0 tf32 560 eager,inductor
+        wait; cat "$OUT/gather.txt" "$OUT/e2e_a.txt" "$OUT/e2e_b.txt" ;;
+    *) echo "next.sh: call 1"; exit 2 ;;
+esac
