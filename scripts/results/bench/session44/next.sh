@@ -4,6 +4,8 @@
 # 1: a6af258's concatenations that copy nothing (segformer_b0's decoder concat ran 15.6 us in session 43's
 #    call 3), cold and profiled: segformer_b0 fp16 on GPU 0 after scripts/gather_probe.py (what bounds the
 #    bilinear upsampling kernels, 12-13 us each), tf32 on GPU 1.
+# 2: as 1 after 963a5ba (gathering kernels tile from the gathered axis; the probe then also times
+#    tessera's own upsampling kernels flat and tiled).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms` and `models`
 on_gpu() {  # on_gpu GPU LOG COMMAND...: one runner on one GPU, in the background
     local gpu=$1 log=$2; shift 2
@@ -16,5 +18,11 @@ case $1 in
                                  gemms e2e_a segformer_b0 fp16 540 eager,inductor'
         on_gpu 1 e2e_b.txt gemms e2e_b segformer_b0 tf32 560 eager,inductor
         wait; cat "$OUT/gather.txt" "$OUT/e2e_a.txt" "$OUT/e2e_b.txt" ;;
-    *) echo "next.sh: call 1"; exit 2 ;;
+    2)
+        export PROFILE=1
+        on_gpu 0 e2e_c.txt eval 'python3 scripts/gather_probe.py > "$OUT/gather.txt" 2>&1;
+                                 gemms e2e_c segformer_b0 fp16 540 eager,inductor'
+        on_gpu 1 e2e_d.txt gemms e2e_d segformer_b0 tf32 560 eager,inductor
+        wait; cat "$OUT/gather.txt" "$OUT/e2e_c.txt" "$OUT/e2e_d.txt" ;;
+    *) echo "next.sh: call 1-2"; exit 2 ;;
 esac
