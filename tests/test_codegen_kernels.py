@@ -338,33 +338,6 @@ def test_tiled_schedules_only_for_transposing_kernels():
         one_kernel(g, Schedule(4, 4, 4, True))
 
 
-def _bilinear_model(shape, scales, seed=51):
-    x = rand(*shape, seed=seed)
-    m = graph_model([helper.make_node("Resize", ["x", "", "sc"], ["out"], mode="linear",
-                                      coordinate_transformation_mode="half_pixel")],
-                    {"x": x, "sc": Const(np.array(scales, np.float32))}, ["out"])
-    return m, {"x": x}
-
-
-@pytest.mark.parametrize("scales, split", [((1, 1, 1, 2), 3), ((1, 1, 2, 1), 2), ((1, 1, 2, 2), 3)])
-@pytest.mark.parametrize("schedule", [Schedule(8, 4, 4, False), Schedule(4, 128, 4, True), Schedule(2, 2, 2, False)])
-def test_gathering_kernels_tile_from_the_gathered_axis(scales, split, schedule):
-    # A bilinear Resize's blends gather along an axis with 1-D index tables: tiled, its columns are
-    # that axis and the dims after it, so the tables load once per column of a block ([1, RBLOCK]),
-    # not once per element; remainders on both axes masked, against the float64 reference.
-    from tessera.codegen.kernels import tile_shape
-
-    shape = (1, 3, 5, 7)
-    m, feeds = _bilinear_model(shape, scales)
-    g = fission(load(m).graph).graph
-    out = g.types[g.outputs[0]].shape
-    assert tile_shape(g, g.nodes, list(g.outputs)) == (int(np.prod(out[:split])), int(np.prod(out[split:])))
-    ks = check_kernel(m, feeds, schedule)
-    assert "tiled pointwise" in ks.source
-    tables = [ln for ln in ks.source.splitlines() if "tl.load(" in ln and "xindex" not in ln]
-    assert tables, ks.source  # loads that depend on the columns alone
-
-
 # ---- division by a divisor invariant in the inner loops --------------------------------------
 def test_row_invariant_divisor_is_inverted_once():
     # Softmax divides each element by its row's sum: one reciprocal per row, a multiply per element.

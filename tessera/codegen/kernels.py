@@ -315,9 +315,8 @@ def tile_shape(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str]) -> t
     Tiled: a program owns a block of XBLOCK rows by RBLOCK columns of the output (persistent: whole
     rows), so every access is a 2-D block. A kernel that transposes reads its input along the rows while it
     writes along the columns; in 2-D blocks Triton stages the exchange through shared memory and
-    both sides stay coalesced, where a flat index reads with a stride. Kernels with a transpose
-    that moves the last axis get the option, and kernels that gather along an axis with a 1-D index
-    (`_gather_split`); all their outputs must have one shape.
+    both sides stay coalesced, where a flat index reads with a stride. Only kernels with a
+    transpose that moves the last axis get the option, and all their outputs must have one shape.
     """
     split = _column_split(graph, nodes, outputs)
     if split is None:
@@ -338,7 +337,7 @@ def _column_split(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str]) -
     movers = [n for n in nodes
               if n.op == Prim.TRANSPOSE.value and list(n.attrs["perm"])[-1] != len(n.attrs["perm"]) - 1]
     if not movers:
-        return _gather_split(graph, nodes, shape)
+        return None
     # A reshape may split the transpose's last axis over several output dims ([N, HW, C] -> [N, C, HW]
     # -> [N, C, H, W], segformer_b0's decoder): the columns are then all of them, so that a row is one
     # channel, which the input holds contiguously, and a block's rows read coalesced. With W alone as
@@ -351,18 +350,6 @@ def _column_split(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str]) -
         if split is not None and prod(shape[:split]) >= 2:
             return split
     return len(shape) - 1
-
-
-def _gather_split(graph: Graph, nodes: Sequence[Node], shape: tuple[int, ...]) -> int | None:
-    """The column split of a kernel that gathers along an axis of its output with a 1-D index (a
-    linear or nearest Resize): the columns are that axis and the dims after it. In 2-D blocks the
-    index and blend-weight loads depend on the column alone, so a program loads them once per column
-    ([1, RBLOCK]) instead of once per element: flat, segformer_b0's bilinear W pass ran 13.1 us on the
-    H200, and with the tables' loads gone (computed in the kernel) 5.8 (`scripts/gather_probe.py`)."""
-    axes = [n.attrs["axis"] for n in nodes if n.op == Prim.GATHER.value
-            and graph.types[n.inputs[1]].rank == 1 and graph.types[n.outputs[0]].shape == shape]
-    split = min(axes, default=0)
-    return split if split >= 1 and prod(shape[:split]) >= 2 else None
 
 
 def _tiled(k: KernelBody, sched: Schedule) -> tuple[list[str], int, int]:
@@ -618,7 +605,7 @@ def generate(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], name: 
     tile = None if reduction else tile_shape(graph, nodes, outputs)
     tiled = not reduction and schedule.rblock > 1
     if tiled and tile is None:
-        raise Unsupported("a tiled schedule needs a transposing or gathering kernel with outputs of one shape")
+        raise Unsupported("a tiled schedule needs a transposing kernel with outputs of one shape")
     header, xnumel, rnumel = (_reduction if reduction else _tiled if tiled else _pointwise)(k, schedule)
     fn = sanitize(name)
     body: list[str] = []

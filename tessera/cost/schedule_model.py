@@ -46,12 +46,18 @@ from tessera.codegen.triton_ops import Unsupported
 from tessera.cost.devices import Device, device
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node
+from tessera.ir.prims import Prim
 
 
 @dataclass(frozen=True)
 class ScheduleParams:
     warps_to_saturate: float = 24.0  # warps per SM at which a streaming kernel reaches full bandwidth
     values_per_thread: float = 64.0  # register-resident values per thread before spilling
+    # The same for a kernel that gathers along a contiguous axis (`gathers_inner`): each element
+    # holds its own 64-bit index and address and no load vectorizes. segformer_b0's bilinear W pass
+    # (H200, fp16, `scripts/gather_probe.py`, session 44) ran 8.7-8.8 us at 4 elements a thread and
+    # 13.1 at 8 (the flat schedules this model ranked first), 9.9-13.1 at 1-2.
+    gather_values_per_thread: float = 4.0
     spill_cost: float = 0.5  # extra time per doubling past values_per_thread
     loop_iteration_s: float = 1.0e-7  # per sequential chunk of a looped reduction (per program wave)
     max_warps_per_sm: int = 64
@@ -64,8 +70,9 @@ SECTOR_BYTES = 32
 
 
 def predict(s: Schedule, xnumel: int, rnumel: int, nbytes: float, dev: Device,
-            p: ScheduleParams = DEFAULT_PARAMS, strided_itemsize: int = 0) -> float:
-    """Predicted seconds of one launch under schedule s (only the ranking is meant to be right)."""
+            p: ScheduleParams = DEFAULT_PARAMS, strided_itemsize: int = 0, gathers: bool = False) -> float:
+    """Predicted seconds of one launch under schedule s (only the ranking is meant to be right);
+    `gathers`: the kernel gathers along a contiguous axis (`gathers_inner`)."""
     rnumel = max(1, rnumel)
     programs = math.ceil(xnumel / s.xblock)
     pad_x = programs * s.xblock / xnumel
@@ -78,7 +85,8 @@ def predict(s: Schedule, xnumel: int, rnumel: int, nbytes: float, dev: Device,
     warps = min(programs * s.num_warps, dev.sms * p.max_warps_per_sm)
     saturation = min(1.0, warps / (pad_x * pad_r) / (dev.sms * p.warps_to_saturate))
     per_thread = s.xblock * max(s.rblock, 1) / (32 * s.num_warps)
-    spill = 1.0 + p.spill_cost * max(0.0, math.log2(per_thread / p.values_per_thread))
+    held = p.gather_values_per_thread if gathers else p.values_per_thread
+    spill = 1.0 + p.spill_cost * max(0.0, math.log2(per_thread / held))
     waves = math.ceil(programs * s.num_warps / (dev.sms * p.max_warps_per_sm))
     stream = nbytes / (dev.bandwidth * saturation)
     if strided_itemsize:  # adjacent rows are adjacent in memory: a sector holds that many of them
@@ -88,7 +96,7 @@ def predict(s: Schedule, xnumel: int, rnumel: int, nbytes: float, dev: Device,
 
 def rank(space: Sequence[Schedule], xnumel: int, rnumel: int, nbytes: float, dev: Device,
          p: ScheduleParams = DEFAULT_PARAMS, tile: tuple[int, int] | None = None,
-         strided_itemsize: int = 0) -> list[Schedule]:
+         strided_itemsize: int = 0, gathers: bool = False) -> list[Schedule]:
     """The space from most to least promising (ties keep the space's order). A tiled pointwise
     schedule (rblock > 1 in a kernel with `tile`) is priced like a row kernel over (rows, columns);
     the model knows nothing of coalescing, which is what tiling is for."""
@@ -99,9 +107,22 @@ def rank(space: Sequence[Schedule], xnumel: int, rnumel: int, nbytes: float, dev
             # one tile a program (`codegen.kernels._tiled`): priced as that many programs of one block
             tiles = math.ceil(tile[0] / s.xblock) * math.ceil(tile[1] / s.rblock)
             return predict(replace(s, persistent=True), tiles * s.xblock, s.rblock, nbytes, dev, p)
-        return predict(s, xnumel, rnumel, nbytes, dev, p, strided_itemsize)
+        return predict(s, xnumel, rnumel, nbytes, dev, p, strided_itemsize, gathers)
 
     return sorted(space, key=cost)
+
+
+def gathers_inner(graph: Graph, ks: KernelSource) -> bool:
+    """Does the kernel gather with a 1-D index along an axis its data holds contiguously (a
+    bilinear Resize's W pass)? Its elements' loads are then one scalar load each."""
+    by_name = {n.name: n for n in graph.nodes}
+    for name in ks.prims:
+        n = by_name.get(name)
+        if n is not None and n.op == Prim.GATHER.value and graph.types[n.inputs[1]].rank == 1:
+            data = graph.types[n.inputs[0]]
+            if data.shape[n.attrs["axis"]] > 1 and data.strides[n.attrs["axis"]] == 1:
+                return True
+    return False
 
 
 def rank_kernel(graph: Graph, ks: KernelSource, dev: Device | None = None) -> tuple[list[Schedule], list[Schedule]]:
@@ -113,7 +134,7 @@ def rank_kernel(graph: Graph, ks: KernelSource, dev: Device | None = None) -> tu
     nbytes = sum(graph.types[t].nbytes for t in ks.inputs + ks.outputs)
     itemsize = min((graph.types[t].dtype.itemsize for t in ks.inputs), default=4) if ks.strided else 0
     return space, rank(space, xnumel, rnumel, nbytes, dev or device("h100"), tile=ks.tile,
-                       strided_itemsize=itemsize)
+                       strided_itemsize=itemsize, gathers=not ks.rnumel > 1 and gathers_inner(graph, ks))
 
 
 # ---- GEMM templates ----------------------------------------------------------------------------
