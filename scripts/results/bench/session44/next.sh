@@ -6,6 +6,8 @@
 #    bilinear upsampling kernels, 12-13 us each), tf32 on GPU 1.
 # 2: as 1 after 963a5ba (gathering kernels tile from the gathered axis; the probe then also times
 #    tessera's own upsampling kernels flat and tiled).
+# 3: segformer_b0 fp16 (GPU 0) and tf32 (GPU 1) cold, profiled, after 089fc40 (a kernel gathering along
+#    a contiguous axis ranks 4 elements a thread first; the tiled gathers of call 2 dropped).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms` and `models`
 on_gpu() {  # on_gpu GPU LOG COMMAND...: one runner on one GPU, in the background
     local gpu=$1 log=$2; shift 2
@@ -24,5 +26,10 @@ case $1 in
                                  gemms e2e_c segformer_b0 fp16 540 eager,inductor'
         on_gpu 1 e2e_d.txt gemms e2e_d segformer_b0 tf32 560 eager,inductor
         wait; cat "$OUT/gather.txt" "$OUT/e2e_c.txt" "$OUT/e2e_d.txt" ;;
-    *) echo "next.sh: call 1-2"; exit 2 ;;
+    3)
+        export PROFILE=1
+        on_gpu 0 e2e_e.txt gemms e2e_e segformer_b0 fp16 520 eager,inductor
+        on_gpu 1 e2e_f.txt gemms e2e_f segformer_b0 tf32 520 eager,inductor
+        wait; cat "$OUT/e2e_e.txt" "$OUT/e2e_f.txt" ;;
+    *) echo "next.sh: call 1-3"; exit 2 ;;
 esac
