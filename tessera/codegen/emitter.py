@@ -27,6 +27,7 @@ from tessera.codegen.index import Ix
 from tessera.codegen.triton_ops import COMPUTE, Unsupported, Val, elementwise, fold_literal, literal
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import BINARY, REDUCTIONS, UNARY, Prim
+from tessera.ir.tables import PeriodicTable, table_form
 
 Mask = frozenset[str]
 
@@ -144,6 +145,36 @@ class Emitter:
         conv = f".to({COMPUTE[t.dtype]})" if COMPUTE[t.dtype] != f"tl.{t.dtype.value}" else ""
         return Val(self.emit(f"tl.load({args}){conv}", deps, "v"), t.dtype, deps)
 
+    def closed_table(self, tensor: str, form: PeriodicTable, index: Sequence[Ix]) -> Val:
+        """The constant `tensor`, whose one non-unit dim holds `form`, at `index`: selects on the
+        position's remainder plus a step per period, the edges picked by position; no load."""
+        t = self.graph.types[tensor]
+        i = index[next(d for d, n in enumerate(t.shape) if n != 1)]
+
+        def lit(v: int | float) -> str:
+            return literal(v, t.dtype).expr
+
+        if i.const is not None:
+            return literal(form.values()[i.const].item(), t.dtype)
+        i = self.index_var(i)
+        p = form.period
+        if p > 1:
+            r = self.emit(f"{i.expr} % {p}", i.deps, "i")
+            expr = lit(form.phase[-1])
+            for k in range(p - 2, -1, -1):
+                expr = f"tl.where({r} == {k}, {lit(form.phase[k])}, {expr})"
+        else:
+            expr = lit(form.phase[0])
+        if form.step:
+            whole = f"({i.expr} // {p})" if p > 1 else i.expr
+            expr = f"{expr} + {whole}" if form.step == 1 else f"{expr} + {form.step} * {whole}"
+        edges = list(enumerate(form.head)) + [(form.length - len(form.tail) + k, v) for k, v in enumerate(form.tail)]
+        for at, v in edges:
+            expr = f"tl.where({i.expr} == {at}, {lit(v)}, {expr})"
+        if p == 1 and not form.step and not edges:
+            return literal(form.phase[0], t.dtype)
+        return Val(self.emit(expr, i.deps, "v"), t.dtype, i.deps)
+
     def _compute(self, tensor: str, index: tuple[Ix, ...], mask: Mask) -> Val:
         node = self.producer.get(tensor)
         if node is None:
@@ -152,6 +183,9 @@ class Emitter:
             one = self.graph.scalar_constant(tensor)
             if one is not None:  # written into the source: no load, and x**3.0 becomes two products
                 return literal(one, self.graph.types[tensor].dtype)
+            form = table_form(self.graph, tensor)
+            if form is not None:  # a Resize's index or weight table: computed from the position
+                return self.closed_table(tensor, form, index)
             return self.load(tensor, index, mask)
         prim = Prim(node.op)
         out = self.graph.types[tensor]
@@ -346,7 +380,11 @@ def _gather(em: Emitter, node: Node, index: tuple[Ix, ...], mask: Mask) -> Val:
     axis = node.attrs["axis"]
     q = em.graph.types[indices].rank
     extent = em.graph.types[data].shape[axis]
-    j = _wrapped(em, em.value(indices, index[axis:axis + q], mask), extent)
+    idx = em.value(indices, index[axis:axis + q], mask)
+    # Constant indices that are all non-negative need no wrap (ONNX requires them below the extent).
+    table = em.graph.constants.get(indices)
+    j = Ix(idx.expr, None, extent, idx.deps) if table is not None and (table >= 0).all() and not idx.is_literal \
+        else _wrapped(em, idx, extent)
     return em.value(data, list(index[:axis]) + [j] + list(index[axis + q:]), mask)
 
 

@@ -35,7 +35,7 @@ from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import REDUCTIONS, Prim
 
 # Bump when generated code changes: it is part of every tuning-database key.
-CODEGEN_VERSION = 15  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts;
+CODEGEN_VERSION = 16  # 2: tiled pointwise schedules; trailing runs of one flat index collapse; 3: storage layouts;
 # 4: reduction rows numbered in storage order; 5: GEMM templates with fused epilogues (codegen/gemm.py);
 # 6: convolution templates (codegen/conv.py), the template tile shared in codegen/tile.py;
 # 7: convolution templates read their constant weight from a K-contiguous copy;

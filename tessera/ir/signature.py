@@ -10,6 +10,7 @@ import hashlib
 from typing import Sequence
 
 from tessera.ir.graph import Graph, Node
+from tessera.ir.tables import table_form
 
 
 def kernel_signature(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], outputs: Sequence[str],
@@ -24,6 +25,9 @@ def kernel_signature(graph: Graph, prims: Sequence[Node], prologue: Sequence[Nod
             one = graph.scalar_constant(t) if t else None
             # A tensor stored rounded to tf32 is written or read differently (Graph.tf32_rounded).
             mark = (f"={one!r}" if one is not None else "") + ("~tf32" if t in graph.tf32_rounded else "")
+            form = table_form(graph, t) if t and one is None else None
+            if form is not None:  # computed from the position: its form is in the source
+                mark += "~" + form.describe()
             ids[t] = f"t{len(ids)}:{graph.types[t]}{mark}" if t else ""
         return ids[t].split(":")[0] if ids[t] else ""
 
