@@ -47,16 +47,18 @@ from tessera.cost.devices import Device, device
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import Prim
+from tessera.ir.tables import table_form
 
 
 @dataclass(frozen=True)
 class ScheduleParams:
     warps_to_saturate: float = 24.0  # warps per SM at which a streaming kernel reaches full bandwidth
     values_per_thread: float = 64.0  # register-resident values per thread before spilling
-    # The same for a kernel that gathers along a contiguous axis (`gathers_inner`): each element
-    # holds its own 64-bit index and address and no load vectorizes. segformer_b0's bilinear W pass
-    # (H200, fp16, `scripts/gather_probe.py`, session 44) ran 8.7-8.8 us at 4 elements a thread and
-    # 13.1 at 8 (the flat schedules this model ranked first), 9.9-13.1 at 1-2.
+    # The same for a kernel that gathers along a contiguous axis with a loaded index (`gathers_inner`):
+    # each element holds its own 64-bit index and address and no load vectorizes. segformer_b0's
+    # bilinear W pass with its tables loaded (H200, fp16, `scripts/gather_probe.py`, session 44) ran
+    # 8.7-8.8 us at 4 elements a thread and 13.1 at 8 (the flat schedules this model ranked first),
+    # 9.9-13.1 at 1-2.
     gather_values_per_thread: float = 4.0
     spill_cost: float = 0.5  # extra time per doubling past values_per_thread
     loop_iteration_s: float = 1.0e-7  # per sequential chunk of a looped reduction (per program wave)
@@ -113,12 +115,16 @@ def rank(space: Sequence[Schedule], xnumel: int, rnumel: int, nbytes: float, dev
 
 
 def gathers_inner(graph: Graph, ks: KernelSource) -> bool:
-    """Does the kernel gather with a 1-D index along an axis its data holds contiguously (a
-    bilinear Resize's W pass)? Its elements' loads are then one scalar load each."""
+    """Does the kernel gather with a loaded 1-D index along an axis its data holds contiguously?
+    Its elements' loads are then one scalar load each, after a load of the index. An index the
+    kernel computes from its position (`ir.tables`: a whole-number Resize's) does not count: with
+    its tables computed, the bilinear W pass ran best at 8 elements a thread (5.7 us against 6.1 at 4,
+    H200, fp16, `scripts/gather_probe.py`'s "arith" rows)."""
     by_name = {n.name: n for n in graph.nodes}
     for name in ks.prims:
         n = by_name.get(name)
-        if n is not None and n.op == Prim.GATHER.value and graph.types[n.inputs[1]].rank == 1:
+        if n is not None and n.op == Prim.GATHER.value and graph.types[n.inputs[1]].rank == 1 \
+                and table_form(graph, n.inputs[1]) is None:
             data = graph.types[n.inputs[0]]
             if data.shape[n.attrs["axis"]] > 1 and data.strides[n.attrs["axis"]] == 1:
                 return True
