@@ -51,7 +51,8 @@ CODEGEN_VERSION = 16  # 2: tiled pointwise schedules; trailing runs of one flat 
 # 13: one-element float constants are literals in the source (Graph.scalar_constant; GELU's x**3 as products)
 # 14: tf32 rounding through a helper each rounding module defines: one PTX cvt.rna.tf32.f32 per element on the GPU
 # 15: a tiled pointwise kernel narrower than its rows runs one tile a program, not a walk of its rows' columns
-# 16: constant tables with a closed form in their position are computed, not loaded (ir/tables.py)
+# 16: constant tables with a closed form in their position are computed, not loaded (ir/tables.py);
+# a cast between float16 and bfloat16 rounds (it was taken for a widening)
 
 # Elements one program holds in registers per value (fp32: 16 KiB).
 BLOCK_ELEMENTS = 4096
