@@ -8,6 +8,10 @@
 #    tessera's own upsampling kernels flat and tiled).
 # 3: segformer_b0 fp16 (GPU 0) and tf32 (GPU 1) cold, profiled, after 089fc40 (a kernel gathering along
 #    a contiguous axis ranks 4 elements a thread first; the tiled gathers of call 2 dropped).
+# Next session (rebuild .pin16 from HEAD first):
+# 4: eeef598's closed-form tables (a whole-number Resize computes its index and weight tables, codegen 16):
+#    the gather probe (its second table: tessera's own kernels) then segformer_b0 fp16 on GPU 0, tf32 on
+#    GPU 1, cold, profiled. The W pass ran 9.2 us fp16 and 13.6-14.0 tf32 in call 3.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms` and `models`
 on_gpu() {  # on_gpu GPU LOG COMMAND...: one runner on one GPU, in the background
     local gpu=$1 log=$2; shift 2
@@ -31,5 +35,11 @@ case $1 in
         on_gpu 0 e2e_e.txt gemms e2e_e segformer_b0 fp16 520 eager,inductor
         on_gpu 1 e2e_f.txt gemms e2e_f segformer_b0 tf32 520 eager,inductor
         wait; cat "$OUT/e2e_e.txt" "$OUT/e2e_f.txt" ;;
-    *) echo "next.sh: call 1-3"; exit 2 ;;
+    4)
+        export PROFILE=1
+        on_gpu 0 e2e_g.txt eval 'python3 scripts/gather_probe.py > "$OUT/gather.txt" 2>&1;
+                                 gemms e2e_g segformer_b0 fp16 540 eager,inductor'
+        on_gpu 1 e2e_h.txt gemms e2e_h segformer_b0 tf32 560 eager,inductor
+        wait; cat "$OUT/gather.txt" "$OUT/e2e_g.txt" "$OUT/e2e_h.txt" ;;
+    *) echo "next.sh: call 1-4"; exit 2 ;;
 esac
