@@ -3,8 +3,9 @@ half-pixel resize, fp16 [256, 128, 64] -> [256, 128, 128], as tessera generates 
 with the wrap of negative indices), with 32-bit positions, with the indices and weights computed in
 the kernel (no tables), and a plain gather-shaped copy (out[.., x] = in[.., x // 2]). GPU time per call
 from CUDA-graph replays (`triton.testing.do_bench_cudagraph`), six schedules each (1 to 16 elements a
-thread). Then tessera's generated kernels for the W pass, the H pass and both, flat and tiled
-(session 44: `codegen.kernels._gather_split`).
+thread). Then tessera's generated kernels for the W pass, the H pass and both, at their flat
+schedules (and tiled ones where the kernel has them: 963a5ba gave gathering kernels tiles, session 44
+call 2, since reverted; from eeef598 the kernels compute their closed-form tables).
 
     python3 scripts/gather_probe.py            (GPU machine; prints two tables)
 """
@@ -107,8 +108,7 @@ def resize_graph(shape: tuple[int, ...], scales: tuple[int, ...]):
 
 def generated_forms() -> None:
     """tessera's own kernels for three upsamplings (the W pass, the H pass, both) at flat schedules
-    and at tiled ones (2-D blocks from the gathered axis: the index and weight tables load once per
-    column of a block), each checked against the flat default's output."""
+    and at tiled ones where the kernel has a tiled form, each checked against the first schedule's output."""
     from tessera.codegen.kernels import Schedule, generate, schedules, tile_shape
     from tessera.codegen.launch import TritonKernel
     from tessera.runtime.torch_prims import TORCH_DTYPES
