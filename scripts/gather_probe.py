@@ -7,7 +7,7 @@ thread). Then tessera's generated kernels for the W pass, the H pass and both, a
 schedules (and tiled ones where the kernel has them: 963a5ba gave gathering kernels tiles, session 44
 call 2, since reverted; from eeef598 the kernels compute their closed-form tables).
 
-    python3 scripts/gather_probe.py            (GPU machine; prints two tables)
+    python3 scripts/gather_probe.py [--generated]   (GPU machine; prints two tables, or the second)
 """
 from __future__ import annotations
 
@@ -171,5 +171,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if "--generated" not in sys.argv:  # --generated: tessera's kernels only
+        main()
     generated_forms()

@@ -8,6 +8,8 @@
 #    tessera's own upsampling kernels flat and tiled).
 # 3: segformer_b0 fp16 (GPU 0) and tf32 (GPU 1) cold, profiled, after 089fc40 (a kernel gathering along
 #    a contiguous axis ranks 4 elements a thread first; the tiled gathers of call 2 dropped).
+# 4s: (the session's last 246 s of device time) the gather probe's second table alone after eeef598, on one
+#    GPU: tessera's upsampling kernels computing their closed-form tables.
 # Next session (rebuild .pin16 from HEAD first):
 # 4: eeef598's closed-form tables (a whole-number Resize computes its index and weight tables, codegen 16):
 #    the gather probe (its second table: tessera's own kernels) then segformer_b0 fp16 on GPU 0, tf32 on
@@ -35,6 +37,9 @@ case $1 in
         on_gpu 0 e2e_e.txt gemms e2e_e segformer_b0 fp16 520 eager,inductor
         on_gpu 1 e2e_f.txt gemms e2e_f segformer_b0 tf32 520 eager,inductor
         wait; cat "$OUT/e2e_e.txt" "$OUT/e2e_f.txt" ;;
+    4s)
+        CUDA_VISIBLE_DEVICES=0 timeout 150 python3 scripts/gather_probe.py --generated > "$OUT/gather.txt" 2>&1
+        cat "$OUT/gather.txt" ;;
     4)
         export PROFILE=1
         on_gpu 0 e2e_g.txt eval 'python3 scripts/gather_probe.py > "$OUT/gather.txt" 2>&1;
