@@ -118,8 +118,8 @@ def gathers_inner(graph: Graph, ks: KernelSource) -> bool:
     """Does the kernel gather with a loaded 1-D index along an axis its data holds contiguously?
     Its elements' loads are then one scalar load each, after a load of the index. An index the
     kernel computes from its position (`ir.tables`: a whole-number Resize's) does not count: with
-    its tables computed, the bilinear W pass ran best at 8 elements a thread (5.7 us against 6.1 at 4,
-    H200, fp16, `scripts/gather_probe.py`'s "arith" rows)."""
+    its tables computed, tessera's bilinear W pass ran best at 8 elements a thread (4.75 us against
+    6.1-6.2 at 4, H200, fp16, `scripts/gather_probe.py --generated`, session 44)."""
     by_name = {n.name: n for n in graph.nodes}
     for name in ks.prims:
         n = by_name.get(name)
