@@ -50,6 +50,7 @@ from tessera.compiler import CompileOptions, CompileResult, compile_model, gener
 from tessera.fission import fission
 from tessera.frontend import load
 from tessera.ir import interp
+from tessera.ir.tables import table_form
 from tessera.orchestrate.layout import is_conversion
 from tessera.runtime.executable import Executable
 from tessera.tolerance import TOLERANCE, rel_l2
@@ -270,7 +271,7 @@ def pick_schedules(result: CompileResult, seed: int) -> None:
 
 def kernel_forms(result: CompileResult) -> Counter:
     """What the plan exercises: generated pointwise/reduction/tiled kernels, library linears,
-    channels-last convolutions, padded channels, views and fallbacks."""
+    channels-last convolutions, padded channels, closed-form tables, views and fallbacks."""
     c: Counter = Counter()
     g = result.graph
     for impl in result.kernels:
@@ -284,6 +285,8 @@ def kernel_forms(result: CompileResult) -> Counter:
                 c["tiled"] += 1
             else:
                 c["pointwise"] += 1
+            # constants computed from their position, not loaded (ir/tables.py)
+            c["closed_tables"] += sum(1 for t in ks.inputs if table_form(g, t) is not None)
         if impl.linear is not None:
             op = impl.linear.op
             c[f"linear:{op}"] += 1

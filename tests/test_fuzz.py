@@ -253,6 +253,19 @@ def test_fuzzer_regressions(name):
     assert not outcome.warnings, outcome.warnings
 
 
+def test_a_whole_number_resize_counts_its_closed_form_tables():
+    # kernel_forms reports how often the fuzzer's plans compute tables from the position (ir/tables.py):
+    # a 2x bilinear W pass has four (two index tables, two weight tables).
+    spec = GraphSpec(opset=13, precision="fp32", layout="auto", strategy="optimal", seed=3, schedule_seed=0,
+                     inputs=[T("in1", (1, 2, 3, 8), "float32")],
+                     consts=[C("c2", (4,), "float32", values=(1.0, 1.0, 1.0, 2.0), data=False)],
+                     nodes=[N("Resize", ["in1", "", "c2"], ["t3"], {"mode": "linear"}, family="resize")],
+                     outputs=["t3"])
+    outcome = fuzzcheck.check(spec)
+    assert outcome.status == "pass", outcome.detail
+    assert outcome.forms["closed_tables"] == 4
+
+
 def test_bf16_rounding_matches_ml_dtypes():
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(20000) * 10.0 ** rng.uniform(-40, 38, 20000)).astype(np.float32)
