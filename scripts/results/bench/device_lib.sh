@@ -1,7 +1,7 @@
 # Shared by the sessions' next.sh (sourced, run on the GPU machine from the repository root, carrying .whl
 # with the highspy wheel and .pin16, a `git archive` of the commit measured with its hash in CODE).
 # Stops unless the cards are H100s or H200s (the same Hopper chip), installs highspy, records the cards, then
-# defines `gemms` and `models`. Set CUDA_VISIBLE_DEVICES to give a runner one GPU of several.
+# defines `gemms`, `models` and `on_gpu`. Set CUDA_VISIBLE_DEVICES to give a runner one GPU of several.
 nvidia-smi -L | grep -q 'H100\|H200' || { nvidia-smi -L; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/highspy*.whl || exit 1
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
@@ -24,4 +24,9 @@ models() {
         --vs inductor-cudagraphs --strategies optimal-precisionio > "$OUT/$1.log" 2>&1
     gzip -f /tmp/$1/*/*.jsonl 2>/dev/null; tar -czf "$OUT/$1.tgz" -C /tmp $1; cat "$OUT/$1.log"
     grep -h "bench .* ms$" /tmp/$1/*/log.txt | sed 's/.*tessera [0-9:]* //')
+}
+# one runner on one GPU, in the background (wait for them): on_gpu GPU LOG COMMAND...
+on_gpu() {
+    local gpu=$1 log=$2; shift 2
+    (export CUDA_VISIBLE_DEVICES=$gpu; "$@") > "$OUT/$log" 2>&1 &
 }

@@ -14,11 +14,7 @@
 # 4: eeef598's closed-form tables (a whole-number Resize computes its index and weight tables, codegen 16):
 #    the gather probe (its second table: tessera's own kernels) then segformer_b0 fp16 on GPU 0, tf32 on
 #    GPU 1, cold, profiled. The W pass ran 9.2 us fp16 and 13.6-14.0 tf32 in call 3.
-source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms` and `models`
-on_gpu() {  # on_gpu GPU LOG COMMAND...: one runner on one GPU, in the background
-    local gpu=$1 log=$2; shift 2
-    (export CUDA_VISIBLE_DEVICES=$gpu; "$@") > "$OUT/$log" 2>&1 &
-}
+source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 case $1 in
     1)
         export PROFILE=1
