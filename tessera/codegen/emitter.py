@@ -154,8 +154,11 @@ class Emitter:
         def lit(v: int | float) -> str:
             return literal(v, t.dtype).expr
 
-        if i.const is not None:
-            return literal(form.values()[i.const].item(), t.dtype)
+        if i.const is not None:  # one element: the constant's own value
+            return literal(self.graph.constants[tensor].reshape(-1)[i.const].item(), t.dtype)
+        edges = list(enumerate(form.head)) + [(form.length - len(form.tail) + k, v) for k, v in enumerate(form.tail)]
+        if form.period == 1 and not form.step and not edges:  # every element alike
+            return literal(form.phase[0], t.dtype)
         i = self.index_var(i)
         p = form.period
         if p > 1:
@@ -168,11 +171,8 @@ class Emitter:
         if form.step:
             whole = f"({i.expr} // {p})" if p > 1 else i.expr
             expr = f"{expr} + {whole}" if form.step == 1 else f"{expr} + {form.step} * {whole}"
-        edges = list(enumerate(form.head)) + [(form.length - len(form.tail) + k, v) for k, v in enumerate(form.tail)]
         for at, v in edges:
             expr = f"tl.where({i.expr} == {at}, {lit(v)}, {expr})"
-        if p == 1 and not form.step and not edges:
-            return literal(form.phase[0], t.dtype)
         return Val(self.emit(expr, i.deps, "v"), t.dtype, i.deps)
 
     def _compute(self, tensor: str, index: tuple[Ix, ...], mask: Mask) -> Val:
