@@ -211,6 +211,18 @@ REGRESSIONS = {
         inputs=[T("in1", (1,), "float32")], consts=[],
         nodes=[N("Cast", ["in1"], ["t2"], {"to": 16}, family="cast"), N("Cast", ["t2"], ["t3"], {"to": 1}, family="cast"),
                N("Sub", ["t3", "in1"], ["t4"], family="elementwise")], outputs=["t4"]),
+    # orchestrate/candidates.py (bias_groups), codegen/select.py (_library_epilogue): an fp16 Gemm
+    # whose C is a graph input. The plan wrote the library product, rounded to fp16, and a generated
+    # kernel added C to it; C nearly cancels the product (1.2% off, the emulated fp16 executor
+    # 0.026%). A narrow plan now never writes a product before its own node's bias add, and the
+    # library call takes a C computed by another kernel, a whole [M, N] one too (sessions 44-45,
+    # scripts/results/fuzz/session44/fuzz_4411.fail1.json, also seeds 4421 and 4431).
+    "fp16_gemm_bias_from_input": GraphSpec(
+        opset=13, precision="fp16", layout="auto", strategy="optimal", seed=84, schedule_seed=0,
+        inputs=[T("in1", (2, 12), "float32"), T("in4", (1,), "float32")],
+        consts=[C("c3", (12, 1), "float32", scale=0.2886751345948129)],
+        nodes=[N("Relu", ["in1"], ["t2"], family="elementwise"), N("Gemm", ["t2", "c3", "in4"], ["t5"], family="linear"),
+               N("Relu", ["t5"], ["t6"], family="elementwise")], outputs=["t6"]),
 }
 
 

@@ -207,7 +207,8 @@ def _live(nodes: list[Node], outputs: Sequence[str]) -> list[Node]:
 def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[Node], root: Node,
                       outputs: Sequence[str]) -> tuple[str | None, list[Node], str | None]:
     """A bias add (and an activation after it) that the library call can absorb: (bias tensor,
-    fused nodes, activation name or None).
+    fused nodes, activation name or None). The bias is a constant (folded at load) or a tensor
+    computed before the call.
 
     The bias must be a tensor that varies only along the output's column axis (matmul) or channel
     axis (conv), so it is one vector, broadcast to the output's shape or already of it. The activation is a ReLU,
@@ -243,13 +244,18 @@ def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[No
     # Broadcast to the result's shape, or already of it where every other axis is 1 (a Gemm of one
     # row: the fuzzer's bf16 case, session 41, whose generated add rounded the product first).
     src = bcast.inputs[0] if bcast is not None and bcast.op == Prim.BROADCAST.value else other
-    # Free prologue nodes read only constants, so their outputs are constants too (folded at load).
-    constant = src in graph.constants or any(src in n.outputs for n in prologue)
+    # A bias another kernel computes (a Gemm's C given as a graph input) is read when the call runs;
+    # one computed in this kernel is not a vector the call can take.
+    inside = {o for n in nodes if n not in prologue and n is not bcast for o in n.outputs}
     added_shape = graph.types[r].shape
     axis = len(added_shape) - 1 if matmul else 1
     src_shape = graph.types[src].shape
-    if not constant or len(src_shape) != len(added_shape) or src_shape[axis] != added_shape[axis] \
-            or any(n != 1 for d, n in enumerate(src_shape) if d != axis):
+    vector = len(src_shape) == len(added_shape) and src_shape[axis] == added_shape[axis] \
+        and all(n == 1 for d, n in enumerate(src_shape) if d != axis)
+    # A matmul's bias may also be a whole matrix of the sum's shape (a Gemm's C of [M, N] given as a
+    # graph input): addmm takes it as it is.
+    whole = matmul and not cut and tuple(src_shape) == tuple(added_shape)
+    if src in inside or not (vector or whole):
         return None, [], None
     fused = views + [add]
     # A library call cannot round what it writes to tf32: a tensor stored rounded (Graph.tf32_rounded)

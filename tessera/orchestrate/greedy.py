@@ -1,6 +1,8 @@
 """The greedy baseline: rule-based fusion as TVM and TorchInductor do it.
 
-Every linear or opaque primitive is a kernel of its own (a library call).
+Every linear or opaque primitive is a kernel of its own (a library call); in a
+float16/bfloat16 graph, with the bias add of its own Gemm or Conv
+(`candidates.bias_groups`), as the library call adds it.
 Memory-bound primitives are fused along producer -> consumer edges, in
 topological order, whenever the merged group stays convex, legal and within
 the size bound. Every value read outside its group is written once: no
@@ -11,7 +13,7 @@ like for like.
 from __future__ import annotations
 
 from tessera.ir.prims import Category, Prim
-from tessera.orchestrate.candidates import Candidate, CandidateRules, KernelLegality
+from tessera.orchestrate.candidates import Candidate, CandidateRules, KernelLegality, bias_groups
 from tessera.orchestrate.graphview import OGraph, bits
 
 
@@ -21,6 +23,10 @@ def greedy_groups(og: OGraph, members: int, rules: CandidateRules, legality: Ker
     spans: dict[int, tuple[int, int]] = {}  # first and last node of each group of several nodes
     alone = {i for i in bits(members)
              if Prim(og.nodes[i].op).category in (Category.LINEAR, Category.OPAQUE)}
+    for g in bias_groups(og, members, legality):
+        group.update((i, g) for i in bits(g))
+        alone.update(bits(g))
+        spans[g] = ((g & -g).bit_length() - 1, g.bit_length() - 1)
     for v in bits(members):
         for u in bits(og.preds[v] & members):
             gu, gv = group[u], group[v]

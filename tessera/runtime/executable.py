@@ -108,7 +108,8 @@ class Executable:
         self._stored_constants()
         # Bias vectors the library calls take (constant-derived, computed once); zero-padded to the
         # call's channels (columns) where the layout pass padded them (`KernelImpl.cut`).
-        self._bias = {s.impl.name: self._padded_bias(s.impl) for s in self.steps if s.impl.bias}
+        self._bias = {s.impl.name: self._padded_bias(s.impl, self.constants[s.impl.bias])
+                      for s in self.steps if s.impl.bias in self.constants}
         # Constant weights of convolutions whose input is stored channels-last take the same
         # layout once, here, so cuDNN runs its NHWC kernels with no conversion per call. Generated
         # kernels (a convolution template among them) address a weight by its type's layout, so
@@ -506,9 +507,13 @@ class Executable:
             env.update({t: round_tf32(v) if t in self.graph.tf32_rounded else v
                         for t, v in self._torch(impl.prims, env).items() if t in impl.outputs})
 
-    def _padded_bias(self, impl: KernelImpl) -> torch.Tensor:
+    def _padded_bias(self, impl: KernelImpl, bias: torch.Tensor) -> torch.Tensor:
+        """The bias vector the library call of `impl` takes: `bias` flat, zero-padded to the padded
+        channels (columns) the call computes."""
         assert impl.linear is not None and impl.bias is not None
-        b = self.constants[impl.bias].reshape(-1)
+        if bias.numel() != bias.shape[bias_axis(impl.linear) % bias.dim()]:
+            return bias.reshape(-1, bias.shape[-1]).contiguous()  # a matmul's whole [M, N] bias (never cut)
+        b = bias.reshape(-1)
         if impl.cut is not None:
             n = self.graph.types[impl.linear.outputs[0]].shape[bias_axis(impl.linear)]
             b = torch.nn.functional.pad(b, (0, n - b.numel()))
@@ -520,7 +525,11 @@ class Executable:
         assert root is not None
         view = {n.outputs[0]: n for n in impl.views}  # transposed operands: strided views, no copy
         args = [env[t] if t not in view else env[view[t].inputs[0]].transpose(-1, -2) for t in root.inputs if t]
-        gemm = pointwise_conv_as_gemm(root, args, self._bias.get(impl.name), impl.activation) \
+        bias = None
+        if impl.bias:  # a constant bias was flattened (and padded) at load; one computed before, now
+            bias = self._bias.get(impl.name)
+            bias = self._padded_bias(impl, env[impl.bias]) if bias is None else bias
+        gemm = pointwise_conv_as_gemm(root, args, bias, impl.activation) \
             if not self.graph.types[root.outputs[0]].plain else None
         if gemm is not None:
             last = impl.fused[-1].outputs[0] if impl.bias else root.outputs[0]
@@ -532,7 +541,8 @@ class Executable:
                 axis, shape = bias_axis(root), list(out.shape)
                 shape[axis] = self.graph.types[root.outputs[0]].shape[axis]
                 out = replace(out, shape=tuple(shape))
-            y = run_linear_fused(root, args, out, self._bias[impl.name], impl.activation)
+            assert bias is not None
+            y = run_linear_fused(root, args, out, bias, impl.activation)
             env[last] = self._settle(last, self._cut(impl, last, y))
         else:
             outs = run_node(root, args, [self.graph.types[o] for o in root.outputs if o], device=self.device,

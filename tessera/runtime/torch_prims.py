@@ -302,8 +302,8 @@ def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, activation: str
 
 def run_linear_fused(node: Node, args: Sequence[torch.Tensor], out: TensorType, bias: torch.Tensor,
                      activation: str | None) -> torch.Tensor:
-    """A linear primitive with a bias vector (and an activation: None, "relu" or "gelu_tanh")
-    computed by the library call itself.
+    """A linear primitive with a bias vector, or a matmul with a whole bias matrix of the product's rows and
+    columns (and an activation: None, "relu" or "gelu_tanh") computed by the library call itself.
 
     matmul: cuBLAS(Lt) addmm with the bias (and activation) epilogue when both operands
     flatten to 2-D; conv: the bias argument of the convolution. Anything else
@@ -317,7 +317,8 @@ def run_linear_fused(node: Node, args: Sequence[torch.Tensor], out: TensorType, 
             a2, b2 = a.reshape(-1, a.shape[-1]), b.reshape(b.shape[-2], b.shape[-1])
             y = _addmm(bias, a2, b2, activation)
             return _conform(node, y.reshape(out.shape), out)
-        y = (torch.matmul(a, b) + bias).reshape(out.shape)  # through the views the kernel fused
+        y = torch.matmul(a, b)  # then the views the kernel fused; a whole bias comes as [rows, columns]
+        y = (y + (bias.reshape(y.shape) if bias.dim() == 2 else bias)).reshape(out.shape)
     elif prim is Prim.CONV:
         x, w = args
         a = node.attrs
