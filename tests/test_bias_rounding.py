@@ -75,9 +75,13 @@ def test_an_add_of_another_node_is_not_the_products_bias():
     assert bias_groups(og, og.all, StructuralLegality()) == []
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 @pytest.mark.parametrize("c_shape", [(N,), (M, N)])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_a_cancelling_bias_from_an_input_is_added_before_rounding(c_shape, precision):
+def test_a_cancelling_bias_from_an_input_is_added_before_rounding(c_shape, precision, device):
     """C nearly cancels A @ W, so the output is about 1% of the product: rounded before the add, the
     product's rounding step alone would be several percent of it."""
     narrow = torch.float16 if precision == "fp16" else torch.bfloat16
@@ -93,9 +97,9 @@ def test_a_cancelling_bias_from_an_input_is_added_before_rounding(c_shape, preci
     c = c.astype(np.float32)
     ref = prod + torch.from_numpy(c).to(narrow).double().numpy()
     result = primitive_graph(model, precision)
-    exe = Executable(result.graph, plan_document(result), "cpu")
-    (y,) = exe(a=torch.from_numpy(a), c=torch.from_numpy(c))
+    exe = Executable(result.graph, plan_document(result), device)
+    (y,) = exe(a=torch.from_numpy(a).to(device), c=torch.from_numpy(c).to(device))
     # one rounding of the output (2**-8 relative at most for bf16, 2**-11 for fp16), not of the product
-    assert rel_l2(y.double().numpy(), ref) < (5e-3 if precision == "bf16" else 1e-3)
+    assert rel_l2(y.double().cpu().numpy(), ref) < (5e-3 if precision == "bf16" else 1e-3)
     (call,) = [s.impl for s in exe.steps if s.impl.linear is not None]
     assert call.bias is not None and call.backend == "linear"  # C is the library call's

@@ -8,8 +8,9 @@ nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader > "$OUT/g
 export PYTHONPATH=/tmp/site:$PWD TESSERA_LOG=info
 # MCFuser rows beside eager (and PEERS), GPU time, one empty database: gemms NAME MODELS PRECISION TIMEOUT_S [PEERS]
 # (PROFILE=1: also each contender's kernels by kind, as the end-to-end rows need)
+# (PIN=DIR: the `git archive` to run instead of .pin16, for an A/B of two commits)
 gemms() {
-    (cd .pin16 && export PYTHONPATH=/tmp/site:$PWD && mkdir -p /tmp/$1
+    (cd ${PIN:-.pin16} && export PYTHONPATH=/tmp/site:$PWD && mkdir -p /tmp/$1
     timeout $4 python3 scripts/bench_suite.py --models "$2" --precisions $3 --vs ${5:-eager} \
         --strategies optimal-precisionio --timing gpu --fresh-db --budget-s $(($4 - 15)) --solver highs \
         --code "$(cat CODE)" ${PROFILE:+--profile} --out /tmp/$1 > /tmp/$1/log.txt 2>&1

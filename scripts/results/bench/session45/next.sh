@@ -4,6 +4,8 @@
 # 1: session 44's closed-form tables (eeef598, codegen 16: a whole-number Resize computes its index and weight
 #    tables) and the fp16/bf16 cast fix (66ed5a4), at c1b1516: the gather probe, then segformer_b0 fp16 on
 #    GPU 0 and tf32 on GPU 1, cold, profiled. Session 44's call 3 ran the W pass 9.2 us fp16, 13.6-14.0 tf32.
+# 2 (call2_tma): a helper's run of scripts/tma_gemm_probe.py on one nvidia-h200 (README).
+# 3: candy and efficientvit_b0 fp16 before (.pin, c1b1516) and after (.pin16) the bias groups; see below.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 case $1 in
     1)
@@ -12,5 +14,17 @@ case $1 in
                                  gemms e2e_a segformer_b0 fp16 540 eager,inductor'
         on_gpu 1 e2e_b.txt gemms e2e_b segformer_b0 tf32 560 eager,inductor
         wait; cat "$OUT/gather.txt" "$OUT/e2e_a.txt" "$OUT/e2e_b.txt" ;;
-    *) echo "next.sh: call 1"; exit 2 ;;
+    3)
+        # c9d74df's bias groups (an fp16 product is never written before its own Gemm's or Conv's bias
+        # add) change the candidates of candy (16 convs) and efficientvit_b0 (13): the two at
+        # c1b1516 (.pin, carried too) on GPU 0 beside HEAD (.pin16) on GPU 1, cold, profiled; first the
+        # CUDA cases of tests/test_bias_rounding.py and the fuzzer's regression on CUDA.
+        export PROFILE=1
+        python3 -m pytest -q -p no:cacheprovider tests/test_bias_rounding.py > "$OUT/bias_tests.txt" 2>&1
+        python3 -c "import sys; sys.path.insert(0, 'tests'); import test_fuzz, fuzzcheck
+spec = test_fuzz.REGRESSIONS['fp16_gemm_bias_from_input']; print(fuzzcheck.check(spec, device='cuda'))" >> "$OUT/bias_tests.txt" 2>&1
+        on_gpu 0 e2e_c.txt eval 'export PIN=.pin; gemms e2e_c candy fp16 280 eager,inductor; gemms e2e_d efficientvit_b0 fp16 280 eager,inductor'
+        on_gpu 1 e2e_e.txt eval 'gemms e2e_e candy fp16 280 eager,inductor; gemms e2e_f efficientvit_b0 fp16 280 eager,inductor'
+        wait; tail -3 "$OUT/bias_tests.txt"; cat "$OUT/e2e_c.txt" "$OUT/e2e_e.txt" ;;
+    *) echo "next.sh: call 1 or 3"; exit 2 ;;
 esac
