@@ -89,7 +89,7 @@ def test_a_cancelling_bias_from_an_input_is_added_before_rounding(c_shape, preci
     rng = np.random.default_rng(7)
     # rows alike, so that one bias vector cancels every row's product as well
     a = (rng.standard_normal(K) + 0.003 * rng.standard_normal((M, K))).astype(np.float32)
-    w = onnx.numpy_helper.to_array(model.graph.initializer[0])
+    w = onnx.numpy_helper.to_array(model.graph.initializer[0]).copy()
     # inputs and weight as the plan stores them
     a16, w16 = (torch.from_numpy(v).to(narrow).double() for v in (a, w))
     prod = (a16 @ w16).numpy()

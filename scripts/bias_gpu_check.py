@@ -1,0 +1,42 @@
+"""Run the CUDA cases of tests/test_bias_rounding.py and the fuzzer's fp16 Gemm regression on a GPU
+machine that has highspy but not pulp (the GPU machine of docs/benchmarks.md): both compile with the
+default solver (CBC through pulp), so this gives their compiles the HiGHS solver instead.
+
+    PYTHONPATH=.:tests python3 scripts/bias_gpu_check.py
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import fuzzcheck  # noqa: E402
+import test_bias_rounding as t  # noqa: E402
+import test_fuzz  # noqa: E402
+
+from tessera.compiler import CompileOptions  # noqa: E402
+
+
+def main() -> int:
+    highs = functools.partial(CompileOptions, solver="highs")
+    t.CompileOptions = highs
+    fuzzcheck.CompileOptions = highs
+    failed = 0
+    for precision in ("fp16", "bf16"):
+        for c_shape in ((t.N,), (t.M, t.N)):
+            try:
+                t.test_a_cancelling_bias_from_an_input_is_added_before_rounding(c_shape, precision, "cuda")
+                print(f"pass  cancelling bias {precision} C{list(c_shape)} on cuda")
+            except AssertionError as e:
+                failed += 1
+                print(f"FAIL  cancelling bias {precision} C{list(c_shape)} on cuda: {str(e).splitlines()[0]}")
+    outcome = fuzzcheck.check(test_fuzz.REGRESSIONS["fp16_gemm_bias_from_input"], device="cuda")
+    print(f"{'pass' if outcome.status == 'pass' else 'FAIL'}  fuzzer regression fp16_gemm_bias_from_input on cuda:",
+          outcome.status, outcome.detail, f"err {outcome.err:.2e}")
+    return failed + (outcome.status != "pass")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
