@@ -6,8 +6,8 @@ default solver (CBC through pulp), so this gives their compiles the HiGHS solver
 """
 from __future__ import annotations
 
-import functools
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -19,10 +19,14 @@ import test_fuzz  # noqa: E402
 from tessera.compiler import CompileOptions  # noqa: E402
 
 
+@dataclass
+class HighsOptions(CompileOptions):
+    solver: str = "highs"
+
+
 def main() -> int:
-    highs = functools.partial(CompileOptions, solver="highs")
-    t.CompileOptions = highs
-    fuzzcheck.CompileOptions = highs
+    t.CompileOptions = HighsOptions
+    fuzzcheck.CompileOptions = HighsOptions
     failed = 0
     for precision in ("fp16", "bf16"):
         for c_shape in ((t.N,), (t.M, t.N)):
