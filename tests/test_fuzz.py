@@ -7,6 +7,7 @@ writes the evidence under `scripts/results/fuzz/`; `docs/testing.md` describes b
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import subprocess
@@ -323,6 +324,28 @@ def test_an_output_that_cancels_is_a_counted_skip(precision):
                             N("ReduceSum", ["n", "a"], ["y"], family="reduction")], outputs=["y"])
     out = fuzzcheck.check(spec)
     assert (out.status, out.reason) == ("skip", "precision-floor"), out
+
+
+def test_one_primitive_a_kernel_is_judged_against_rounding_every_primitive():
+    """bf16 GroupNormalization over groups of two, one primitive a kernel: its centred values, variance
+    and reciprocal are stored in bfloat16 too, 1.4% off where rounding each ONNX node's output gives
+    0.16% (session 45, scripts/results/fuzz/session45/fuzz_4501.fail1.json). The same plan fused
+    rounds less and passes; a wrong result still fails against the finer emulation."""
+    spec = GraphSpec(opset=21, precision="bf16", layout="auto", strategy="optimal", seed=0, schedule_seed=0,
+                     inputs=[T("in1", (1, 3, 1, 1), "float32"), T("in2", (1, 5, 2), "float32")],
+                     consts=[C("c3", (5,), "float32"), C("c4", (5,), "float32", scale=0.5)],
+                     nodes=[N("GroupNormalization", ["in2", "c3", "c4"], ["t5"], {"num_groups": 5, "epsilon": 1e-05},
+                              family="normalization")], outputs=["t5"], kernel_nodes=1,
+                     types={"t5": ((1, 5, 2), "float32")})  # ONNX infers no shape for this function op
+    out = fuzzcheck.check(copy.deepcopy(spec))
+    assert (out.status, out.reason) == ("skip", "precision-floor") and "every primitive" in out.detail, out
+    fused = fuzzcheck.check(dataclasses.replace(copy.deepcopy(spec), kernel_nodes=0))
+    assert fused.status == "pass", fused
+    fuzzcheck.complete_types(spec)
+    x = fuzzcheck.feeds(spec)
+    _, ref = fuzzcheck.reference(spec, x)
+    wrong = {k: (v * 1.25).astype(v.dtype) for k, v in ref.items()}  # 25% off: past FLOOR_FACTOR times either floor
+    assert fuzzcheck.judge(spec, x, ref, wrong).status == "mismatch"
 
 
 def test_onnxruntime_float32_rounding_is_a_counted_skip():
