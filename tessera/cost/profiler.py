@@ -239,11 +239,15 @@ def _build(payload: Payload) -> Result:
         with _gpu_section():  # only GPU work and the copies back: the comparison waits outside
             st("build_wait")
             feeds = _inputs(mini, "cuda", 0)
+            st("run_feeds")  # the held GPU's time by part (`GpuProfiler.stats`): what a check costs
             with exe.precision_flags():  # the plan's math flags (tf32 or full fp32 in the libraries)
                 got = exe._launch(feeds)
             torch.cuda.synchronize()
-            got_host, ref_host = _host(got, mini.outputs), _reference_run(ref_exe, feeds, mini.outputs)
-            st("run")
+            st("run_launch")  # the first launch loads the compiled module too
+            got_host = _host(got, mini.outputs)
+            st("run_copy")
+            ref_host = _reference_run(ref_exe, feeds, mini.outputs)
+            st("run_reference")
         wrong = _disagreement(plan, got_host, ref_host)
         st("check")
         return (math.inf, f"build: {wrong}", st.times) if wrong else (0.0, "", st.times)
