@@ -26,5 +26,11 @@ case $1 in
 print(fuzzcheck.check(test_fuzz.REGRESSIONS[\"fp16_gemm_bias_from_input\"], device=\"cuda\"))" >> "$OUT/bias_tests.txt" 2>&1;
             gemms e2e_e candy fp16 200 eager,inductor; gemms e2e_f efficientvit_b0 fp16 300 eager,inductor'
         wait; tail -3 "$OUT/bias_tests.txt"; cat "$OUT/e2e_c.txt" "$OUT/e2e_e.txt" ;;
-    *) echo "next.sh: call 1 or 3"; exit 2 ;;
+    6)
+        # where a template build's hold of the GPU lock goes (the run_* stages of 9edaecc's profiler):
+        # bert_base fp16 cold on one nvidia-h200, beside eager
+        gemms e2e_g bert_base fp16 230 eager
+        python3 -c "import json; t = json.load(open('/tmp/e2e_g/bench_bert_base_fp16.json'))['entries'][0]['extra']['tuning']
+print(json.dumps(t['profiler_stages_s'], indent=1))" ;;
+    *) echo "next.sh: call 1, 3 or 6"; exit 2 ;;
 esac
