@@ -62,6 +62,12 @@ def gpu_setup(_: int) -> tuple[str | None, str, str | None, str | None]:
     return env("CUDA_VISIBLE_DEVICES"), profiler._GPU, profiler._LOCK_PATH, env("TRITON_INTERPRET")
 
 
+def host_threads(_: int) -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def set_init(value: str) -> None:
     os.environ["TESSERA_TEST_INIT"] = value
 
@@ -303,6 +309,19 @@ def test_profiler_workers_get_their_gpu_by_the_machines_number(monkeypatch):
         pool.close()
     lock = os.path.join(prof._lock_dir, "gpu{}.lock")
     assert seen and seen <= {("2", "2", lock.format(2), None), ("3", "3", lock.format(3), None)}
+
+
+def test_profiler_workers_compute_on_one_host_thread():
+    # The workers fill the cores already: a thread per core in each would oversubscribe them.
+    from tessera.cost.profiler import GpuProfiler
+
+    prof = GpuProfiler(workers=1)
+    pool = prof._new_pool("build", 1)
+    try:
+        (o,) = list(pool.run(host_threads, [0]))
+    finally:
+        pool.close()
+    assert o.value == 1
 
 
 def _running(pid: int) -> bool:

@@ -423,12 +423,20 @@ def _init_worker(gpu: str | None, lock_dir: str | None) -> None:
         _LOCK_PATH = os.path.join(lock_dir, f"gpu{_GPU}.lock")
 
 
+# A worker's host work (copies back, comparing a template with its reference) is small and the
+# workers already fill the cores (one per core but two), so each computes on one thread: torch's and
+# the BLAS libraries' default of a thread per core, in every worker, oversubscribes the CPU the
+# builders compile on (session 45: bert_base's builders spent 31 s comparing outputs, 485 s compiling).
+_ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
 def worker_env(gpu: str | None) -> dict[str, str | None]:
     """A worker's environment changes: never Triton's interpreter (it is read when kernels are
-    defined, so it must be gone before tessera is imported), its GPU where there are several, and
-    torch's C++ warnings off (a candidate that faults the GPU makes each CUDA event it drops print
-    one to the user's terminal; its failure is recorded with its reason)."""
-    return {"TRITON_INTERPRET": None, "TORCH_CPP_LOG_LEVEL": "ERROR",
+    defined, so it must be gone before tessera is imported), its GPU where there are several,
+    one CPU thread for its host work (`_ONE_THREAD`), and torch's C++ warnings off (a candidate that
+    faults the GPU makes each CUDA event it drops print one to the user's terminal; its failure is
+    recorded with its reason)."""
+    return {"TRITON_INTERPRET": None, "TORCH_CPP_LOG_LEVEL": "ERROR", **_ONE_THREAD,
             **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
 
 
