@@ -508,8 +508,8 @@ class Executable:
                         for t, v in self._torch(impl.prims, env).items() if t in impl.outputs})
 
     def _padded_bias(self, impl: KernelImpl, bias: torch.Tensor) -> torch.Tensor:
-        """The bias vector the library call of `impl` takes: `bias` flat, zero-padded to the padded
-        channels (columns) the call computes."""
+        """The bias the library call of `impl` takes: a vector, `bias` flat and zero-padded to the
+        padded channels (columns) the call computes, or a matmul's whole bias as [rows, columns]."""
         assert impl.linear is not None and impl.bias is not None
         if bias.numel() != bias.shape[bias_axis(impl.linear) % bias.dim()]:
             return bias.reshape(-1, bias.shape[-1]).contiguous()  # a matmul's whole [M, N] bias (never cut)
