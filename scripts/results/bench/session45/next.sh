@@ -32,5 +32,13 @@ print(fuzzcheck.check(test_fuzz.REGRESSIONS[\"fp16_gemm_bias_from_input\"], devi
         gemms e2e_g bert_base fp16 230 eager
         python3 -c "import json; t = json.load(open('/tmp/e2e_g/bench_bert_base_fp16.json'))['entries'][0]['extra']['tuning']
 print(json.dumps(t['profiler_stages_s'], indent=1))" ;;
-    *) echo "next.sh: call 1, 3 or 6"; exit 2 ;;
+    7)
+        # Next session (rebuild .pin16 from HEAD first): 78c2c20's one-thread workers, untimed. Cold
+        # compiles side by side against call 1 (segformer_b0 fp16: 302 s, measuring 276 s) and call 3
+        # (efficientvit_b0 fp16: past 300-340 s, 79 s of it the layout pass), with the profiler's stages.
+        export PROFILE=1
+        on_gpu 0 e2e_h.txt gemms e2e_h segformer_b0 fp16 560 eager,inductor
+        on_gpu 1 e2e_i.txt gemms e2e_i efficientvit_b0 fp16 560 eager
+        wait; cat "$OUT/e2e_h.txt" "$OUT/e2e_i.txt" ;;
+    *) echo "next.sh: call 1, 3, 6 or 7"; exit 2 ;;
 esac
