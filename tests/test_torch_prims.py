@@ -348,10 +348,12 @@ _ACTIVATIONS = {None: lambda y: y, "relu": torch.relu,
 
 
 @pytest.mark.parametrize("activation", list(_ACTIVATIONS))
-@pytest.mark.parametrize("a_shape,b_shape", [((1, 6, 13), (13, 5)), ((3, 6, 13), (3, 13, 5))])
+@pytest.mark.parametrize("a_shape,b_shape", [((1, 6, 13), (13, 5)), ((3, 6, 13), (13, 5)), ((3, 6, 13), (3, 13, 5)),
+                                             ((2, 3, 6, 13), (1, 3, 13, 5))])
 def test_linear_fused_activations(activation: str | None, a_shape, b_shape, dev: str) -> None:
-    # The bias and activation in the library call (2-D: addmm) or after it (batched): the tanh GELU
-    # either way. torch's CPU `_addmm_activation(use_gelu=True)` is the erf GELU, 1e-4 away.
+    # The bias and activation in the library call (one right operand: addmm; batched alike: baddbmm,
+    # then the activation; broadcast batches: matmul, then both): the tanh GELU either way. torch's
+    # CPU `_addmm_activation(use_gelu=True)` is the erf GELU, 1e-4 away.
     rng = np.random.default_rng(26)
     a, b, bias = (torch.from_numpy(rand(rng, *s)).to(dev) for s in (a_shape, b_shape, (5,)))
     node = Node("mm", Prim.MATMUL.value, ("a", "b"), ("y",))
@@ -361,6 +363,23 @@ def test_linear_fused_activations(activation: str | None, a_shape, b_shape, dev:
     assert rel_l2(got.cpu().numpy(), want.cpu().numpy()) < 1e-6
     with pytest.raises(ValueError, match="activation"):
         torch_prims.run_linear_fused(node, [a, b], out, bias, "gelu_erf")
+
+
+@pytest.mark.parametrize("b_shape", [(13, 5), (3, 13, 5)])
+def test_a_batched_library_call_adds_a_cancelling_bias_before_it_rounds(b_shape, dev: str) -> None:
+    # float16: the bias nearly cancels the product, so a product rounded before the add would be
+    # several percent off the sum; added in the call, the sum rounds once.
+    rng = np.random.default_rng(27)
+    a = torch.from_numpy(rand(rng, 3, 6, 13)).half()
+    b = torch.from_numpy(rand(rng, *b_shape)).half()
+    prod = torch.matmul(a.double(), b.double())
+    for bias in (-(prod * 0.99).reshape(-1, 5), -(prod[0, 0] * 0.99)):  # whole [rows, columns], vector
+        bias = bias.half()
+        node = Node("mm", Prim.MATMUL.value, ("a", "b"), ("y",))
+        got = torch_prims.run_linear_fused(node, [a.to(dev), b.to(dev)], TensorType((3, 6, 5), DType.FLOAT16),
+                                           bias.to(dev), None)
+        want = prod + (bias.double().reshape(prod.shape) if bias.dim() == 2 else bias.double())
+        assert rel_l2(got.float().cpu().numpy(), want.numpy()) < 2e-3
 
 def _conv_attrs(n: int, strides=None, pads=None, dilations=None, group: int = 1) -> dict:
     return {"strides": strides or (1,) * n, "pads": pads or (0,) * (2 * n),

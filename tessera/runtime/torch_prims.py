@@ -305,20 +305,24 @@ def run_linear_fused(node: Node, args: Sequence[torch.Tensor], out: TensorType, 
     """A linear primitive with a bias vector, or a matmul with a whole bias matrix of the product's rows and
     columns (and an activation: None, "relu" or "gelu_tanh") computed by the library call itself.
 
-    matmul: cuBLAS(Lt) addmm with the bias (and activation) epilogue when both operands
-    flatten to 2-D; conv: the bias argument of the convolution. Anything else
-    adds (and activates) afterwards, with the same result.
+    matmul: cuBLAS(Lt) addmm with the bias (and activation) epilogue when the right operand is
+    one matrix for every row, baddbmm (then the activation) when both are batched alike; conv: the
+    bias argument of the convolution. Anything else adds (and activates) afterwards.
     """
     prim = Prim(node.op)
     if prim is Prim.MATMUL:
         a, b = args
-        batch = a.shape[:-2].numel() if a.dim() > 2 else 1
-        if batch == 1 and (b.dim() == 2 or b.shape[:-2].numel() == 1):
+        if b.dim() == 2 or b.shape[:-2].numel() == 1:  # one right operand for every row: one 2-D GEMM
             a2, b2 = a.reshape(-1, a.shape[-1]), b.reshape(b.shape[-2], b.shape[-1])
             y = _addmm(bias, a2, b2, activation)
             return _conform(node, y.reshape(out.shape), out)
-        y = torch.matmul(a, b)  # then the views the kernel fused; a whole bias comes as [rows, columns]
-        y = (y + (bias.reshape(y.shape) if bias.dim() == 2 else bias)).reshape(out.shape)
+        m, n = a.shape[-2], b.shape[-1]
+        if a.shape[:-2] == b.shape[:-2]:  # batched alike: baddbmm adds the bias before it rounds
+            c = bias.reshape(-1, m, n) if bias.dim() == 2 else bias  # a whole bias comes as [rows, columns]
+            y = torch.baddbmm(c, a.reshape(-1, m, a.shape[-1]), b.reshape(-1, b.shape[-2], n)).reshape(out.shape)
+        else:  # broadcast batches: the sum rounds twice in a narrow type
+            y = torch.matmul(a, b)
+            y = (y + (bias.reshape(y.shape) if bias.dim() == 2 else bias)).reshape(out.shape)
     elif prim is Prim.CONV:
         x, w = args
         a = node.attrs
