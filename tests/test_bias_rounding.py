@@ -24,14 +24,34 @@ from tessera.tolerance import rel_l2
 M, K, N = 6, 24, 5
 
 
-def gemm_model(c_shape: tuple[int, ...], relu: bool = False) -> onnx.ModelProto:
-    """Y = A @ W + C (then a ReLU) with A and C graph inputs, W a weight."""
-    w = np.random.default_rng(1).standard_normal((K, N)).astype(np.float32) / K ** 0.5
+def weight() -> np.ndarray:
+    """W with columns alike (so that a C of one column can cancel every column's product as well)."""
+    rng = np.random.default_rng(1)
+    return ((rng.standard_normal((K, 1)) + 0.003 * rng.standard_normal((K, N))) / K ** 0.5).astype(np.float32)
+
+
+def gemm_model(c_shape: tuple[int, ...], relu: bool = False, c: np.ndarray | None = None) -> onnx.ModelProto:
+    """Y = A @ W + C (then a ReLU) with A a graph input, W a weight, C a graph input (or the constant `c`)."""
     nodes = [helper.make_node("Gemm", ["a", "w", "c"], ["y" if not relu else "g"])]
     if relu:
         nodes.append(helper.make_node("Relu", ["g"], ["y"]))
-    inputs = {"a": np.zeros((M, K), np.float32), "w": Const(w), "c": np.zeros(c_shape, np.float32)}
+    inputs = {"a": np.zeros((M, K), np.float32), "w": Const(weight()),
+              "c": np.zeros(c_shape, np.float32) if c is None else Const(c)}
     return graph_model(nodes, inputs, ["y"], opset=13)
+
+
+def cancelling(c_shape: tuple[int, ...], narrow: torch.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A (rows alike), a C that nearly cancels A @ W, and the float64 sum of both as the plan stores
+    them: the output is about 1% of the product, so a product rounded before the add would be several
+    percent off."""
+    rng = np.random.default_rng(7)
+    a = (rng.standard_normal(K) + 0.003 * rng.standard_normal((M, K))).astype(np.float32)
+    a16, w16 = (torch.from_numpy(v).to(narrow).double() for v in (a, weight()))
+    prod = (a16 @ w16).numpy()
+    # C is the product's first row, column or element where it broadcasts (rows and columns alike)
+    near = prod[tuple(slice(0, 1) if k == 1 else slice(None) for k in c_shape)] if len(c_shape) == 2 else prod[0]
+    c = (-near.reshape(c_shape) * 0.99 + 0.003 * rng.standard_normal(c_shape)).astype(np.float32)
+    return a, c, prod + torch.from_numpy(c).to(narrow).double().numpy()
 
 
 def primitive_graph(model: onnx.ModelProto, precision: str):
@@ -79,27 +99,29 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
-@pytest.mark.parametrize("c_shape", [(N,), (M, N)])
+@pytest.mark.parametrize("c_shape", [(N,), (M, N), (M, 1), (1, 1)])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_a_cancelling_bias_from_an_input_is_added_before_rounding(c_shape, precision, device):
-    """C nearly cancels A @ W, so the output is about 1% of the product: rounded before the add, the
-    product's rounding step alone would be several percent of it."""
     narrow = torch.float16 if precision == "fp16" else torch.bfloat16
-    model = gemm_model(c_shape)
-    rng = np.random.default_rng(7)
-    # rows alike, so that one bias vector cancels every row's product as well
-    a = (rng.standard_normal(K) + 0.003 * rng.standard_normal((M, K))).astype(np.float32)
-    w = onnx.numpy_helper.to_array(model.graph.initializer[0]).copy()
-    # inputs and weight as the plan stores them
-    a16, w16 = (torch.from_numpy(v).to(narrow).double() for v in (a, w))
-    prod = (a16 @ w16).numpy()
-    c = -(prod if c_shape == (M, N) else prod[0]) * 0.99 + 0.003 * rng.standard_normal(c_shape)
-    c = c.astype(np.float32)
-    ref = prod + torch.from_numpy(c).to(narrow).double().numpy()
-    result = primitive_graph(model, precision)
+    a, c, ref = cancelling(c_shape, narrow)
+    result = primitive_graph(gemm_model(c_shape), precision)
     exe = Executable(result.graph, plan_document(result), device)
     (y,) = exe(a=torch.from_numpy(a).to(device), c=torch.from_numpy(c).to(device))
     # one rounding of the output (2**-8 relative at most for bf16, 2**-11 for fp16), not of the product
     assert rel_l2(y.double().cpu().numpy(), ref) < (5e-3 if precision == "bf16" else 1e-3)
     (call,) = [s.impl for s in exe.steps if s.impl.linear is not None]
     assert call.bias is not None and call.backend == "linear"  # C is the library call's
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+@pytest.mark.parametrize("c_shape", [(M, 1), (1, 1), (M, N)])
+def test_a_cancelling_constant_bias_along_the_rows_is_added_before_rounding(c_shape, device):
+    """A constant C that varies along the rows (or is one value) broadcasts in the call's prologue,
+    and the call takes it expanded to the sum's shape."""
+    a, c, ref = cancelling(c_shape, torch.float16)
+    result = primitive_graph(gemm_model(c_shape, c=c), "fp16")
+    exe = Executable(result.graph, plan_document(result), device)
+    (y,) = exe(a=torch.from_numpy(a).to(device))
+    assert rel_l2(y.double().cpu().numpy(), ref) < 1e-3
+    (call,) = [s.impl for s in exe.steps if s.impl.linear is not None]
+    assert call.bias is not None and call.backend == "linear"

@@ -512,7 +512,10 @@ class Executable:
         padded channels (columns) the call computes, or a matmul's whole bias as [rows, columns]."""
         assert impl.linear is not None and impl.bias is not None
         if bias.numel() != bias.shape[bias_axis(impl.linear) % bias.dim()]:
-            return bias.reshape(-1, bias.shape[-1]).contiguous()  # a matmul's whole [M, N] bias (never cut)
+            # a matmul's bias that varies along its rows too (never cut): as the sum's [rows, columns]
+            add = next(n for n in impl.fused if n.op == Prim.ADD.value)
+            shape = self.graph.types[add.outputs[0]].shape
+            return bias.expand(shape).reshape(-1, shape[-1]).contiguous()
         b = bias.reshape(-1)
         if impl.cut is not None:
             n = self.graph.types[impl.linear.outputs[0]].shape[bias_axis(impl.linear)]
