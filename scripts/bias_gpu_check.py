@@ -28,14 +28,17 @@ def main() -> int:
     t.CompileOptions = HighsOptions
     fuzzcheck.CompileOptions = HighsOptions
     failed = 0
-    for precision in ("fp16", "bf16"):
-        for c_shape in ((t.N,), (t.M, t.N)):
-            try:
-                t.test_a_cancelling_bias_from_an_input_is_added_before_rounding(c_shape, precision, "cuda")
-                print(f"pass  cancelling bias {precision} C{list(c_shape)} on cuda")
-            except AssertionError as e:
-                failed += 1
-                print(f"FAIL  cancelling bias {precision} C{list(c_shape)} on cuda: {str(e).splitlines()[0]}")
+    cases = [(f"C from an input, {p}", t.test_a_cancelling_bias_from_an_input_is_added_before_rounding, (c, p))
+             for p in ("fp16", "bf16") for c in ((t.N,), (t.M, t.N), (t.M, 1), (1, 1))]
+    cases += [("constant C, fp16", t.test_a_cancelling_constant_bias_along_the_rows_is_added_before_rounding, (c,))
+              for c in ((t.M, 1), (1, 1), (t.M, t.N))]
+    for what, test, args in cases:
+        try:
+            test(*args, "cuda")
+            print(f"pass  cancelling bias, {what}, C{list(args[0])}, on cuda")
+        except AssertionError as e:
+            failed += 1
+            print(f"FAIL  cancelling bias, {what}, C{list(args[0])}, on cuda: {str(e).splitlines()[0]}")
     outcome = fuzzcheck.check(test_fuzz.REGRESSIONS["fp16_gemm_bias_from_input"], device="cuda")
     print(f"{'pass' if outcome.status == 'pass' else 'FAIL'}  fuzzer regression fp16_gemm_bias_from_input on cuda:",
           outcome.status, outcome.detail, f"err {outcome.err:.2e}")
