@@ -49,8 +49,7 @@ from tessera.codegen.kernels import schedules
 from tessera.compiler import CompileOptions, CompileResult, compile_model, generate_kernels, plan_document
 from tessera.fission import fission
 from tessera.frontend import load
-from tessera.ir import interp
-from tessera.ir import onnx_export
+from tessera.ir import interp, onnx_export
 from tessera.ir.tables import table_form
 from tessera.orchestrate.layout import is_conversion
 from tessera.runtime.executable import Executable
