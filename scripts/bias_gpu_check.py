@@ -32,13 +32,15 @@ def main() -> int:
              for p in ("fp16", "bf16") for c in ((t.N,), (t.M, t.N), (t.M, 1), (1, 1))]
     cases += [("constant C, fp16", t.test_a_cancelling_constant_bias_along_the_rows_is_added_before_rounding, (c,))
               for c in ((t.M, 1), (1, 1), (t.M, t.N))]
+    cases += [(f"alpha {al}, {'constant' if k else 'input'} C, fp16", t.test_a_gemms_alpha_scales_the_product_in_the_call,
+               (al, k)) for al in (0.5, -2.0) for k in (False, True)]
     for what, test, args in cases:
         try:
             test(*args, "cuda")
-            print(f"pass  cancelling bias, {what}, C{list(args[0])}, on cuda")
+            print(f"pass  cancelling bias, {what}, {args[0]}, on cuda")
         except AssertionError as e:
             failed += 1
-            print(f"FAIL  cancelling bias, {what}, C{list(args[0])}, on cuda: {str(e).splitlines()[0]}")
+            print(f"FAIL  cancelling bias, {what}, {args[0]}, on cuda: {str(e).splitlines()[0]}")
     outcome = fuzzcheck.check(test_fuzz.REGRESSIONS["fp16_gemm_bias_from_input"], device="cuda")
     print(f"{'pass' if outcome.status == 'pass' else 'FAIL'}  fuzzer regression fp16_gemm_bias_from_input on cuda:",
           outcome.status, outcome.detail, f"err {outcome.err:.2e}")

@@ -30,9 +30,12 @@ def weight() -> np.ndarray:
     return ((rng.standard_normal((K, 1)) + 0.003 * rng.standard_normal((K, N))) / K ** 0.5).astype(np.float32)
 
 
-def gemm_model(c_shape: tuple[int, ...], relu: bool = False, c: np.ndarray | None = None) -> onnx.ModelProto:
-    """Y = A @ W + C (then a ReLU) with A a graph input, W a weight, C a graph input (or the constant `c`)."""
-    nodes = [helper.make_node("Gemm", ["a", "w", "c"], ["y" if not relu else "g"])]
+def gemm_model(c_shape: tuple[int, ...], relu: bool = False, c: np.ndarray | None = None,
+               alpha: float = 1.0) -> onnx.ModelProto:
+    """Y = alpha * A @ W + C (then a ReLU) with A a graph input, W a weight, C a graph input (or the
+    constant `c`)."""
+    nodes = [helper.make_node("Gemm", ["a", "w", "c"], ["y" if not relu else "g"],
+                              **({"alpha": alpha} if alpha != 1.0 else {}))]
     if relu:
         nodes.append(helper.make_node("Relu", ["g"], ["y"]))
     inputs = {"a": np.zeros((M, K), np.float32), "w": Const(weight()),
@@ -40,14 +43,15 @@ def gemm_model(c_shape: tuple[int, ...], relu: bool = False, c: np.ndarray | Non
     return graph_model(nodes, inputs, ["y"], opset=13)
 
 
-def cancelling(c_shape: tuple[int, ...], narrow: torch.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def cancelling(c_shape: tuple[int, ...], narrow: torch.dtype,
+               alpha: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A (rows alike), a C that nearly cancels A @ W, and the float64 sum of both as the plan stores
     them: the output is about 1% of the product, so a product rounded before the add would be several
     percent off."""
     rng = np.random.default_rng(7)
     a = (rng.standard_normal(K) + 0.003 * rng.standard_normal((M, K))).astype(np.float32)
     a16, w16 = (torch.from_numpy(v).to(narrow).double() for v in (a, weight()))
-    prod = (a16 @ w16).numpy()
+    prod = (a16 @ w16).numpy() * alpha  # alpha a power of two: exact in every type
     # C is the product's first row, column or element where it broadcasts (rows and columns alike)
     near = prod[tuple(slice(0, 1) if k == 1 else slice(None) for k in c_shape)] if len(c_shape) == 2 else prod[0]
     c = (-near.reshape(c_shape) * 0.99 + 0.003 * rng.standard_normal(c_shape)).astype(np.float32)
@@ -125,3 +129,22 @@ def test_a_cancelling_constant_bias_along_the_rows_is_added_before_rounding(c_sh
     assert rel_l2(y.double().cpu().numpy(), ref) < 1e-3
     (call,) = [s.impl for s in exe.steps if s.impl.linear is not None]
     assert call.bias is not None and call.backend == "linear"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+@pytest.mark.parametrize("alpha", [0.5, -2.0])
+@pytest.mark.parametrize("constant", [False, True])
+def test_a_gemms_alpha_scales_the_product_in_the_call(alpha, constant, device):
+    """alpha * A @ W + C: the scale is the Gemm's own node's, so it joins the bias group and the call."""
+    a, c, ref = cancelling((M, N), torch.float16, alpha)
+    model = gemm_model((M, N), c=c if constant else None, alpha=alpha)
+    result = primitive_graph(model, "fp16")
+    og = build_ograph(result.graph)
+    (group,) = bias_groups(og, og.all, StructuralLegality())
+    assert named(og, group) == {"matmul", "mul", "add"}
+    exe = Executable(result.graph, plan_document(result), device)
+    feeds = {"a": torch.from_numpy(a).to(device)} | ({} if constant else {"c": torch.from_numpy(c).to(device)})
+    (y,) = exe(**feeds)
+    assert rel_l2(y.double().cpu().numpy(), ref) < 1e-3
+    (call,) = [s.impl for s in exe.steps if s.impl.linear is not None]
+    assert call.bias is not None and call.alpha == alpha and any(n.op == "mul" for n in call.fused)

@@ -365,6 +365,18 @@ def test_linear_fused_activations(activation: str | None, a_shape, b_shape, dev:
         torch_prims.run_linear_fused(node, [a, b], out, bias, "gelu_erf")
 
 
+@pytest.mark.parametrize("activation", [None, "relu"])
+@pytest.mark.parametrize("a_shape,b_shape", [((6, 13), (13, 5)), ((3, 6, 13), (3, 13, 5)), ((2, 3, 6, 13), (1, 3, 13, 5))])
+def test_linear_fused_scales_the_product_by_alpha(activation: str | None, a_shape, b_shape, dev: str) -> None:
+    rng = np.random.default_rng(28)
+    a, b, bias = (torch.from_numpy(rand(rng, *s)).to(dev) for s in (a_shape, b_shape, (5,)))
+    node = Node("mm", Prim.MATMUL.value, ("a", "b"), ("y",))
+    out = TensorType(a_shape[:-1] + (5,), F32)
+    got = torch_prims.run_linear_fused(node, [a, b], out, bias, activation, alpha=-0.5)
+    want = _ACTIVATIONS[activation](-0.5 * torch.matmul(a.double(), b.double()) + bias.double())
+    assert rel_l2(got.cpu().numpy(), want.cpu().numpy()) < 1e-6
+
+
 @pytest.mark.parametrize("b_shape", [(13, 5), (3, 13, 5)])
 def test_a_batched_library_call_adds_a_cancelling_bias_before_it_rounds(b_shape, dev: str) -> None:
     # float16: the bias nearly cancels the product, so a product rounded before the add would be

@@ -24,6 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import ml_dtypes
+import numpy as np
+
 from tessera.codegen.chain import chain_roots, generate_chain
 from tessera.codegen.conv import generate_conv
 from tessera.codegen.gelu import GELU_TANH, gelu_tanh_nodes
@@ -61,15 +64,18 @@ class KernelImpl:
     linear: Node | None = None
     reason: str = ""
     folded: list[Node] = field(default_factory=list)
-    # Linear kernels: what the library call absorbs. `bias` is a constant-derived tensor
-    # holding one value per output column (matmul) or channel (conv); `fused` are the
-    # epilogue nodes the call computes (the bias add, then the nodes of `activation`: None,
+    # Linear kernels: what the library call absorbs. `bias` holds one value per output column
+    # (matmul) or channel (conv), or for a matmul anything that broadcasts to its sum: a constant's
+    # (flattened at load) or a tensor computed before the call. `alpha` scales a matmul's product
+    # before the bias (a Gemm's alpha). `fused` are the
+    # epilogue nodes the call computes (the scale and the bias add, then the nodes of `activation`: None,
     # "relu" or "gelu_tanh", cuBLASLt's RELU_BIAS and GELU_BIAS epilogues). `cut` (fp16/bf16, a property) is
     # the SLICE, the first of `fused`, that cuts a result whose channels (columns) the layout pass
     # padded back to the bias add's shape: the call adds the bias zero-padded, then cuts its result.
     bias: str | None = None
     activation: str | None = None
     fused: list[Node] = field(default_factory=list)
+    alpha: float = 1.0
     # Transposes of a matmul operand (`operand_views`) the library call reads as strided views.
     views: list[Node] = field(default_factory=list)
 
@@ -162,7 +168,7 @@ def implement(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], out
         written = [o for n in impl.views for o in n.outputs if o in outputs]
         if written:
             raise Unsupported(f"{root.name}: a library call reads {written[0]} as a view and cannot write it")
-        impl.bias, impl.fused, impl.activation = _library_epilogue(graph, nodes, prologue, root, outputs)
+        impl.bias, impl.fused, impl.activation, impl.alpha = _library_epilogue(graph, nodes, prologue, root, outputs)
         done = {root.name} | {n.name for n in impl.fused}
         epi = [n for n in _epilogue(graph, nodes, root) if n.name not in done]
         # Kept only by the fused add: the bias's own producers, folded once at load.
@@ -205,17 +211,19 @@ def _live(nodes: list[Node], outputs: Sequence[str]) -> list[Node]:
 
 
 def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[Node], root: Node,
-                      outputs: Sequence[str]) -> tuple[str | None, list[Node], str | None]:
+                      outputs: Sequence[str]) -> tuple[str | None, list[Node], str | None, float]:
     """A bias add (and an activation after it) that the library call can absorb: (bias tensor,
-    fused nodes, activation name or None). The bias is a constant (folded at load) or a tensor
-    computed before the call.
+    fused nodes, activation name or None, alpha). The bias is a constant (folded at load) or a tensor
+    computed before the call. Before a matmul's bias add, its own node's scale by a constant
+    (a Gemm's alpha) is the call's alpha.
 
     The bias must be a tensor that varies only along the output's column axis (matmul) or channel
     axis (conv), so it is one vector, broadcast to the output's shape or already of it. The activation is a ReLU,
     or after a matmul the tanh GELU (`codegen/gelu.py`); cuDNN convolutions take no GELU.
     """
+    none: tuple[None, list[Node], None, float] = (None, [], None, 1.0)
     if not graph.types[root.outputs[0]].dtype.is_float:
-        return None, [], None
+        return none
     readers: dict[str, list[Node]] = {}
     for n in nodes:
         for t in n.inputs:
@@ -236,8 +244,12 @@ def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[No
     # A matmul result may be reshaped (a view) before its bias add, if the columns stay last.
     views = cut + (_views(graph, readers, r, outputs, columns=True) if matmul else [])
     r = views[-1].outputs[0] if views else r
+    scale = _alpha(graph, readers, producer, root, r, outputs) if matmul else None
+    alpha = 1.0
+    if scale is not None:
+        (scale, alpha), r = scale, scale[0].outputs[0]
     if r in outputs or len(readers.get(r, [])) != 1 or readers[r][0].op != Prim.ADD.value:
-        return None, [], None
+        return none
     add = readers[r][0]
     other = add.inputs[1] if add.inputs[0] == r else add.inputs[0]
     bcast = producer.get(other)
@@ -256,13 +268,13 @@ def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[No
     # [M, 1] given as a graph input): the call takes it expanded to the sum's rows and columns.
     whole = matmul and not cut and len(src_shape) == len(added_shape) \
         and all(s in (1, n) for s, n in zip(src_shape, added_shape))
-    if src in inside or not (vector or whole):
-        return None, [], None
-    fused = views + [add]
+    if src in inside or not (vector or whole) or (scale is not None and add.source != root.source):
+        return none
+    fused = views + ([scale] if scale is not None else []) + [add]
     # A library call cannot round what it writes to tf32: a tensor stored rounded (Graph.tf32_rounded)
     # comes from the generated epilogue kernel.
     if any(o in graph.tf32_rounded for n in fused for o in n.outputs):
-        return None, [], None
+        return none
     a = add.outputs[0]
     nxt = readers.get(a, [])
     if a not in outputs and len(nxt) == 1 and nxt[0].op == Prim.MAX.value:
@@ -270,20 +282,38 @@ def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[No
         zero = producer.get(mx.inputs[1] if mx.inputs[0] == a else mx.inputs[0])
         if zero is not None and zero.op == Prim.FILL.value and float(zero.attrs["value"]) == 0.0:
             if mx.outputs[0] not in graph.tf32_rounded:
-                return src, fused + [mx], "relu"
-            return src, fused, None
+                return src, fused + [mx], "relu", alpha
+            return src, fused, None, alpha
     if not matmul:
-        return src, fused, None
+        return src, fused, None, alpha
     # Views of the sum may come before the GELU (GPT-2 adds in 2-D, then views it in 3-D), and
     # after it: the library result reshaped, rather than a copy kernel for the reshape alone.
     pre = _views(graph, readers, a, outputs)
     gelu = gelu_tanh_nodes(graph, nodes, prologue, pre[-1].outputs[0] if pre else a, outputs)
     if not gelu:
-        return src, fused, None
+        return src, fused, None, alpha
     after = pre + gelu + _views(graph, readers, gelu[-1].outputs[0], outputs)
     if any(o in graph.tf32_rounded for n in after for o in n.outputs):
-        return src, fused, None
-    return src, fused + after, GELU_TANH
+        return src, fused, None, alpha
+    return src, fused + after, GELU_TANH, alpha
+
+
+def _alpha(graph: Graph, readers: dict[str, list[Node]], producer: dict[str, Node], root: Node, t: str,
+           outputs: Sequence[str]) -> tuple[Node, float] | None:
+    """(the MUL that alone reads the product `t` and scales it by one constant value, that value), where
+    the MUL is the matmul's own node's (a Gemm's alpha: `ops/linear.py`), else None. The value is the
+    one the plan stores (a FILL's in the graph's float type), as a generated kernel would multiply by."""
+    rs = readers.get(t, [])
+    if t in outputs or len(rs) != 1 or rs[0].op != Prim.MUL.value or rs[0].source != root.source:
+        return None
+    mul = rs[0]
+    other = mul.inputs[1] if mul.inputs[0] == t else mul.inputs[0]
+    fill = producer.get(other)
+    if fill is None or fill.op != Prim.FILL.value or other == t:
+        return None
+    dt = graph.types[other].dtype
+    return mul, float(np.asarray(float(fill.attrs["value"])).astype(
+        ml_dtypes.bfloat16 if dt is DType.BFLOAT16 else dt.to_numpy()))
 
 
 def _cut_back(graph: Graph, readers: dict[str, list[Node]], t: str, outputs: Sequence[str],

@@ -545,7 +545,7 @@ class Executable:
                 shape[axis] = self.graph.types[root.outputs[0]].shape[axis]
                 out = replace(out, shape=tuple(shape))
             assert bias is not None
-            y = run_linear_fused(root, args, out, bias, impl.activation)
+            y = run_linear_fused(root, args, out, bias, impl.activation, impl.alpha)
             env[last] = self._settle(last, self._cut(impl, last, y))
         else:
             outs = run_node(root, args, [self.graph.types[o] for o in root.outputs if o], device=self.device,

@@ -289,21 +289,23 @@ def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
     raise ValueError(f"unknown library epilogue activation {activation!r}")
 
 
-def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, activation: str | None) -> torch.Tensor:
-    """bias + a @ b, then the activation, in cuBLASLt's epilogue where torch offers it: RELU_BIAS
-    always, GELU_BIAS (the tanh GELU) on CUDA. On the CPU `use_gelu` computes the erf GELU, and on
-    ROCm it is not documented as tanh: there the tanh GELU follows the addmm."""
+def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, activation: str | None,
+           alpha: float = 1.0) -> torch.Tensor:
+    """bias + alpha * (a @ b), then the activation, in cuBLASLt's epilogue where torch offers it:
+    RELU_BIAS always, GELU_BIAS (the tanh GELU) on CUDA. On the CPU `use_gelu` computes the erf GELU,
+    and on ROCm it is not documented as tanh: there the tanh GELU follows the addmm."""
     if activation == "relu":
-        return torch._addmm_activation(bias, a, b)
+        return torch._addmm_activation(bias, a, b, alpha=alpha)
     if activation == "gelu_tanh" and a.is_cuda and torch.version.hip is None:
-        return torch._addmm_activation(bias, a, b, use_gelu=True)
-    return _activate(torch.addmm(bias, a, b), activation)
+        return torch._addmm_activation(bias, a, b, alpha=alpha, use_gelu=True)
+    return _activate(torch.addmm(bias, a, b, alpha=alpha), activation)
 
 
 def run_linear_fused(node: Node, args: Sequence[torch.Tensor], out: TensorType, bias: torch.Tensor,
-                     activation: str | None) -> torch.Tensor:
+                     activation: str | None, alpha: float = 1.0) -> torch.Tensor:
     """A linear primitive with a bias vector, or a matmul with a whole bias matrix of the product's rows and
-    columns (and an activation: None, "relu" or "gelu_tanh") computed by the library call itself.
+    columns (and an activation: None, "relu" or "gelu_tanh"; a matmul's product scaled by `alpha`
+    first) computed by the library call itself.
 
     matmul: cuBLAS(Lt) addmm with the bias (and activation) epilogue when the right operand is
     one matrix for every row, baddbmm (then the activation) when both are batched alike; conv: the
@@ -314,14 +316,15 @@ def run_linear_fused(node: Node, args: Sequence[torch.Tensor], out: TensorType, 
         a, b = args
         if b.dim() == 2 or b.shape[:-2].numel() == 1:  # one right operand for every row: one 2-D GEMM
             a2, b2 = a.reshape(-1, a.shape[-1]), b.reshape(b.shape[-2], b.shape[-1])
-            y = _addmm(bias, a2, b2, activation)
+            y = _addmm(bias, a2, b2, activation, alpha)
             return _conform(node, y.reshape(out.shape), out)
         m, n = a.shape[-2], b.shape[-1]
         if a.shape[:-2] == b.shape[:-2]:  # batched alike: baddbmm adds the bias before it rounds
             c = bias.reshape(-1, m, n) if bias.dim() == 2 else bias  # a whole bias comes as [rows, columns]
-            y = torch.baddbmm(c, a.reshape(-1, m, a.shape[-1]), b.reshape(-1, b.shape[-2], n)).reshape(out.shape)
+            y = torch.baddbmm(c, a.reshape(-1, m, a.shape[-1]), b.reshape(-1, b.shape[-2], n), alpha=alpha)
+            y = y.reshape(out.shape)
         else:  # broadcast batches: the sum rounds twice in a narrow type
-            y = torch.matmul(a, b)
+            y = torch.matmul(a, b) * alpha if alpha != 1.0 else torch.matmul(a, b)
             y = (y + (bias.reshape(y.shape) if bias.dim() == 2 else bias)).reshape(out.shape)
     elif prim is Prim.CONV:
         x, w = args
