@@ -36,9 +36,9 @@ print(json.dumps(t['profiler_stages_s'], indent=1))" ;;
         # Next session (rebuild .pin16 from HEAD first): 78c2c20's one-thread workers, untimed. Cold
         # compiles side by side against call 1 (segformer_b0 fp16: 302 s, measuring 276 s) and call 3
         # (efficientvit_b0 fp16: past 300-340 s, 79 s of it the layout pass), with the profiler's stages.
-        # First, on CUDA, what session 45's late bias changes (3a18d5d, 1ac9286) were checked with on the CPU.
+        # First, on CUDA, what session 45's late bias changes (3a18d5d, 1ac9286, e3abfc5) were checked with on the CPU.
         timeout 40 python3 scripts/bias_gpu_check.py > "$OUT/bias_gpu_check.txt" 2>&1
-        timeout 40 python3 -m pytest -q -p no:cacheprovider tests/test_torch_prims.py -k "linear_fused or cancelling" \
+        timeout 40 python3 -m pytest -q -p no:cacheprovider tests/test_torch_prims.py -k "linear_fused or cancelling or alpha" \
             >> "$OUT/bias_gpu_check.txt" 2>&1
         tail -14 "$OUT/bias_gpu_check.txt"
         export PROFILE=1
