@@ -62,7 +62,7 @@ def primitive_graph(model: onnx.ModelProto, precision: str):
     return compile_model(model, CompileOptions(cost="analytical", precision=precision))
 
 
-def named(og, mask: int) -> set[str]:
+def ops_of(og, mask: int) -> set[str]:
     return {og.nodes[i].op for i in bits(mask)}
 
 
@@ -71,7 +71,7 @@ def test_a_narrow_plan_never_writes_a_gemm_product_before_its_bias(c_shape):
     og = build_ograph(primitive_graph(gemm_model(c_shape, relu=True), "fp16").graph)
     legality = StructuralLegality()
     groups = bias_groups(og, og.all, legality)
-    assert len(groups) == 1 and {"matmul", "add"} <= named(og, groups[0])
+    assert len(groups) == 1 and {"matmul", "add"} <= ops_of(og, groups[0])
     mm = next(i for i in bits(og.all) if og.nodes[i].op == "matmul")
     found = enumerate_candidates(og, og.all, CandidateRules(), legality)
     assert found and not any(c.outputs >> mm & 1 for c in found)
@@ -141,7 +141,7 @@ def test_a_gemms_alpha_scales_the_product_in_the_call(alpha, constant, device):
     result = primitive_graph(model, "fp16")
     og = build_ograph(result.graph)
     (group,) = bias_groups(og, og.all, StructuralLegality())
-    assert named(og, group) == {"matmul", "mul", "add"}
+    assert ops_of(og, group) == {"matmul", "mul", "add"}
     exe = Executable(result.graph, plan_document(result), device)
     feeds = {"a": torch.from_numpy(a).to(device)} | ({} if constant else {"c": torch.from_numpy(c).to(device)})
     (y,) = exe(**feeds)

@@ -244,10 +244,8 @@ def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[No
     # A matmul result may be reshaped (a view) before its bias add, if the columns stay last.
     views = cut + (_views(graph, readers, r, outputs, columns=True) if matmul else [])
     r = views[-1].outputs[0] if views else r
-    scale = _alpha(graph, readers, producer, root, r, outputs) if matmul else None
-    alpha = 1.0
-    if scale is not None:
-        (scale, alpha), r = scale, scale[0].outputs[0]
+    scale, alpha = _alpha(graph, readers, producer, root, r, outputs) if matmul else (None, 1.0)
+    r = scale.outputs[0] if scale is not None else r
     if r in outputs or len(readers.get(r, [])) != 1 or readers[r][0].op != Prim.ADD.value:
         return none
     add = readers[r][0]
@@ -299,19 +297,18 @@ def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[No
 
 
 def _alpha(graph: Graph, readers: dict[str, list[Node]], producer: dict[str, Node], root: Node, t: str,
-           outputs: Sequence[str]) -> tuple[Node, float] | None:
+           outputs: Sequence[str]) -> tuple[Node | None, float]:
     """(the MUL that alone reads the product `t` and scales it by one constant value, that value), where
-    the MUL is the matmul's own node's (a Gemm's alpha: `ops/linear.py`), else None. The value is the
-    one the plan stores (a FILL's in the graph's float type), as a generated kernel would multiply by."""
+    the MUL is the matmul's own node's (a Gemm's alpha: `ops/linear.py`), else (None, 1.0). The value is
+    the one the plan stores (a FILL's in the graph's float type), as a generated kernel would multiply by."""
     rs = readers.get(t, [])
     if t in outputs or len(rs) != 1 or rs[0].op != Prim.MUL.value or rs[0].source != root.source:
-        return None
+        return None, 1.0
     mul = rs[0]
-    other = mul.inputs[1] if mul.inputs[0] == t else mul.inputs[0]
-    fill = producer.get(other)
-    if fill is None or fill.op != Prim.FILL.value or other == t:
-        return None
-    dt = graph.types[other].dtype
+    fill = producer.get(mul.inputs[1] if mul.inputs[0] == t else mul.inputs[0])
+    if fill is None or fill.op != Prim.FILL.value:
+        return None, 1.0
+    dt = graph.types[fill.outputs[0]].dtype
     return mul, float(np.asarray(float(fill.attrs["value"])).astype(
         ml_dtypes.bfloat16 if dt is DType.BFLOAT16 else dt.to_numpy()))
 

@@ -324,7 +324,8 @@ def run_linear_fused(node: Node, args: Sequence[torch.Tensor], out: TensorType, 
             y = torch.baddbmm(c, a.reshape(-1, m, a.shape[-1]), b.reshape(-1, b.shape[-2], n), alpha=alpha)
             y = y.reshape(out.shape)
         else:  # broadcast batches: the sum rounds twice in a narrow type
-            y = torch.matmul(a, b) * alpha if alpha != 1.0 else torch.matmul(a, b)
+            y = torch.matmul(a, b)
+            y = y * alpha if alpha != 1.0 else y
             y = (y + (bias.reshape(y.shape) if bias.dim() == 2 else bias)).reshape(out.shape)
     elif prim is Prim.CONV:
         x, w = args
