@@ -1,11 +1,13 @@
 """Run the CUDA cases of tests/test_bias_rounding.py and the fuzzer's fp16 Gemm regression on a GPU
 machine that has highspy but not pulp (the GPU machine of docs/benchmarks.md): both compile with the
-default solver (CBC through pulp), so this gives their compiles the HiGHS solver instead.
+default solver (CBC through pulp), so this gives their compiles the HiGHS solver instead (the test
+module's options by a subclass, the fuzzer's by its TESSERA_FUZZ_SOLVER).
 
     PYTHONPATH=.:tests python3 scripts/bias_gpu_check.py
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +28,7 @@ class HighsOptions(CompileOptions):
 
 def main() -> int:
     t.CompileOptions = HighsOptions
-    fuzzcheck.CompileOptions = HighsOptions
+    os.environ.setdefault("TESSERA_FUZZ_SOLVER", "highs")  # fuzzcheck.options reads its solver from there
     failed = 0
     cases = [(f"C from an input, {p}", t.test_a_cancelling_bias_from_an_input_is_added_before_rounding, (c, p))
              for p in ("fp16", "bf16") for c in ((t.N,), (t.M, t.N), (t.M, 1), (1, 1))]
