@@ -54,7 +54,8 @@ def flag_chain(a, b, d, part, out, cnt, done, M: tl.constexpr, K: tl.constexpr, 
         ok, ol, on = pk * BK1 + tl.arange(0, BK1), pl * BL + tl.arange(0, BL), tl.arange(0, BN1)
         acc = tl.zeros([BK1, BL], dtype=tl.float32)
         span: tl.constexpr = N // S
-        for n0 in tl.range(s * span, (s + 1) * span, BN1, num_stages=STAGES):
+        for i in tl.range(0, span // BN1, num_stages=STAGES):
+            n0 = s * span + i * BN1
             x = tl.load(b + ok[:, None] * N + (n0 + on)[None, :])
             y = tl.load(d + (n0 + on)[:, None] * L + ol[None, :])
             acc = tl.dot(x, y, acc)
@@ -64,8 +65,9 @@ def flag_chain(a, b, d, part, out, cnt, done, M: tl.constexpr, K: tl.constexpr, 
     else:
         q = pid - p1
         pm, pl = q // lt, q % lt
-        om, ol, ok = pm * BM + tl.arange(0, BM), pl * BL + tl.arange(0, BL), tl.arange(0, BK2)
-        a0 = tl.load(a + om[:, None] * K + ok[None, :])  # before the wait: overlaps it
+        # (names apart from the producers': Triton types a name alike in both branches)
+        cm, cl, ck = pm * BM + tl.arange(0, BM), pl * BL + tl.arange(0, BL), tl.arange(0, BK2)
+        a0 = tl.load(a + cm[:, None] * K + ck[None, :])  # before the wait: overlaps it
         launch = tl.atomic_add(done + pl, 0, sem="relaxed") // consumers
         if WAIT:
             need = (launch + 1) * producers
@@ -79,12 +81,12 @@ def flag_chain(a, b, d, part, out, cnt, done, M: tl.constexpr, K: tl.constexpr, 
             if k0 == 0:
                 x2 = a0
             else:
-                x2 = tl.load(a + om[:, None] * K + (k0 + ok)[None, :])
+                x2 = tl.load(a + cm[:, None] * K + (k0 + ck)[None, :])
             ysum = tl.zeros([BK2, BL], dtype=tl.float32)
-            for s in tl.static_range(S):
-                ysum += tl.load(part + s * K * L + (k0 + ok)[:, None] * L + ol[None, :], cache_modifier=".cg")
+            for j in tl.static_range(S):
+                ysum += tl.load(part + j * K * L + (k0 + ck)[:, None] * L + cl[None, :], cache_modifier=".cg")
             acc2 = tl.dot(x2, ysum.to(x2.dtype), acc2)
-        tl.store(out + om[:, None] * L + ol[None, :], acc2.to(out.dtype.element_ty))
+        tl.store(out + cm[:, None] * L + cl[None, :], acc2.to(out.dtype.element_ty))
         tl.atomic_add(done + pl, 1, sem="relaxed")
 
 
