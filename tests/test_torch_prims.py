@@ -377,21 +377,24 @@ def test_linear_fused_scales_the_product_by_alpha(activation: str | None, a_shap
     assert rel_l2(got.cpu().numpy(), want.cpu().numpy()) < 1e-6
 
 
-@pytest.mark.parametrize("b_shape", [(13, 5), (3, 13, 5)])
-def test_a_batched_library_call_adds_a_cancelling_bias_before_it_rounds(b_shape, dev: str) -> None:
+@pytest.mark.parametrize("a_shape,b_shape", [((3, 6, 13), (13, 5)), ((3, 6, 13), (3, 13, 5)),
+                                             ((2, 3, 6, 13), (1, 3, 13, 5)), ((6, 13), (3, 13, 5))])
+def test_a_batched_library_call_adds_a_cancelling_bias_before_it_rounds(a_shape, b_shape, dev: str) -> None:
     # float16: the bias nearly cancels the product, so a product rounded before the add would be
-    # several percent off the sum; added in the call, the sum rounds once.
+    # several percent off the sum; added in the call, the sum rounds once. The last two broadcast
+    # their batches.
     rng = np.random.default_rng(27)
-    a = torch.from_numpy(rand(rng, 3, 6, 13)).half()
+    a = torch.from_numpy(rand(rng, *a_shape)).half()
     b = torch.from_numpy(rand(rng, *b_shape)).half()
     prod = torch.matmul(a.double(), b.double())
-    for bias in (-(prod * 0.99).reshape(-1, 5), -(prod[0, 0] * 0.99)):  # whole [rows, columns], vector
+    for bias in (-(prod * 0.99).reshape(-1, 5), -(prod.reshape(-1, 5)[0] * 0.99)):  # whole [rows, columns], vector
         bias = bias.half()
         node = Node("mm", Prim.MATMUL.value, ("a", "b"), ("y",))
-        got = torch_prims.run_linear_fused(node, [a.to(dev), b.to(dev)], TensorType((3, 6, 5), DType.FLOAT16),
+        got = torch_prims.run_linear_fused(node, [a.to(dev), b.to(dev)], TensorType(prod.shape, DType.FLOAT16),
                                            bias.to(dev), None)
         want = prod + (bias.double().reshape(prod.shape) if bias.dim() == 2 else bias.double())
         assert rel_l2(got.float().cpu().numpy(), want.numpy()) < 2e-3
+
 
 def _conv_attrs(n: int, strides=None, pads=None, dilations=None, group: int = 1) -> dict:
     return {"strides": strides or (1,) * n, "pads": pads or (0,) * (2 * n),

@@ -308,8 +308,8 @@ def run_linear_fused(node: Node, args: Sequence[torch.Tensor], out: TensorType, 
     first) computed by the library call itself.
 
     matmul: cuBLAS(Lt) addmm with the bias (and activation) epilogue when the right operand is
-    one matrix for every row, baddbmm (then the activation) when both are batched alike; conv: the
-    bias argument of the convolution. Anything else adds (and activates) afterwards.
+    one matrix for every row, else baddbmm over the broadcast batch (then the activation); conv: the
+    bias argument of the convolution; a transposed conv adds (and activates) afterwards.
     """
     prim = Prim(node.op)
     if prim is Prim.MATMUL:
@@ -318,15 +318,13 @@ def run_linear_fused(node: Node, args: Sequence[torch.Tensor], out: TensorType, 
             a2, b2 = a.reshape(-1, a.shape[-1]), b.reshape(b.shape[-2], b.shape[-1])
             y = _addmm(bias, a2, b2, activation, alpha)
             return _conform(node, y.reshape(out.shape), out)
-        m, n = a.shape[-2], b.shape[-1]
-        if a.shape[:-2] == b.shape[:-2]:  # batched alike: baddbmm adds the bias before it rounds
-            c = bias.reshape(-1, m, n) if bias.dim() == 2 else bias  # a whole bias comes as [rows, columns]
-            y = torch.baddbmm(c, a.reshape(-1, m, a.shape[-1]), b.reshape(-1, b.shape[-2], n), alpha=alpha)
-            y = y.reshape(out.shape)
-        else:  # broadcast batches: the sum rounds twice in a narrow type
-            y = torch.matmul(a, b)
-            y = y * alpha if alpha != 1.0 else y
-            y = (y + (bias.reshape(y.shape) if bias.dim() == 2 else bias)).reshape(out.shape)
+        (m, k), n = a.shape[-2:], b.shape[-1]
+        # batched: baddbmm adds the bias before it rounds. Batches that broadcast are expanded first, as
+        # torch.matmul would copy them too.
+        batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        a3, b3 = a.expand(*batch, m, k).reshape(-1, m, k), b.expand(*batch, k, n).reshape(-1, k, n)
+        c = bias.reshape(-1, m, n) if bias.dim() == 2 else bias  # a whole bias comes as [rows, columns]
+        y = torch.baddbmm(c, a3, b3, alpha=alpha).reshape(out.shape)
     elif prim is Prim.CONV:
         x, w = args
         a = node.attrs
