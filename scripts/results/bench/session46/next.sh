@@ -3,7 +3,9 @@
 # GPU machine, carrying .whl and .pin16 (rebuilt from HEAD first, as ../session34/next.sh says).
 # 1: ../session45/next.sh 7 (README).
 # 2: scripts/flag_chain_probe.py on nvidia-h200-x2, fp16 G4-G10 split over the two GPUs.
-# 3: the test files with CUDA cases on one nvidia-h200 (the working tree), carrying .whl with pulp and hypothesis.
+# 3: the test files with CUDA cases on one nvidia-h200 (the working tree), carrying .whl with pulp and hypothesis
+#    and carry/a (the shared models those tests read: attn_s4, attn_s7, bert_tiny, candy_small(_legacy), gemm_g1,
+#    gemm_g3, gpt2_tiny).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 case $1 in
     2)
