@@ -31,7 +31,7 @@ from tessera.fission import FissionResult, fission
 from tessera.frontend import LoadedModel, load
 from tessera.ir.graph import Graph
 from tessera.log import logger
-from tessera.orchestrate import DEFAULT_SOLVER, CandidateRules, OGraph, Plan, build_ograph, orchestrate
+from tessera.orchestrate import DEFAULT_SOLVER, SOLVERS, CandidateRules, OGraph, Plan, build_ograph, orchestrate
 from tessera.orchestrate.candidates import MAX_KERNEL_NODES
 from tessera.orchestrate.layout import NHWC, LayoutResult, assign_layouts, regions
 from tessera.orchestrate.report import write_report
@@ -135,6 +135,9 @@ def compile_model(source: Any, options: CompileOptions | None = None,
         raise TesseraError(f"--cost must be analytical, measured or auto, not {opt.cost!r}")
     if opt.templates not in ("auto", "off", "force"):
         raise TesseraError(f"templates must be auto, off or force, not {opt.templates!r}")
+    if opt.solver not in SOLVERS:  # (the default comes from TESSERA_SOLVER where that is set)
+        raise TesseraError(f"--solver must be one of {', '.join(SOLVERS)}, not {opt.solver!r}"
+                           + (" (the default, from TESSERA_SOLVER)" if opt.solver == DEFAULT_SOLVER else ""))
     if cost_kind == "measured" and not torch.cuda.is_available():
         raise TesseraError("--cost measured times kernels on a GPU, and none is visible; use --cost analytical")
     dev = preset_device(opt.gpu)

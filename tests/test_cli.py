@@ -45,6 +45,24 @@ def test_console_entry_point_runs():
     assert "PASS" in r.stdout
 
 
+def test_tessera_solver_names_the_default_solver(tmp_path):
+    # read when tessera is imported, so each case is a process of its own
+    import os
+
+    def compile_with(solver: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tessera", "compile", str(MODELS / "gemm_g1.onnx"), "-o",
+                               str(tmp_path / solver)], env={**os.environ, "TESSERA_SOLVER": solver},
+                              capture_output=True, text=True, timeout=300)
+
+    r = compile_with("highs")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((tmp_path / "highs" / "plan.json").read_text())
+    assert {sg["solver"]["solver"] for sg in plan["subgraphs"]} == {"highs"}
+    r = compile_with("nope")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "not 'nope' (the default, from TESSERA_SOLVER)" in r.stderr
+
+
 def test_compile_writes_plan_and_report(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["compile", str(MODELS / "bert_tiny.onnx"), "-o", str(out), "--gpu", "h200"]) == 0

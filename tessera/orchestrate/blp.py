@@ -32,6 +32,7 @@ best plan found is returned, marked not optimal.
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -40,8 +41,9 @@ from tessera.orchestrate.candidates import Candidate
 from tessera.orchestrate.graphview import bits
 
 SOLVERS = ("cbc", "highs", "cpsat")
-# CBC with the greedy warm start solved our instances fastest (scripts/bench_solvers.py).
-DEFAULT_SOLVER = "cbc"
+# CBC with the greedy warm start solved our instances fastest (scripts/bench_solvers.py). TESSERA_SOLVER
+# names another default, for a machine without CBC (a name not in SOLVERS fails at the first solve).
+DEFAULT_SOLVER = os.environ.get("TESSERA_SOLVER", "cbc")
 
 
 @dataclass
