@@ -3,9 +3,7 @@
 # GPU machine, carrying .whl and .pin16 (rebuilt from HEAD first, as ../session34/next.sh says).
 # 1: ../session45/next.sh 7 (README).
 # 2: scripts/flag_chain_probe.py on nvidia-h200-x2, fp16 G4-G10 split over the two GPUs.
-# 3: the test files with CUDA cases on one nvidia-h200 (the working tree), carrying .whl with pulp and hypothesis
-#    and carry/a (the shared models those tests read: attn_s4, attn_s7, bert_tiny, candy_small(_legacy), gemm_g1,
-#    gemm_g3, gpt2_tiny).
+# 3: the test files with CUDA cases on one nvidia-h200 (the working tree), carrying .whl and carry/a.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 case $1 in
     2)
@@ -14,17 +12,18 @@ case $1 in
         CUDA_VISIBLE_DEVICES=1 timeout 420 python3 scripts/flag_chain_probe.py --cases 10,5,6 --jobs 14 > "$OUT/flag1.txt" 2>&1 &
         wait; tail -n 20 "$OUT/flag0.txt" "$OUT/flag1.txt" ;;
     3)
-        # The tests that run only with CUDA (skipped on the CPU machines), with the test extras carried as
-        # wheels too (pulp for the default CBC solver, hypothesis and sortedcontainers for the fuzzer's files):
-        # the GPU-only files first, then every file with a CUDA case.
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-        timeout 470 python3 -m pytest -v -p no:cacheprovider -rs --durations=15 tests/test_runtime_gpu.py \
+        # The tests that run only with CUDA (skipped on the CPU machines). The working tree is about 59 MB of
+        # the 64 MiB a call may carry, so this carries only .whl (highspy: TESSERA_SOLVER=highs stands in for
+        # CBC) and carry/a with attn_s4, attn_s7, gemm_g1, gemm_g3 and bert_tiny; cases of the other shared
+        # models are deselected or fail for want of the file (read the failures with that in mind).
+        export TESSERA_SOLVER=highs
+        timeout 470 python3 -m pytest -v -p no:cacheprovider -rs --durations=15 \
+            -k "not candy_small and not gpt2_tiny" tests/test_runtime_gpu.py \
             tests/test_profiler_gpu.py tests/test_bias_rounding.py tests/test_tf32_rounding.py tests/test_workers.py \
             tests/test_profile.py tests/test_torch_prims.py tests/test_runtime.py tests/test_bad_inputs.py \
             tests/test_gemm_template_wiring.py tests/test_gemm_template.py tests/test_conv_template.py tests/test_layout.py \
-            tests/test_cli.py tests/test_graphs.py tests/test_bench.py tests/test_rewrite_search.py tests/test_fuzz.py \
-            > "$OUT/pytest_gpu.txt" 2>&1
-        echo "pytest rc=$?"; grep -E "PASSED|FAILED|ERROR|SKIPPED" "$OUT/pytest_gpu.txt" | awk '{print $2}' | sort | uniq -c
+            tests/test_graphs.py tests/test_rewrite_search.py > "$OUT/pytest_gpu.txt" 2>&1
+        echo "pytest rc=$?"; grep -E " (PASSED|FAILED|ERROR|SKIPPED)" "$OUT/pytest_gpu.txt" | awk '{print $2}' | sort | uniq -c
         grep -E "FAILED|ERROR" "$OUT/pytest_gpu.txt" | head -30; tail -n 25 "$OUT/pytest_gpu.txt" ;;
     *) echo "next.sh: call 2 or 3"; exit 2 ;;
 esac
