@@ -4,6 +4,7 @@
 # 1: ../session45/next.sh 7 (README).
 # 2: scripts/flag_chain_probe.py on nvidia-h200-x2, fp16 G4-G10 split over the two GPUs.
 # 3: the test files with CUDA cases on one nvidia-h200 (the working tree), carrying .whl and carry/a.
+# 4: call 3 set up as the suite expects (below), and the kernelcheck files on the GPU.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 case $1 in
     2)
@@ -25,5 +26,23 @@ case $1 in
             tests/test_graphs.py tests/test_rewrite_search.py > "$OUT/pytest_gpu.txt" 2>&1
         echo "pytest rc=$?"; grep -E " (PASSED|FAILED|ERROR|SKIPPED)" "$OUT/pytest_gpu.txt" | awk '{print $2}' | sort | uniq -c
         grep -E "FAILED|ERROR" "$OUT/pytest_gpu.txt" | head -30; tail -n 25 "$OUT/pytest_gpu.txt" ;;
-    *) echo "next.sh: call 2 or 3"; exit 2 ;;
+    4)
+        # Call 3 again, set up as the suite expects: no TESSERA_LOG (its handler outlives pytest's captured
+        # streams), the GPU files apart from those importing tests/kernelcheck.py (which sets TRITON_INTERPRET=1
+        # at import), and the carried models where the tests look for ../shared/models. Beside it, the
+        # kernelcheck files compiled for the GPU (TESSERA_TEST_DEVICE=cuda).
+        unset TESSERA_LOG; export TESSERA_SOLVER=highs
+        mkdir -p ../shared/models && cp carry/a/*.onnx ../shared/models/
+        timeout 250 python3 -m pytest -v -p no:cacheprovider -rs -k "not candy_small and not gpt2_tiny" \
+            tests/test_runtime_gpu.py tests/test_profiler_gpu.py tests/test_bias_rounding.py tests/test_tf32_rounding.py \
+            tests/test_workers.py tests/test_profile.py tests/test_runtime.py tests/test_bad_inputs.py \
+            > "$OUT/pytest_gpu_a.txt" 2>&1 &
+        TESSERA_TEST_DEVICE=cuda timeout 250 python3 -m pytest -q -p no:cacheprovider -rs -x -k "not candy_small and not gpt2_tiny" \
+            tests/test_gemm_template.py tests/test_conv_template.py tests/test_chain.py tests/test_codegen_kernels.py \
+            tests/test_tables.py > "$OUT/pytest_gpu_b.txt" 2>&1 &
+        wait
+        grep -E " (PASSED|FAILED|ERROR|SKIPPED)" "$OUT/pytest_gpu_a.txt" | awk '{print $2}' | sort | uniq -c
+        grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu_a.txt" | head -20; tail -n 3 "$OUT/pytest_gpu_a.txt"
+        grep -E "^(FAILED|ERROR)|^E " "$OUT/pytest_gpu_b.txt" | head -20; tail -n 3 "$OUT/pytest_gpu_b.txt" ;;
+    *) echo "next.sh: call 2, 3 or 4"; exit 2 ;;
 esac
