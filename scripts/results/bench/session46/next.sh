@@ -37,12 +37,13 @@ case $1 in
             tests/test_runtime_gpu.py tests/test_profiler_gpu.py tests/test_bias_rounding.py tests/test_tf32_rounding.py \
             tests/test_workers.py tests/test_profile.py tests/test_runtime.py tests/test_bad_inputs.py \
             > "$OUT/pytest_gpu_a.txt" 2>&1 &
-        TESSERA_TEST_DEVICE=cuda timeout 250 python3 -m pytest -q -p no:cacheprovider -rs -x -k "not candy_small and not gpt2_tiny" \
+        TESSERA_TEST_DEVICE=cuda timeout 250 python3 -m pytest -v -p no:cacheprovider -rs -k "not candy_small and not gpt2_tiny" \
             tests/test_gemm_template.py tests/test_conv_template.py tests/test_chain.py tests/test_codegen_kernels.py \
             tests/test_tables.py > "$OUT/pytest_gpu_b.txt" 2>&1 &
         wait
         grep -E " (PASSED|FAILED|ERROR|SKIPPED)" "$OUT/pytest_gpu_a.txt" | awk '{print $2}' | sort | uniq -c
         grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu_a.txt" | head -20; tail -n 3 "$OUT/pytest_gpu_a.txt"
-        grep -E "^(FAILED|ERROR)|^E " "$OUT/pytest_gpu_b.txt" | head -20; tail -n 3 "$OUT/pytest_gpu_b.txt" ;;
+        grep -E " (PASSED|FAILED|ERROR|SKIPPED)" "$OUT/pytest_gpu_b.txt" | awk '{print $2}' | sort | uniq -c
+        grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu_b.txt" | head -20; tail -n 3 "$OUT/pytest_gpu_b.txt" ;;
     *) echo "next.sh: call 2, 3 or 4"; exit 2 ;;
 esac
