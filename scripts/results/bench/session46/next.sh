@@ -5,6 +5,7 @@
 # 2: scripts/flag_chain_probe.py on nvidia-h200-x2, fp16 G4-G10 split over the two GPUs.
 # 3: the test files with CUDA cases on one nvidia-h200 (the working tree), carrying .whl and carry/a.
 # 4: call 3 set up as the suite expects (below), and the kernelcheck files on the GPU.
+# 5: next session, on one nvidia-h200: call 4's first half again, one pytest a file (below).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 case $1 in
     2)
@@ -45,5 +46,18 @@ case $1 in
         grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu_a.txt" | head -20; tail -n 3 "$OUT/pytest_gpu_a.txt"
         grep -E " (PASSED|FAILED|ERROR|SKIPPED)" "$OUT/pytest_gpu_b.txt" | awk '{print $2}' | sort | uniq -c
         grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu_b.txt" | head -20; tail -n 3 "$OUT/pytest_gpu_b.txt" ;;
-    *) echo "next.sh: call 2, 3 or 4"; exit 2 ;;
+    5)
+        # Next session: call 4's file list, each file in its own pytest under its own timeout, so every file
+        # prints its failures (call 4's first process was cut by its timeout before pytest's summary).
+        # Carry .whl and carry/a (attn_s4, attn_s7, bert_tiny, gemm_g1, gemm_g2, gemm_g3: what fits beside
+        # the 59 MB tree); cases of other models fail for want of the file, said in their message.
+        unset TESSERA_LOG; export TESSERA_SOLVER=highs
+        mkdir -p ../shared/models && cp carry/a/*.onnx ../shared/models/
+        for f in test_runtime_gpu test_profiler_gpu test_tf32_rounding test_workers test_profile test_runtime \
+                 test_bad_inputs; do
+            timeout 100 python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short tests/$f.py > "$OUT/$f.txt" 2>&1
+            echo "$f rc=$?: $(tail -n 1 "$OUT/$f.txt")"
+        done
+        grep -h "^FAILED\|^ERROR\|^E  " "$OUT"/test_*.txt | cut -c1-220 | head -60 ;;
+    *) echo "next.sh: call 2, 3, 4 or 5"; exit 2 ;;
 esac
