@@ -350,7 +350,7 @@ def verify_kernels(exe: "Executable", feeds: Mapping[str, np.ndarray], precision
 
     def stored(t: str, v: np.ndarray) -> torch.Tensor:
         ty = graph.types[t]
-        x = torch.from_numpy(np.ascontiguousarray(v)).to(exe.device, TORCH_DTYPES[ty.dtype])
+        x = torch.from_numpy(np.asarray(v, order="C")).to(exe.device, TORCH_DTYPES[ty.dtype])
         return as_layout(x, ty.layout)
 
     report = KernelReport(model=model, precision=precision, seed=seed, propagate=propagate, device=str(exe.device))

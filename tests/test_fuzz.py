@@ -224,6 +224,16 @@ REGRESSIONS = {
         consts=[C("c3", (12, 1), "float32", scale=0.2886751345948129)],
         nodes=[N("Relu", ["in1"], ["t2"], family="elementwise"), N("Gemm", ["t2", "c3", "in4"], ["t5"], family="linear"),
                N("Relu", ["t5"], ["t6"], family="elementwise")], outputs=["t6"]),
+    # ir/interp_opaque.py: numpy's ascontiguousarray makes a 0-d array 1-d, so onnxruntime ran an opaque
+    # node on [1]-shaped feeds and answered [1] where the graph declares a scalar ("computed shape [1],
+    # the graph declares []"); the same call gave scalar constants, erf's operand and verify's feeds a
+    # dimension (session 46, scripts/results/fuzz/session46/fuzz_4601.fail1.json).
+    "opaque_on_scalars": GraphSpec(
+        opset=13, precision="fp32", layout="auto", strategy="optimal", seed=0, schedule_seed=0,
+        inputs=[T("in3", (), "int64")], consts=[C("c6", (), "int64", values=(1,))],
+        nodes=[N("Abs", ["in3"], ["t5"], family="integer"), N("Add", ["t5", "c6"], ["t7"], family="integer"),
+               N("Mod", ["in3", "t7"], ["t8"], family="opaque")],
+        outputs=["t8"], index_bounds={"in3": (-6, 6)}),
 }
 
 

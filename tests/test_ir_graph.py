@@ -80,3 +80,13 @@ def test_type_rules_reject_implied_broadcast():
         b.emit(Prim.ADD, ["x", "y"])
     with pytest.raises(ShapeError, match="matmul"):
         b.emit(Prim.MATMUL, ["x", "y"])
+
+
+def test_scalar_constants_and_the_erf_operand_keep_no_dimensions():
+    # numpy's ascontiguousarray returns at least one dimension; a 0-d constant or operand must stay 0-d
+    from tessera.ir.interp import _erf
+
+    g = Graph(name="g", kind=GraphKind.PRIMITIVE)
+    name = PrimBuilder(g).const(np.float32(2.0))
+    assert g.constants[name].shape == () == g.types[name].shape
+    assert _erf(np.array(0.5)).shape == ()

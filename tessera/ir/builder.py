@@ -59,7 +59,7 @@ class PrimBuilder:
         arr = np.asarray(value)
         dt = dtype or DType.from_numpy(arr.dtype)
         name = self.fresh(self._hint(hint))
-        self.graph.constants[name] = np.ascontiguousarray(arr.astype(dt.to_numpy(), copy=False))
+        self.graph.constants[name] = np.asarray(arr.astype(dt.to_numpy(), copy=False), order="C")
         self.graph.types[name] = TensorType(tuple(int(d) for d in arr.shape), dt)
         return name
 

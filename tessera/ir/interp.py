@@ -35,7 +35,7 @@ from tessera.ir.prims import Prim
 
 def _erf(x: np.ndarray) -> np.ndarray:
     # NumPy has no erf; torch (a dependency) has one for float16/32/64.
-    return torch.special.erf(torch.from_numpy(np.ascontiguousarray(x))).numpy()
+    return torch.special.erf(torch.from_numpy(np.asarray(x, order="C"))).numpy()
 
 
 @dataclass(frozen=True)

@@ -44,9 +44,9 @@ def run_opaque(graph: Graph, node: Node, args: Sequence[np.ndarray], in_types: S
     feeds = {}
     for name, value, t in zip(present, args, in_types):
         if t.dtype is DType.BFLOAT16:  # fed as float32, cast inside the model
-            feeds[name + _F32] = np.ascontiguousarray(value, dtype=np.float32)
+            feeds[name + _F32] = np.asarray(value, dtype=np.float32, order="C")
         else:
-            feeds[name] = np.ascontiguousarray(value, dtype=t.dtype.to_numpy())
+            feeds[name] = np.asarray(value, dtype=t.dtype.to_numpy(), order="C")
     outs = sess.run(None, feeds)
     result = []
     for o, t in zip(outs, out_types):
