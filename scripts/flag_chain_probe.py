@@ -32,6 +32,8 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from reassoc_probe import graph_us  # noqa: E402  (the script's folder is on sys.path)
+
 SHAPES = {  # (M, K, N, L): a is MxK, b is KxN, d is NxL (../shared/models/gemm_g*.onnx, batch 1)
     4: (512, 256, 512, 256), 5: (512, 512, 512, 256), 6: (512, 1024, 512, 256), 7: (512, 128, 512, 128),
     8: (1024, 128, 512, 128), 9: (2048, 128, 512, 128), 10: (1024, 128, 1024, 128),
@@ -153,25 +155,6 @@ def check() -> None:
         assert cnt.tolist() == [3 * (64 // cfg[0]) * cfg[3]] * (64 // cfg[1])
 
 
-def graph_us(fn, calls: int = 20) -> float:
-    """Screening time: µs per call of `calls` launches replayed from one CUDA graph (kernel + gap)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    best = math.inf
-    for _ in range(3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) * 1000 / calls)
-    return best
-
-
 def _precompile(job: tuple) -> int:
     """Build one case's schedules into Triton's disk cache (a worker process); returns how many built."""
     case, cfgs = job
@@ -230,7 +213,7 @@ def main() -> None:
         timed = []
         for cfg in configs(m, k, n, l_):
             try:
-                timed.append((graph_us(lambda cfg=cfg: chain(cfg)), cfg))
+                timed.append((graph_us(lambda cfg=cfg: chain(cfg), 20), cfg))  # a screen: kernel + gap
             except OutOfResources:
                 continue
         timed.sort()
