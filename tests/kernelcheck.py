@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import os
 
-# TESSERA_TEST_DEVICE=cuda runs the same cases compiled for the GPU; by default
-# they run in Triton's interpreter on the CPU.
-DEVICE = os.environ.get("TESSERA_TEST_DEVICE", "cpu")
+import torch
+
+# The cases run where the kernels are meant to: compiled for the GPU where there is one (session 46 ran
+# them all so on an H200), else in Triton's interpreter on the CPU; TESSERA_TEST_DEVICE=cpu|cuda picks.
+# Only the interpreter sets TRITON_INTERPRET, before Triton is imported, for the whole process: on a GPU
+# machine it would make every GPU test after these refuse to run.
+DEVICE = os.environ.get("TESSERA_TEST_DEVICE", "cuda" if torch.cuda.is_available() else "cpu")
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
 
 from typing import Any, Mapping
 
 import numpy as np
-import torch
 
 from tessera.codegen.kernels import KernelSource, Schedule, generate
 from tessera.codegen.launch import TritonKernel

@@ -6,6 +6,7 @@
 # 3: the test files with CUDA cases on one nvidia-h200 (the working tree), carrying .whl and carry/a.
 # 4: call 3 set up as the suite expects (below), and the kernelcheck files on the GPU.
 # 5: next session, on one nvidia-h200: call 4's first half again, one pytest a file (below).
+# 6: next session: the whole suite in one pytest process on the GPU machine.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 case $1 in
     2)
@@ -59,5 +60,13 @@ case $1 in
             echo "$f rc=$?: $(tail -n 1 "$OUT/$f.txt")"
         done
         grep -h "^FAILED\|^ERROR\|^E  " "$OUT"/test_*.txt | cut -c1-220 | head -60 ;;
-    *) echo "next.sh: call 2, 3, 4 or 5"; exit 2 ;;
+    6)
+        # Next session, after 5: the README's test command on the GPU machine, the whole suite in one pytest
+        # process (kernelcheck compiles for the GPU there since this session). Same carry as 5; failures that
+        # name a model not carried are the carry limit's, not tessera's.
+        unset TESSERA_LOG; export TESSERA_SOLVER=highs
+        mkdir -p ../shared/models && cp carry/a/*.onnx ../shared/models/
+        timeout 560 python3 -m pytest -q -p no:cacheprovider -rfE --tb=line tests/ > "$OUT/pytest_all.txt" 2>&1
+        echo "rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_all.txt" | cut -c1-200 | head -40; tail -n 2 "$OUT/pytest_all.txt" ;;
+    *) echo "next.sh: call 2 to 6"; exit 2 ;;
 esac
