@@ -1,6 +1,9 @@
 """The executable: compile, save, load and run against onnxruntime (torch backend, CPU)."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +76,43 @@ def test_a_user_set_triton_interpreter_is_refused_for_the_gpu(monkeypatch):
     monkeypatch.setattr(launch, "_SET_BY_US", True)  # tessera's own choice, for an earlier CPU run: undone
     launch.use_interpreter(torch.device("cuda"))
     assert "TRITON_INTERPRET" not in __import__("os").environ  # monkeypatch restores both afterwards
+
+
+_SWITCH = r"""
+import os, sys
+import numpy as np, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+sys.path.insert(0, sys.argv[1])
+from tessera.codegen import launch
+import kmod
+
+x, y = torch.arange(64, dtype=torch.float32), torch.empty(1)
+for device in ("cpu", "cuda", "cpu"):  # a CPU run, a GPU build (for sm90, no GPU needed), a CPU run again
+    launch.use_interpreter(torch.device(device))
+    fn = {}
+    exec(compile(open(kmod.__file__).read(), kmod.__file__, "exec"), fn)  # as TritonKernel loads a kernel
+    if device == "cpu":
+        fn["k"][(1,)](x, y, N=64)
+        assert float(y) == 2016 + 22, float(y)
+    else:
+        src = ASTSource(fn=fn["k"], signature={"x": "*fp32", "y": "*fp32", "N": "constexpr"}, constexprs={(2,): 64})
+        assert "st.global" in triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+print("ok")
+"""
+
+
+def test_a_gpu_build_after_a_cpu_run_in_one_process(tmp_path):
+    # A CPU run re-imports Triton's language functions as interpreted ones; the GPU build after it must
+    # find them compiled again (it failed: Triton 3.9 asserts while importing Gluon). A fresh process,
+    # since the switch re-imports modules.
+    (tmp_path / "kmod.py").write_text("import triton, triton.language as tl\n@triton.jit\n"
+                                      "def k(x, y, N: tl.constexpr):\n    o = tl.arange(0, N)\n"
+                                      "    tl.store(y, tl.sum(tl.load(x + o), 0) + tl.cdiv(N, 3))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _SWITCH, str(tmp_path)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])

@@ -39,35 +39,74 @@ def use_interpreter(device: torch.device) -> None:
     """
     global _SET_BY_US
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        _remember_language()
         os.environ["TRITON_INTERPRET"] = "1"
         _SET_BY_US = True
     elif device.type == "cuda" and _SET_BY_US:
         os.environ.pop("TRITON_INTERPRET", None)
         _SET_BY_US = False
+        _restore_language()
+        _language_for(interpreted=False)  # Triton's own functions as GPU functions again
     elif device.type == "cuda" and os.environ.get("TRITON_INTERPRET") == "1":
         raise TesseraError("TRITON_INTERPRET=1 is set, so Triton would run tessera's kernels on the CPU "
                            "interpreter; unset it to run on the GPU")
     if device.type == "cpu":  # after the switch: it imports Triton's interpreter
-        _interpreted_language()
+        _language_for(interpreted=True)
         match_gpu_semantics()  # the interpreter as the GPU computes: bf16 rounding, boolean masks
 
 
-def _interpreted_language() -> None:
+# triton.language as it stood before this process first ran the interpreter: (object, its attributes).
+_PRISTINE: list[tuple[Any, dict[str, Any]]] = []
+_RESTORED_DUNDERS = ("__repr__", "__str__", "__index__", "__bool__")
+
+
+def _remember_language() -> None:
+    """Record triton.language's modules and core classes once, before the first interpreted run.
+
+    The interpreter swaps Triton's builtins for its own while a kernel runs and puts them back after,
+    but a jit function called from a kernel (tl.sum, a kernel's own helpers) swaps them in the modules
+    it sees and never puts them back (Triton 3.9: 64 of triton.language.core's names). A GPU build in
+    the same process then fails ("'block_argument' object has no attribute 'dtype'")."""
+    if _PRISTINE or os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    import inspect
+
+    import triton.language as tl
+
+    objects: list[Any] = [tl, tl.core, tl.math]
+    objects += [v for v in vars(tl.core).values()
+                if inspect.isclass(v) and getattr(v, "__module__", "").startswith("triton.language")]
+    _PRISTINE.extend((o, dict(vars(o))) for o in objects)
+
+
+def _restore_language() -> None:
+    """Put back what interpreted runs left swapped (`_remember_language`)."""
+    for obj, attrs in _PRISTINE:
+        now = vars(obj)
+        for name in [n for n in now if n not in attrs and (not n.startswith("__") or n in _RESTORED_DUNDERS)]:
+            delattr(obj, name)
+        for name, value in attrs.items():
+            if now.get(name) is not value and (not name.startswith("__") or name in _RESTORED_DUNDERS):
+                setattr(obj, name, value)
+
+
+def _language_for(interpreted: bool) -> None:
     """Triton's language functions written in Triton (tl.sum, tl.max, tl.cdiv, ...) are decorated
     once, when triton.language is imported: as interpreted functions only if TRITON_INTERPRET was
     set by then. `import torch._dynamo` imports Triton, so in a process that used torch.compile
     (tessera's dynamo backend among them) they are GPU functions, and the interpreter refuses to
-    call them ("Cannot call @triton.jit'd outside of the scope of a kernel"). Re-import those
-    modules with the variable set."""
+    call them ("Cannot call @triton.jit'd outside of the scope of a kernel"); after a CPU run they
+    are interpreted functions, and a GPU compile fails (Triton 3.9: an assertion importing Gluon).
+    Re-import those modules with the variable as it now stands."""
     import importlib
     import sys
 
     std = sys.modules.get("triton.language.standard")
     if std is None:
-        return  # not imported yet: it will be decorated for the interpreter
+        return  # not imported yet: it will be decorated for the mode in force
     from triton.runtime.interpreter import InterpretedFunction
 
-    if isinstance(getattr(std, "sum", None), InterpretedFunction):
+    if isinstance(getattr(std, "sum", None), InterpretedFunction) == interpreted:
         return
     for name in ("triton.language.standard", "triton.language.math", "triton.language.random", "triton.language"):
         importlib.reload(sys.modules[name])
