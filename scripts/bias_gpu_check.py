@@ -1,7 +1,7 @@
 """Run the CUDA cases of tests/test_bias_rounding.py and the fuzzer's fp16 Gemm regression on a GPU
 machine that has highspy but not pulp (the GPU machine of docs/benchmarks.md): both compile with the
-default solver (CBC through pulp), so this gives their compiles the HiGHS solver instead (the test
-module's options by a subclass, the fuzzer's by its TESSERA_FUZZ_SOLVER).
+default solver (CBC through pulp), so this makes HiGHS the default (TESSERA_SOLVER, read when tessera
+is imported).
 
     PYTHONPATH=.:tests python3 scripts/bias_gpu_check.py
 """
@@ -9,26 +9,17 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
+os.environ.setdefault("TESSERA_SOLVER", "highs")  # before tessera is imported
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import fuzzcheck  # noqa: E402
 import test_bias_rounding as t  # noqa: E402
 import test_fuzz  # noqa: E402
 
-from tessera.compiler import CompileOptions  # noqa: E402
-
-
-@dataclass
-class HighsOptions(CompileOptions):
-    solver: str = "highs"
-
 
 def main() -> int:
-    t.CompileOptions = HighsOptions
-    os.environ.setdefault("TESSERA_FUZZ_SOLVER", "highs")  # fuzzcheck.options reads its solver from there
     failed = 0
     cases = [(f"C from an input, {p}", t.test_a_cancelling_bias_from_an_input_is_added_before_rounding, (c, p))
              for p in ("fp16", "bf16") for c in ((t.N,), (t.M, t.N), (t.M, 1), (1, 1))]

@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import ml_dtypes
-import os
 
 import numpy as np
 import onnx
@@ -234,11 +233,10 @@ def rounded(x: Mapping[str, np.ndarray], precision: str) -> dict[str, np.ndarray
 
 # ---- compiling and running -----------------------------------------------------------------------
 def options(spec: GraphSpec, tuning: str = "analytical", db: str | None = None) -> CompileOptions:
-    # TESSERA_FUZZ_SOLVER: the GPU machine may carry one solver's wheel only (highs: 3 MB, pulp: 16 MB)
+    # (the solver is the default: TESSERA_SOLVER=highs where a GPU machine carries only highspy's wheel)
     return CompileOptions(cost=tuning, db=db, precision=spec.precision, layout=spec.layout, strategy=spec.strategy,
                           rewrites=spec.rewrites, time_limit=20.0, tune_workers=1 if tuning == "measured" else None,
-                          max_kernel_nodes=spec.kernel_nodes or CompileOptions.max_kernel_nodes,
-                          solver=os.environ.get("TESSERA_FUZZ_SOLVER", CompileOptions.solver))
+                          max_kernel_nodes=spec.kernel_nodes or CompileOptions.max_kernel_nodes)
 
 
 def shared_profiler(tuning: str) -> Any:
