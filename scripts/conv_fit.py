@@ -9,11 +9,12 @@ schedules over the best measured in the space (geomean and worst), for
 - the fitted weights, in sample and with each shape left out of the fit;
 - the weights the code holds now (`CONV_PARAMS`), through `rank_templates` as tuning calls it.
 
-    PYTHONPATH=. python scripts/conv_fit.py scripts/results/conv_sweep/conv_sweep_{fp16,tf32}.json --out fit.json
+    PYTHONPATH=. python scripts/conv_fit.py scripts/results/conv_sweep/conv_sweep_{fp16,tf32}.json.gz --out fit.json
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -57,7 +58,7 @@ def load_rows(paths: list[str]) -> list[Row]:
     shapes = {label: rest for label, *rest in SHAPES}
     rows = []
     for path in paths:
-        for r in json.load(open(path))["rows"]:
+        for r in json.load(gzip.open(path, "rt") if path.endswith(".gz") else open(path))["rows"]:
             jobs, _, _, _ = conv_jobs(r["shape"], *shapes[r["shape"]], r["precision"])
             j = jobs[1]
             g, root, nodes = j.graph, j.prims[0], list(j.prologue) + list(j.prims)

@@ -1,8 +1,8 @@
 """Schedule timings measured on the H100, joined with each kernel's shape features (for a schedule-ranking model).
 
-    python scripts/schedule_data.py [--out scripts/results/schedule_data.jsonl] [--models candy,gpt2] [--no-shared]
+    python scripts/schedule_data.py [--out scripts/results/schedule_data.jsonl.gz] [--models candy,gpt2] [--no-shared]
 
-The measured rows are scripts/results/bench/tuning_h100_part{1,2,3,4}.jsonl: a
+The measured rows are scripts/results/bench/tuning_h100_part{1,2,3,4}.jsonl.gz: a
 row whose schedule is not "default" times one kernel under one schedule
 (`tune_schedules`, after the plan was chosen); a "default" row times the
 kernel's default schedule (the first of `schedules(xnumel, rnumel)`). Rows name
@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import json
 import math
 import re
@@ -70,7 +71,7 @@ from tessera.orchestrate.partition import partition, split_subgraph  # noqa: E40
 from tessera.rewrite import convert_precision  # noqa: E402
 
 BENCH = ROOT / "scripts" / "results" / "bench"
-PARTS = [BENCH / f"tuning_h100_part{i}.jsonl" for i in (1, 2, 3, 4)]
+PARTS = [BENCH / f"tuning_h100_part{i}.jsonl.gz" for i in (1, 2, 3, 4)]
 MODELS = ("candy", "segformer_b0", "bert_base", "gpt2")
 PRECISIONS = ("tf32", "fp16")
 CACHE = Path("/tmp/zoo-sched")
@@ -92,7 +93,7 @@ class Rows:
         self.n = 0
         for path in paths:
             prev = None
-            with open(path) as f:
+            with gzip.open(path, "rt") as f:
                 for line in f:
                     if not line.strip():
                         continue
@@ -194,7 +195,7 @@ def features(graph, prims, prologue, outputs) -> tuple[dict | None, list[str]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "scripts" / "results" / "schedule_data.jsonl")
+    ap.add_argument("--out", type=Path, default=ROOT / "scripts" / "results" / "schedule_data.jsonl.gz")
     ap.add_argument("--models", default=",".join(MODELS), help="zoo models")
     ap.add_argument("--no-shared", action="store_true", help="skip the ../shared/models files")
     a = ap.parse_args()
@@ -261,7 +262,7 @@ def main() -> int:
                              "origin": origin, "sig_order": order, "found_in": found_in[sig],
                              "runs": [r["id"] for r in runs]})
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(a.out, "w") as fh:
+    with (gzip.open(a.out, "wt") if a.out.suffix == ".gz" else open(a.out, "w")) as fh:
         for r in out_rows:
             fh.write(json.dumps(r) + "\n")
 

@@ -1,6 +1,6 @@
 """How well the analytical schedule model ranks measured schedules, and a grid fit of its constants.
 
-    python scripts/schedule_fit.py [--data scripts/results/schedule_data.jsonl] [--fit]
+    python scripts/schedule_fit.py [--data scripts/results/schedule_data.jsonl.gz] [--fit]
 
 Data: `scripts/schedule_data.py` (H100 timings of generated kernels under several schedules,
 joined with xnumel, rnumel and bytes). Only Triton kernels count (a linear kernel's time is
@@ -13,6 +13,7 @@ With --fit, constants are grid-searched on the train models and scored on the ot
 from __future__ import annotations
 
 import argparse
+import gzip
 import itertools
 import json
 import statistics
@@ -31,7 +32,8 @@ TRAIN = {"candy", "bert_base", "gpt2", "mobilenet_v2", "candy_small"}
 
 def kernels(path: Path) -> list[dict]:
     by: dict[str, dict] = {}
-    for line in path.read_text().splitlines():
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    for line in text.splitlines():
         r = json.loads(line)
         if r["backend"] != "triton" or r["seconds"] is None:
             continue
@@ -72,7 +74,7 @@ def score(ks: list[dict], p: ScheduleParams) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=Path("scripts/results/schedule_data.jsonl"))
+    ap.add_argument("--data", type=Path, default=Path("scripts/results/schedule_data.jsonl.gz"))
     ap.add_argument("--fit", action="store_true")
     a = ap.parse_args()
     ks = kernels(a.data)
