@@ -27,6 +27,9 @@ def main() -> int:
               for c in ((t.M, 1), (1, 1), (t.M, t.N))]
     cases += [(f"alpha {al}, {'constant' if k else 'input'} C, fp16", t.test_a_gemms_alpha_scales_the_product_in_the_call,
                (al, k)) for al in (0.5, -2.0) for k in (False, True)]
+    cases += [("C from an input, fp16, 17 columns padded to 24",
+               t.test_a_bias_from_an_input_is_added_before_rounding_where_the_columns_are_padded, (c,))
+              for c in ((512, 17), (512, 1), (17,))]
     for what, test, args in cases:
         try:
             test(*args, "cuda")

@@ -263,8 +263,9 @@ def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[No
     vector = len(src_shape) == len(added_shape) and src_shape[axis] == added_shape[axis] \
         and all(n == 1 for d, n in enumerate(src_shape) if d != axis)
     # A matmul's bias may also be any tensor that broadcasts to the sum (a Gemm's C of [M, N] or
-    # [M, 1] given as a graph input): the call takes it expanded to the sum's rows and columns.
-    whole = matmul and not cut and len(src_shape) == len(added_shape) \
+    # [M, 1] given as a graph input): the call takes it expanded to the sum's rows and columns
+    # (zero-padded to the padded columns where the result is cut).
+    whole = matmul and len(src_shape) == len(added_shape) \
         and all(s in (1, n) for s, n in zip(src_shape, added_shape))
     if src in inside or not (vector or whole) or (scale is not None and add.source != root.source):
         return none

@@ -512,10 +512,15 @@ class Executable:
         padded channels (columns) the call computes, or a matmul's whole bias as [rows, columns]."""
         assert impl.linear is not None and impl.bias is not None
         if bias.numel() != bias.shape[bias_axis(impl.linear) % bias.dim()]:
-            # a matmul's bias that varies along its rows too (never cut): as the sum's [rows, columns]
+            # a matmul's bias that varies along its rows too: as the sum's [rows, columns], zero-padded
+            # to the padded columns where the call computes those (then the cut)
             add = next(n for n in impl.fused if n.op == Prim.ADD.value)
             shape = self.graph.types[add.outputs[0]].shape
-            return bias.expand(shape).reshape(-1, shape[-1]).contiguous()
+            whole = bias.expand(shape).reshape(-1, shape[-1])
+            if impl.cut is not None:
+                padded = self.graph.types[impl.linear.outputs[0]].shape[-1]
+                whole = torch.nn.functional.pad(whole, (0, padded - shape[-1]))
+            return whole.contiguous()
         b = bias.reshape(-1)
         if impl.cut is not None:
             n = self.graph.types[impl.linear.outputs[0]].shape[bias_axis(impl.linear)]
