@@ -30,6 +30,8 @@ def main() -> int:
     cases += [("C from an input, fp16, 17 columns padded to 24",
                t.test_a_bias_from_an_input_is_added_before_rounding_where_the_columns_are_padded, (c,))
               for c in ((512, 17), (512, 1), (17,))]
+    cases += [("Conv B from an input, fp16", t.test_a_conv_bias_from_an_input_is_added_before_rounding, (layout,))
+              for layout in ("nchw", "nhwc")]
     for what, test, args in cases:
         try:
             test(*args, "cuda")

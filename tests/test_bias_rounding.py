@@ -118,6 +118,30 @@ def test_a_cancelling_bias_from_an_input_is_added_before_rounding(c_shape, preci
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_a_conv_bias_from_an_input_is_added_before_rounding(layout, device):
+    """An fp16 Conv whose B is a graph input: another kernel broadcasts it, and the call reads that
+    tensor's one row of channels (it was left to the generated add: 1.35% off). 17 output channels,
+    so channels-last also pads them to 24 and cuts."""
+    rng = np.random.default_rng(3)
+    c, o = 16, 17
+    w = (rng.standard_normal((o, 1, 3, 3)) * 0.01 + rng.standard_normal((1, c, 3, 3))) / (c * 9) ** 0.5
+    w = w.astype(np.float32)
+    x = (rng.standard_normal((1, c, 1, 1)) + 0.003 * rng.standard_normal((1, c, 24, 24))).astype(np.float32)
+    prod = torch.nn.functional.conv2d(*(torch.from_numpy(v).half().double() for v in (x, w)))
+    b = (-prod[0, :, 11, 11].numpy() * 0.99).astype(np.float32)  # pixels alike: B nearly cancels every one
+    ref = (prod + torch.from_numpy(b).half().double()[None, :, None, None]).numpy()
+    model = graph_model([helper.make_node("Conv", ["x", "w", "b"], ["y"])],
+                        {"x": np.zeros_like(x), "w": Const(w), "b": np.zeros_like(b)}, ["y"], opset=13)
+    result = compile_model(model, CompileOptions(cost="analytical", precision="fp16", layout=layout))
+    exe = Executable(result.graph, plan_document(result), device)
+    (y,) = exe(x=torch.from_numpy(x).to(device), b=torch.from_numpy(b).to(device))
+    assert rel_l2(y.double().cpu().numpy(), ref) < 1e-3
+    (call,) = [s.impl for s in exe.steps if s.impl.linear is not None]
+    assert call.bias is not None and call.backend == "linear"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 @pytest.mark.parametrize("c_shape", [(512, 17), (512, 1), (17,)])
 def test_a_bias_from_an_input_is_added_before_rounding_where_the_columns_are_padded(c_shape, device):
     """17 columns of fp16 are padded to 24 for the library (orchestrate/layout.py), then cut: the call

@@ -260,8 +260,13 @@ def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[No
     added_shape = graph.types[r].shape
     axis = len(added_shape) - 1 if matmul else 1
     src_shape = graph.types[src].shape
-    vector = len(src_shape) == len(added_shape) and src_shape[axis] == added_shape[axis] \
-        and all(n == 1 for d, n in enumerate(src_shape) if d != axis)
+    vector = _channel_vector(src_shape, added_shape, axis)
+    if not matmul and not vector and bcast is None and src not in inside and narrow:
+        # A conv's bias that another kernel broadcast (B given as a graph input): the call reads the
+        # broadcast's one row of channels (the runtime indexes it). Rare, so the graph is searched here.
+        up = next((n for n in graph.nodes if other in n.outputs), None)
+        vector = up is not None and up.op == Prim.BROADCAST.value \
+            and _channel_vector(graph.types[up.inputs[0]].shape, added_shape, axis)
     # A matmul's bias may also be any tensor that broadcasts to the sum (a Gemm's C of [M, N] or
     # [M, 1] given as a graph input): the call takes it expanded to the sum's rows and columns
     # (zero-padded to the padded columns where the result is cut).
@@ -295,6 +300,12 @@ def _library_epilogue(graph: Graph, nodes: Sequence[Node], prologue: Sequence[No
     if any(o in graph.tf32_rounded for n in after for o in n.outputs):
         return src, fused, None, alpha
     return src, fused + after, GELU_TANH, alpha
+
+
+def _channel_vector(shape: Sequence[int], added: Sequence[int], axis: int) -> bool:
+    """`shape` varies along `axis` alone, as much as the result it is added to."""
+    return len(shape) == len(added) and shape[axis] == added[axis] \
+        and all(n == 1 for d, n in enumerate(shape) if d != axis)
 
 
 def _alpha(graph: Graph, readers: dict[str, list[Node]], producer: dict[str, Node], root: Node, t: str,
