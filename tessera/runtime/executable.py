@@ -509,7 +509,8 @@ class Executable:
 
     def _padded_bias(self, impl: KernelImpl, bias: torch.Tensor) -> torch.Tensor:
         """The bias the library call of `impl` takes: a vector, `bias` flat and zero-padded to the
-        padded channels (columns) the call computes, or a matmul's whole bias as [rows, columns]."""
+        padded channels (columns) the call computes (a conv's broadcast vector read back as one row
+        of channels), or a matmul's whole bias as [rows, columns]."""
         assert impl.linear is not None and impl.bias is not None
         axis = bias_axis(impl.linear) % bias.dim()
         if impl.linear.op != Prim.MATMUL.value and bias.numel() != bias.shape[axis]:
