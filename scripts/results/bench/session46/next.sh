@@ -56,6 +56,8 @@ case $1 in
         # in their message.
         unset TESSERA_LOG; export TESSERA_SOLVER=highs
         mkdir -p ../shared/models && cp carry/a/*.onnx ../shared/models/
+        # first, session 46's bias changes on CUDA (the padded matmul's and the broadcast conv bias's cases)
+        timeout 60 python3 scripts/bias_gpu_check.py > "$OUT/bias_gpu_check.txt" 2>&1; tail -n 8 "$OUT/bias_gpu_check.txt"
         for f in test_runtime_gpu test_profiler_gpu test_tf32_rounding test_workers test_profile test_runtime \
                  test_bad_inputs; do
             timeout 100 python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short \
