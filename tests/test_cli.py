@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,8 +48,6 @@ def test_console_entry_point_runs():
 
 def test_tessera_solver_names_the_default_solver(tmp_path):
     # read when tessera is imported, so each case is a process of its own
-    import os
-
     def compile_with(solver: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "tessera", "compile", str(MODELS / "gemm_g1.onnx"), "-o",
                                str(tmp_path / solver)], env={**os.environ, "TESSERA_SOLVER": solver},
