@@ -58,13 +58,7 @@ case $1 in
         mkdir -p ../shared/models && cp carry/a/*.onnx ../shared/models/
         # first, session 46's bias changes on CUDA (the padded matmul's and the broadcast conv bias's cases)
         timeout 60 python3 scripts/bias_gpu_check.py > "$OUT/bias_gpu_check.txt" 2>&1; tail -n 8 "$OUT/bias_gpu_check.txt"
-        for f in test_runtime_gpu test_profiler_gpu test_tf32_rounding test_workers test_profile test_runtime \
-                 test_bad_inputs; do
-            timeout 100 python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short \
-            -k "not segformer_b0_small and not efficientvit_b0_small" tests/$f.py > "$OUT/$f.txt" 2>&1
-            echo "$f rc=$?: $(tail -n 1 "$OUT/$f.txt")"
-        done
-        grep -h "^FAILED\|^ERROR\|^E  " "$OUT"/test_*.txt | cut -c1-220 | head -60 ;;
+        bash scripts/gpu_tests.sh "$OUT/tests" 100 ;;
     6)
         # Next session, after 5: the README's test command on the GPU machine, the whole suite in one pytest
         # process (kernelcheck compiles for the GPU there since this session). Same carry as 5; failures that
