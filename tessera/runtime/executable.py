@@ -513,10 +513,10 @@ class Executable:
         of channels), or a matmul's whole bias as [rows, columns]."""
         assert impl.linear is not None and impl.bias is not None
         axis = bias_axis(impl.linear) % bias.dim()
-        if impl.linear.op != Prim.MATMUL.value and bias.numel() != bias.shape[axis]:
+        if bias.numel() != bias.shape[axis] and impl.linear.op != Prim.MATMUL.value:
             # a conv's channel vector that another kernel broadcast: its one row of channels, a view
             bias = bias[tuple(slice(None) if d == axis else 0 for d in range(bias.dim()))]
-        if bias.numel() != bias.shape[bias_axis(impl.linear) % bias.dim()]:
+        elif bias.numel() != bias.shape[axis]:
             # a matmul's bias that varies along its rows too: as the sum's [rows, columns], zero-padded
             # to the padded columns where the call computes those (then the cut)
             add = next(n for n in impl.fused if n.op == Prim.ADD.value)
