@@ -1,0 +1,20 @@
+#!/bin/bash
+# Session 47's device calls: `bash scripts/results/bench/session47/next.sh N` from the repository root on one
+# nvidia-h200, carrying .whl (highspy: TESSERA_SOLVER=highs stands in for CBC) and carry/a (attn_s4, attn_s7,
+# bert_tiny, candy_small, gemm_g1-g3, gpt2_tiny from ../shared/models; 12.2 MB beside the 49 MB tree). Cases of
+# the models not carried (candy_small_legacy, segformer_b0_small, efficientvit_b0_small) fail for want of the file.
+# 1: session 46's bias cases on CUDA, then scripts/gpu_tests.sh (each file with CUDA cases in its own pytest,
+#    six at a time, 150 s each).
+# 2: the README's test command on the GPU machine, the whole suite (pytest-xdist, 4 workers, so it fits a call).
+source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
+unset TESSERA_LOG; export TESSERA_SOLVER=highs
+mkdir -p ../shared/models && cp carry/a/*.onnx ../shared/models/
+case $1 in
+    1)
+        timeout 60 python3 scripts/bias_gpu_check.py > "$OUT/bias_gpu_check.txt" 2>&1; tail -n 8 "$OUT/bias_gpu_check.txt"
+        bash scripts/gpu_tests.sh "$OUT/tests" 150 6 ;;
+    2)
+        timeout 560 python3 -m pytest -q -n 4 -p no:cacheprovider -rfE --tb=line tests/ > "$OUT/pytest_all.txt" 2>&1
+        echo "rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_all.txt" | cut -c1-200 | head -40; tail -n 2 "$OUT/pytest_all.txt" ;;
+    *) echo "next.sh: call 1 or 2"; exit 2 ;;
+esac
