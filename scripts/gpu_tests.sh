@@ -4,7 +4,9 @@
 # tests compiled for the GPU (tests/kernelcheck.py picks CUDA where there is one). Writes one log a file to DIR and
 # prints a summary.
 #
-#     bash scripts/gpu_tests.sh [DIR] [SECONDS_PER_FILE] [JOBS]        # defaults: /tmp/gpu_tests, 150, 4
+#     bash scripts/gpu_tests.sh [DIR] [SECONDS_PER_FILE] [JOBS] [GROUP...]  # defaults: /tmp/gpu_tests, 150, 4, all
+#
+# A GROUP is a quoted list of test module names run in one process ("test_runtime", "test_chain test_tables").
 #
 # Tests read ../shared/models; TESSERA_SOLVER=highs where CBC (pulp) is missing. No timing is asserted, so files
 # sharing the GPU only slows them.
@@ -20,8 +22,9 @@ one() {  # one group of test files: "name file..."
     echo "$name (rc $?): $(tail -n 1 "$out/$name.txt")"
 }
 export -f one; export out limit
-printf '%s\n' "test_gemm_template test_gemm_template_wiring test_conv_template test_chain test_codegen_kernels test_tables" \
+groups=("${@:4}")
+[ ${#groups[@]} -gt 0 ] || groups=("test_gemm_template test_gemm_template_wiring test_conv_template test_chain test_codegen_kernels test_tables" \
     test_runtime test_fuzz test_cli test_runtime_gpu test_profiler_gpu test_bias_rounding test_tf32_rounding \
-    test_workers test_profile test_bad_inputs test_torch_prims test_layout test_graphs test_bench test_rewrite_search \
-    | xargs -P "$jobs" -I{} bash -c 'one "{}"'
+    test_workers test_profile test_bad_inputs test_torch_prims test_layout test_graphs test_bench test_rewrite_search)
+printf '%s\n' "${groups[@]}" | xargs -P "$jobs" -I{} bash -c 'one "{}"'
 grep -h "^FAILED\|^ERROR" "$out"/*.txt | cut -c1-200 | head -40

@@ -5,7 +5,10 @@
 # the models not carried (candy_small_legacy, segformer_b0_small, efficientvit_b0_small) fail for want of the file.
 # 1: session 46's bias cases on CUDA, then scripts/gpu_tests.sh (each file with CUDA cases in its own pytest,
 #    six at a time, 150 s each).
-# 2: the README's test command on the GPU machine, the whole suite (pytest-xdist, 4 workers, so it fits a call).
+# 2: call 1's failing and cut files again with longer timeouts, their logs tarred (call 1 brought back only 8
+#    of its files); rounding_probe.py (which library entry points add an fp16 bias before rounding on CUDA);
+#    the fuzz driver's summary test as the test runs it.
+# 3: the README's test command on the GPU machine, the whole suite (pytest-xdist, 4 workers, so it fits a call).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 unset TESSERA_LOG; export TESSERA_SOLVER=highs
 mkdir -p ../shared/models && cp carry/a/*.onnx ../shared/models/
@@ -14,7 +17,14 @@ case $1 in
         timeout 60 python3 scripts/bias_gpu_check.py > "$OUT/bias_gpu_check.txt" 2>&1; tail -n 8 "$OUT/bias_gpu_check.txt"
         bash scripts/gpu_tests.sh "$OUT/tests" 150 6 ;;
     2)
+        python3 scripts/results/bench/session47/rounding_probe.py > "$OUT/rounding_probe.txt" 2>&1; cat "$OUT/rounding_probe.txt"
+        mkdir -p "$OUT/fuzz"; PYTHONPATH=. timeout 120 python3 scripts/fuzz.py --graphs 6 --seed 3 --chunk 3 --out "$OUT/fuzz/fuzz.json" > "$OUT/fuzz/driver.txt" 2>&1
+        echo "fuzz driver rc=$?"; tail -n 4 "$OUT/fuzz/driver.txt"
+        bash scripts/gpu_tests.sh /tmp/t2 300 8 test_bias_rounding test_fuzz test_cli test_runtime test_gemm_template \
+            test_layout test_profile test_profiler_gpu test_rewrite_search test_bench
+        tar czf "$OUT/tests.tgz" -C /tmp t2 ;;
+    3)
         timeout 560 python3 -m pytest -q -n 4 -p no:cacheprovider -rfE --tb=line tests/ > "$OUT/pytest_all.txt" 2>&1
         echo "rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_all.txt" | cut -c1-200 | head -40; tail -n 2 "$OUT/pytest_all.txt" ;;
-    *) echo "next.sh: call 1 or 2"; exit 2 ;;
+    *) echo "next.sh: call 1 to 3"; exit 2 ;;
 esac
