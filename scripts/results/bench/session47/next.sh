@@ -8,7 +8,10 @@
 # 2: call 1's failing and cut files again with longer timeouts, their logs tarred (call 1 brought back only 8
 #    of its files); rounding_probe.py (which library entry points add an fp16 bias before rounding on CUDA);
 #    the fuzz driver's summary test as the test runs it.
-# 3: the README's test command on the GPU machine, the whole suite (pytest-xdist, 4 workers, so it fits a call).
+# 3: diag.py (out_dtype rounding, bert_tiny's CPU run alone and after a GPU build, attn_s7's measured compile
+#    three times on one database, torch.compile's recompiles per module-state change), the index-check test alone,
+#    and the fuzz driver with highspy on its PYTHONPATH.
+# 4: the README's test command on the GPU machine, the whole suite (pytest-xdist, 4 workers, so it fits a call).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 unset TESSERA_LOG; export TESSERA_SOLVER=highs
 mkdir -p ../shared/models && cp carry/a/*.onnx ../shared/models/
@@ -24,7 +27,12 @@ case $1 in
             test_layout test_profile test_profiler_gpu test_rewrite_search test_bench
         tar czf "$OUT/tests.tgz" -C /tmp t2 ;;
     3)
+        timeout 400 python3 scripts/results/bench/session47/diag.py > "$OUT/diag.txt" 2>&1; cat "$OUT/diag.txt"
+        timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_runtime.py -k index_check 2>&1 | tail -n 3
+        mkdir -p "$OUT/fuzz"; timeout 100 python3 scripts/fuzz.py --graphs 6 --seed 3 --chunk 3 --out "$OUT/fuzz/fuzz.json" > "$OUT/fuzz/driver.txt" 2>&1
+        echo "fuzz driver rc=$?"; tail -n 3 "$OUT/fuzz/driver.txt" ;;
+    4)
         timeout 560 python3 -m pytest -q -n 4 -p no:cacheprovider -rfE --tb=line tests/ > "$OUT/pytest_all.txt" 2>&1
         echo "rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_all.txt" | cut -c1-200 | head -40; tail -n 2 "$OUT/pytest_all.txt" ;;
-    *) echo "next.sh: call 1 to 3"; exit 2 ;;
+    *) echo "next.sh: call 1 to 4"; exit 2 ;;
 esac
