@@ -34,6 +34,7 @@ from tessera.cost.devices import resolve_preset
 from tessera.errors import TesseraError
 from tessera.frontend import load as frontend_load
 from tessera.log import logger
+from tessera.orchestrate import DEFAULT_SOLVER
 from tessera.orchestrate.candidates import Candidate
 from tessera.runtime.executable import Executable
 from tessera.runtime.profile import profile_callable, profile_executable
@@ -164,7 +165,7 @@ def _check(out: Any, ref: dict[str, np.ndarray], names: Sequence[str], precision
 
 def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
           strategies: Sequence[str] = ("optimal", "greedy"), cost: str = "auto", db: str | None = None,
-          device: str = "cuda", seed: int = 0, solver: str = "cbc", run_profile: bool = False,
+          device: str = "cuda", seed: int = 0, solver: str = DEFAULT_SOLVER, run_profile: bool = False,
           timing: str = "wall", guards: str = "all",
           on_entry: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Time tessera and its peers on `model`: an ONNX path, zoo:NAME, a user's PyTorch model as

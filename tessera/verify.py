@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ import onnx
 import onnxruntime as ort
 
 from tessera.errors import TesseraError
+from tessera.log import logger
 from tessera.fission import OpaqueOp, fission
 from tessera.frontend import LoadedModel, load
 from tessera.ir import aten_call, interp, interp_linear
@@ -124,11 +126,33 @@ def run_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own exception types
+        try:
+            sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own exception types
+            older = _older_ir(model, str(e))
+            if older is None:
+                raise
+            sess = ort.InferenceSession(older.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001
         raise TesseraError(f"onnxruntime cannot load the model to produce a reference: {e}") from None
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(None, dict(feeds))))
+
+
+def _older_ir(model: onnx.ModelProto, error: str) -> onnx.ModelProto | None:
+    """`model` stamped with the IR version that onnxruntime names as its newest, where it refused a newer
+    one: a model saved by an onnx newer than the onnxruntime installed beside it (the GPU machine's
+    onnx writes IR 14, its onnxruntime reads 13). Operators are versioned by the opsets, which
+    onnxruntime still checks, so only the stamp changes. None for any other error."""
+    found = re.search(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)", error)
+    if found is None or int(found[1]) != model.ir_version:
+        return None
+    older = onnx.ModelProto()
+    older.CopyFrom(model)
+    older.ir_version = int(found[2])
+    logger.info("onnxruntime reads IR versions up to %s; the reference runs the model (IR %s) stamped so",
+                found[2], found[1])
+    return older
 
 
 def _run_reference_evaluator(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

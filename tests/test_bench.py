@@ -247,7 +247,7 @@ def test_guards_skip_modules_drops_dynamo_guards_on_module_state_for_every_torch
         x = torch.randn(2, 8)
         with torch.no_grad():
             fn(x)
-            m[0].weight.requires_grad_(False)  # a guarded property of module state changes
+            m[1].inplace = True  # module state its forward reads (torch 2.11 no longer guards requires_grad here)
             fn(x)
         counts[guards] = len(compiled)
     assert counts == {"all": 2, "skip-modules": 1}

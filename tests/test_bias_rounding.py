@@ -117,12 +117,18 @@ def test_a_cancelling_bias_from_an_input_is_added_before_rounding(c_shape, preci
     assert call.bias is not None and call.backend == "linear"  # C is the library call's
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+# cuDNN (9.19, torch 2.11, H200) adds a convolution's bias after it rounds the fp16 product, whether the bias is
+# conv2d's argument or added after: 1.1e-2 (NCHW) and 3.5e-2 (NHWC) of this cancelling sum, as eager PyTorch
+# computes it (scripts/results/bench/session47/rounding_probe.py). A library conv on CUDA inherits that.
+CUDNN_ROUNDS_FIRST = pytest.mark.xfail(strict=True, reason="cuDNN rounds the fp16 product before the bias")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[CUDA, CUDNN_ROUNDS_FIRST])])
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_a_conv_bias_from_an_input_is_added_before_rounding(layout, device):
     """An fp16 Conv whose B is a graph input: another kernel broadcasts it, and the call reads that
     tensor's one row of channels (it was left to the generated add: 1.35% off). 17 output channels,
-    so channels-last also pads them to 24 and cuts."""
+    so channels-last also pads them to 24 and cuts. On CUDA cuDNN rounds first (above)."""
     rng = np.random.default_rng(3)
     c, o = 16, 17
     w = (rng.standard_normal((o, 1, 3, 3)) * 0.01 + rng.standard_normal((1, c, 3, 3))) / (c * 9) ** 0.5

@@ -145,3 +145,21 @@ def test_initializer_listed_as_input_is_a_constant():
                [_vi("y", [3])], inits=[w])
     g = load(m).graph
     assert g.inputs == ["x"] and "w" in g.constants
+
+
+def test_a_model_newer_than_onnxruntime_reads_is_checked_at_its_newest_ir_version():
+    """A model stamped with an IR version past onnxruntime's (an onnx newer than the onnxruntime beside it,
+    as on the GPU machine) runs as that newest version for the reference; other load errors stay errors."""
+    from tessera.verify import run_onnxruntime
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 99
+    x = np.random.default_rng(0).standard_normal(3).astype(np.float32)
+    np.testing.assert_array_equal(run_onnxruntime(model, {"x": x})["y"], np.maximum(x, 0))
+    assert model.ir_version == 99  # the caller's model is left as it was
+    model.opset_import[0].version = 999  # an opset onnxruntime lacks is still refused
+    with pytest.raises(TesseraError, match="onnxruntime cannot load"):
+        run_onnxruntime(model, {"x": x})

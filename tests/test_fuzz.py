@@ -459,7 +459,8 @@ def test_the_saved_float16_one_step_case_is_onnxruntimes_rounding():
     value lies 8e-8 below a float16 rounding midpoint; onnxruntime's float32 sum lands two float32
     steps above it, tessera's below, so onnxruntime's float16 is the one a step off. tessera's
     float32 result is within float32 noise of the float64 value (no tf32, no lost precision) and the
-    oracle counts the case as the precision's rounding, not a mismatch."""
+    oracle counts the case as the precision's rounding, not a mismatch. (On the GPU machine, another
+    CPU and onnxruntime build, the two float32 sums agree and the case passes: either, never a mismatch.)"""
     spec = fuzzcheck.complete_types(GraphSpec(
         opset=13, precision="fp32", layout="auto", strategy="optimal", seed=583, schedule_seed=0,
         inputs=[T("in1", (5, 5), "float32"), T("in5", (1, 4, 7, 16), "float32")],
@@ -471,7 +472,7 @@ def test_the_saved_float16_one_step_case_is_onnxruntimes_rounding():
                  family="conv"),
                N("Cast", ["t8"], ["t9"], {"to": 10}, family="cast")], outputs=["t9", "t4", "t3"]))
     out = fuzzcheck.check(copy.deepcopy(spec))
-    assert (out.status, out.reason) == ("skip", "narrow-output-step"), out
+    assert (out.status, out.reason) in (("skip", "narrow-output-step"), ("pass", "")), out
     spec.outputs.append("t8")  # the float32 value before the cast, against float64
     x = fuzzcheck.feeds(spec)
     model, ref = fuzzcheck.reference(spec, x)
@@ -492,7 +493,8 @@ def test_spec_round_trips_through_json_and_repr():
 
 def test_the_driver_writes_its_summary(tmp_path):
     out = tmp_path / "fuzz.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # the caller's PYTHONPATH after the checkout's (a GPU machine's highspy is installed on it)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "fuzz.py"), "--graphs", "6", "--seed", "3",
                            "--chunk", "3", "--out", str(out)], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]

@@ -289,11 +289,25 @@ def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
     raise ValueError(f"unknown library epilogue activation {activation!r}")
 
 
+def _sums_wide(a: torch.Tensor) -> bool:
+    """Whether a library call on `a` adds a whole bias matrix (beta * C) in float32 and rounds once.
+
+    cuBLAS on CUDA rounds a float16/bfloat16 product to its type before it adds C, for most shapes:
+    a C that nearly cancels the product was 1e-2 to 2.4e-2 off on the H200 (session 47's
+    rounding_probe.py; 512x24x24 and 4096x64x256; 6x24x5 was not), where onnxruntime rounds once. Its
+    bias-vector epilogue adds before it rounds. Such a call writes float32 (torch's out_dtype) instead."""
+    return a.is_cuda and a.dtype in (torch.float16, torch.bfloat16)
+
+
 def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, activation: str | None,
            alpha: float = 1.0) -> torch.Tensor:
     """bias + alpha * (a @ b), then the activation, in cuBLASLt's epilogue where torch offers it:
     RELU_BIAS always, GELU_BIAS (the tanh GELU) on CUDA. On the CPU `use_gelu` computes the erf GELU,
-    and on ROCm it is not documented as tanh: there the tanh GELU follows the addmm."""
+    and on ROCm it is not documented as tanh: there the tanh GELU follows the addmm. A whole bias
+    matrix of a narrow CUDA call is summed in float32, then rounded once (`_sums_wide`)."""
+    if bias.dim() == 2 and _sums_wide(a):
+        y = torch.addmm(bias.float(), a, b, alpha=alpha, out_dtype=torch.float32)
+        return _activate(y, activation).to(a.dtype)
     if activation == "relu":
         return torch._addmm_activation(bias, a, b, alpha=alpha)
     if activation == "gelu_tanh" and a.is_cuda and torch.version.hip is None:
@@ -319,12 +333,15 @@ def run_linear_fused(node: Node, args: Sequence[torch.Tensor], out: TensorType, 
             y = _addmm(bias, a2, b2, activation, alpha)
             return _conform(node, y.reshape(out.shape), out)
         (m, k), n = a.shape[-2:], b.shape[-1]
-        # batched: baddbmm adds the bias before it rounds. Batches that broadcast are expanded first, as
-        # torch.matmul would copy them too.
+        # batched: baddbmm, which adds the bias before the product rounds (on CUDA in float32: cuBLAS rounds
+        # first even for a vector, `_sums_wide`). Batches that broadcast are expanded first, as torch.matmul
+        # would copy them too.
         batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         a3, b3 = a.expand(*batch, m, k).reshape(-1, m, k), b.expand(*batch, k, n).reshape(-1, k, n)
         c = bias.reshape(-1, m, n) if bias.dim() == 2 else bias  # a whole bias comes as [rows, columns]
-        y = torch.baddbmm(c, a3, b3, alpha=alpha).reshape(out.shape)
+        y = torch.baddbmm(c.float(), a3, b3, alpha=alpha, out_dtype=torch.float32) if _sums_wide(a3) \
+            else torch.baddbmm(c, a3, b3, alpha=alpha)
+        y = y.reshape(out.shape)
     elif prim is Prim.CONV:
         x, w = args
         a = node.attrs
