@@ -21,7 +21,8 @@ A third came with GEMM templates (`codegen/gemm.py`):
   operands widened to float32 (exact: every bfloat16 is a float32).
 
 `match_gpu_semantics()` replaces the interpreter builder's float32 -> bfloat16 conversion and its
-dot of bfloat16 operands, and makes load/store masks boolean. Every other operation keeps the
+dot of bfloat16 operands, and makes load/store masks boolean. On Triton 3.6 it also reads a scalar
+tensor as a Python integer as 3.9 does (`_index_scalars`). Every other operation keeps the
 interpreter's code; GPU kernels never run through it. `codegen/launch.use_interpreter` applies it
 wherever the interpreter is chosen.
 """
@@ -85,3 +86,22 @@ def match_gpu_semantics() -> None:
     builder.create_dot = dot
     builder.create_masked_load = load
     builder.create_masked_store = store
+    _index_scalars(ti)
+
+
+def _index_scalars(ti: Any) -> None:
+    """A tensor used as a Python integer (a loop bound from `tl.program_id`) as Triton 3.9 reads it.
+
+    Triton 3.6's interpreter takes `int(data)` of the scalar's one-element array, which NumPy 2 refuses
+    ("only 0-dimensional arrays can be converted to Python scalars"): every chain kernel whose walk is split
+    over programs failed on the CPU. Triton 3.9 squeezes first; so does this, after each run's own patch
+    (the run's scope puts both back, in order)."""
+    patch_tensor = getattr(ti, "_patch_lang_tensor", None)
+    if patch_tensor is None:
+        return
+
+    def patch_lang_tensor(tensor: Any, scope: Any, *rest: Any) -> None:
+        patch_tensor(tensor, scope, *rest)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    ti._patch_lang_tensor = patch_lang_tensor
