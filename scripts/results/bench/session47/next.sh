@@ -11,7 +11,8 @@
 # 3: diag.py (out_dtype rounding, bert_tiny's CPU run alone and after a GPU build, attn_s7's measured compile
 #    three times on one database, torch.compile's recompiles per module-state change), the index-check test alone,
 #    and the fuzz driver with highspy on its PYTHONPATH.
-# 4: the README's test command on the GPU machine, the whole suite (pytest-xdist, 4 workers, so it fits a call).
+# 4: the README's test command on the GPU machine, the whole suite (pytest-xdist, 4 workers, so it fits a call),
+#    after calls 1-3's fixes; carry/a now also holds every gemm_g* and attn_s* (a few kB each).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 unset TESSERA_LOG; export TESSERA_SOLVER=highs
 mkdir -p ../shared/models && cp carry/a/*.onnx ../shared/models/
