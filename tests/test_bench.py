@@ -23,7 +23,7 @@ def test_bench_zoo_model_against_eager(tmp_path, capsys):
     assert all(e["passed"] and e["ms"] > 0 for e in doc["entries"])
     assert doc["entries"][-1]["vs_best_peer"] == 1.0
     assert {"torch", "onnxruntime"} <= set(doc["versions"]) and doc["date"]
-    assert ("note" in doc) == (not torch.cuda.is_available())  # a CPU run says it is no benchmark
+    assert "note" in doc  # a CPU run (device="cpu" here, on a GPU machine too) says it is no benchmark
     prof = doc["entries"][0]["extra"]["profile"]  # where the plan's time goes, kernel by kernel
     assert prof["top"] and prof["total_cost_us"] >= prof["total_roofline_us"] > 0
     assert sum(b["kernels"] for b in prof["by_backend"].values()) == doc["entries"][0]["extra"]["kernels"]

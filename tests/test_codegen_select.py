@@ -183,7 +183,8 @@ def test_precision_pass_narrows_floats_only():
 
 def test_a_kernel_that_cannot_be_built_names_itself(tmp_path, capsys):
     out = tmp_path / "art"
-    assert main(["compile", str(MODELS / "attn_s7.onnx"), "-o", str(out)]) == 0
+    # analytical: a measured compile (a GPU machine's default) may run attention as one chain kernel
+    assert main(["compile", str(MODELS / "attn_s7.onnx"), "-o", str(out), "--cost", "analytical"]) == 0
     plan = json.loads((out / "plan.json").read_text())
     # Merge the second matmul into the softmax kernel: with no template schedule the matmul is a
     # library call, which cannot compute its operand (the softmax), so no backend runs that group.

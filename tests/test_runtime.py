@@ -116,6 +116,34 @@ def test_a_gpu_build_after_a_cpu_run_in_one_process(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
 
 
+_RUN_AGAIN = r"""
+import numpy as np, onnx, torch
+from onnx import TensorProto, helper
+import tessera
+from tessera.codegen import launch
+g = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "g",
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 33])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 33])])
+exe = tessera.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]),
+                      tessera.CompileOptions(cost="analytical"))
+x = torch.randn(4, 33)
+first = exe(x)[0]
+launch.use_interpreter(torch.device("cuda"))  # what a GPU executable made or run since does (no GPU needed)
+assert torch.equal(exe(x)[0], first) and torch.allclose(first, torch.softmax(x, -1))
+print("ok")
+"""
+
+
+def test_a_cpu_executable_runs_again_after_a_gpu_switch(tmp_path):
+    # A CPU executable run after a GPU one was made or run in the same process (`tessera run` on the GPU,
+    # then a loaded artifact on the CPU, as test_artifact_round_trip_and_cli_check does on a GPU machine):
+    # it failed with "Cannot call @triton.jit'd outside of the scope of a kernel", its interpreted kernel
+    # calling tl.sum as the GPU function. Each run now puts the interpreter back. A fresh process.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _RUN_AGAIN], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_precision_io_drops_the_boundary_casts(tmp_path, capsys, precision):
     # gemm_g1 in fp16 with the model's float32 I/O is three input casts, two matmuls and an output

@@ -327,9 +327,11 @@ class Executable:
         Inputs are copied into the captured graph's buffers, unless they are those buffers
         (`bind_inputs`)."""
         if not self.cuda_graph:
+            use_interpreter(self.device)  # a GPU executable built or run since this one was made switched it
             with self.precision_flags():
                 return self._launch(feeds)
         if self._graph is None:
+            use_interpreter(self.device)
             with self.precision_flags():
                 self._capture(feeds)
         with torch.no_grad():  # a caller's tensor that requires grad must not make ours require it
