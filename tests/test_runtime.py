@@ -48,7 +48,9 @@ def test_artifact_round_trip_and_cli_check(tmp_path, capsys):
     np.testing.assert_allclose(exe(x)[0].numpy(), exe(input_ids=x)[0].numpy() if "input_ids" in exe.input_names
                                else exe(**{exe.input_names[0]: x})[0].numpy())
     np.savez(tmp_path / "in.npz", **{exe.input_names[0]: x.numpy()})
-    assert main(["run", str(out), "--inputs", str(tmp_path / "in.npz"), "--save-outputs", str(tmp_path / "o.npz")]) == 0
+    # on the CPU, as `exe` runs (a GPU machine's default device is CUDA, whose float32 sums differ in the 7th digit)
+    assert main(["run", str(out), "--inputs", str(tmp_path / "in.npz"), "--save-outputs", str(tmp_path / "o.npz"),
+                 "--device", "cpu"]) == 0
     with np.load(tmp_path / "o.npz") as saved:
         np.testing.assert_allclose(saved[exe.output_names[0]], exe(x)[0].numpy(), rtol=1e-6)
 
