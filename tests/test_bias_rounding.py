@@ -192,3 +192,21 @@ def test_a_gemms_alpha_scales_the_product_in_the_call(alpha, constant, device):
     assert rel_l2(y.double().cpu().numpy(), ref) < 1e-3
     (call,) = [s.impl for s in exe.steps if s.impl.linear is not None]
     assert call.bias is not None and call.alpha == alpha and any(n.op == "mul" for n in call.fused)
+
+
+def test_only_a_products_own_bias_is_summed_before_rounding_on_cuda():
+    """`executable.own_bias` tells a Gemm's C (summed in float32 on CUDA, where cuBLAS would round the product
+    first) from an Add node after a MatMul that the call took along: BERT's attention mask, which onnxruntime
+    adds to the rounded product too, so that call stays narrow (no float32 product, no extra cast)."""
+    from opcheck import models_dir
+
+    from tessera.runtime.executable import own_bias
+
+    result = primitive_graph(gemm_model((512, 17), m=512, n=17), "fp16")
+    (call,) = [s.impl for s in Executable(result.graph, plan_document(result), "cpu").steps if s.impl.linear]
+    assert call.bias is not None and own_bias(call)
+    bert = compile_model(models_dir() / "bert_tiny.onnx", CompileOptions(cost="analytical", precision="fp16"))
+    calls = [s.impl for s in Executable(bert.graph, plan_document(bert), "cpu").steps
+             if s.impl.linear is not None and s.impl.bias]
+    mask = [c for c in calls if c.linear.op == "matmul" and len(bert.graph.types[c.linear.inputs[1]].shape) > 2]
+    assert mask and not any(own_bias(c) for c in calls)  # its export writes MatMul then Add, never a Gemm

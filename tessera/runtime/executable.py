@@ -80,6 +80,15 @@ class Step:
     args: list[str] | None = None  # the kernel's input tensors by name, where they differ from its inputs
 
 
+def own_bias(impl: KernelImpl) -> bool:
+    """Whether the bias add of the library call `impl` is its product's own ONNX node's (a Gemm's C, a
+    Conv's B: the add's `source` is the product's), which onnxruntime adds before the product rounds,
+    as `orchestrate/candidates.bias_groups` keeps it; an Add node after a MatMul is not."""
+    assert impl.linear is not None
+    add = next((n for n in impl.fused if n.op == Prim.ADD.value), None)
+    return add is not None and bool(impl.linear.source) and add.source == impl.linear.source
+
+
 class Executable:
     """Runs a primitive graph kernel by kernel, as a plan orders it."""
 
@@ -557,7 +566,7 @@ class Executable:
                 shape[axis] = self.graph.types[root.outputs[0]].shape[axis]
                 out = replace(out, shape=tuple(shape))
             assert bias is not None
-            y = run_linear_fused(root, args, out, bias, impl.activation, impl.alpha)
+            y = run_linear_fused(root, args, out, bias, impl.activation, impl.alpha, own_bias(impl))
             env[last] = self._settle(last, self._cut(impl, last, y))
         else:
             outs = run_node(root, args, [self.graph.types[o] for o in root.outputs if o], device=self.device,

@@ -289,23 +289,26 @@ def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
     raise ValueError(f"unknown library epilogue activation {activation!r}")
 
 
-def _sums_wide(a: torch.Tensor) -> bool:
+def _sums_wide(a: torch.Tensor, round_once: bool) -> bool:
     """Whether a library call on `a` adds a whole bias matrix (beta * C) in float32 and rounds once.
 
     cuBLAS on CUDA rounds a float16/bfloat16 product to its type before it adds C, for most shapes:
     a C that nearly cancels the product was 1e-2 to 2.4e-2 off on the H200 (session 47's
-    rounding_probe.py; 512x24x24 and 4096x64x256; 6x24x5 was not), where onnxruntime rounds once. Its
-    bias-vector epilogue adds before it rounds. Such a call writes float32 (torch's out_dtype) instead."""
-    return a.is_cuda and a.dtype in (torch.float16, torch.bfloat16)
+    rounding_probe.py; 512x24x24 and 4096x64x256; 6x24x5 was not). Its bias-vector epilogue adds
+    before it rounds. Where the bias is the product's own ONNX node's (`round_once`: a Gemm's C, which
+    onnxruntime adds before it rounds) such a call writes float32 (torch's out_dtype) instead. An Add
+    node after a MatMul (BERT's attention mask) keeps the narrow call: onnxruntime rounds the product
+    there too."""
+    return round_once and a.is_cuda and a.dtype in (torch.float16, torch.bfloat16)
 
 
 def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, activation: str | None,
-           alpha: float = 1.0) -> torch.Tensor:
+           alpha: float = 1.0, round_once: bool = False) -> torch.Tensor:
     """bias + alpha * (a @ b), then the activation, in cuBLASLt's epilogue where torch offers it:
     RELU_BIAS always, GELU_BIAS (the tanh GELU) on CUDA. On the CPU `use_gelu` computes the erf GELU,
     and on ROCm it is not documented as tanh: there the tanh GELU follows the addmm. A whole bias
     matrix of a narrow CUDA call is summed in float32, then rounded once (`_sums_wide`)."""
-    if bias.dim() == 2 and _sums_wide(a):
+    if bias.dim() == 2 and _sums_wide(a, round_once):
         y = torch.addmm(bias.float(), a, b, alpha=alpha, out_dtype=torch.float32)
         return _activate(y, activation).to(a.dtype)
     if activation == "relu":
@@ -316,21 +319,22 @@ def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, activation: str
 
 
 def run_linear_fused(node: Node, args: Sequence[torch.Tensor], out: TensorType, bias: torch.Tensor,
-                     activation: str | None, alpha: float = 1.0) -> torch.Tensor:
+                     activation: str | None, alpha: float = 1.0, round_once: bool = False) -> torch.Tensor:
     """A linear primitive with a bias vector, or a matmul with a whole bias matrix of the product's rows and
     columns (and an activation: None, "relu" or "gelu_tanh"; a matmul's product scaled by `alpha`
     first) computed by the library call itself.
 
     matmul: cuBLAS(Lt) addmm with the bias (and activation) epilogue when the right operand is
     one matrix for every row, else baddbmm over the broadcast batch (then the activation); conv: the
-    bias argument of the convolution; a transposed conv adds (and activates) afterwards.
+    bias argument of the convolution; a transposed conv adds (and activates) afterwards. `round_once`:
+    the bias is the product's own ONNX node's, to be added before the product rounds (`_sums_wide`).
     """
     prim = Prim(node.op)
     if prim is Prim.MATMUL:
         a, b = args
         if b.dim() == 2 or b.shape[:-2].numel() == 1:  # one right operand for every row: one 2-D GEMM
             a2, b2 = a.reshape(-1, a.shape[-1]), b.reshape(b.shape[-2], b.shape[-1])
-            y = _addmm(bias, a2, b2, activation, alpha)
+            y = _addmm(bias, a2, b2, activation, alpha, round_once)
             return _conform(node, y.reshape(out.shape), out)
         (m, k), n = a.shape[-2:], b.shape[-1]
         # batched: baddbmm, which adds the bias before the product rounds (on CUDA in float32: cuBLAS rounds
@@ -339,7 +343,7 @@ def run_linear_fused(node: Node, args: Sequence[torch.Tensor], out: TensorType, 
         batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         a3, b3 = a.expand(*batch, m, k).reshape(-1, m, k), b.expand(*batch, k, n).reshape(-1, k, n)
         c = bias.reshape(-1, m, n) if bias.dim() == 2 else bias  # a whole bias comes as [rows, columns]
-        y = torch.baddbmm(c.float(), a3, b3, alpha=alpha, out_dtype=torch.float32) if _sums_wide(a3) \
+        y = torch.baddbmm(c.float(), a3, b3, alpha=alpha, out_dtype=torch.float32) if _sums_wide(a3, round_once) \
             else torch.baddbmm(c, a3, b3, alpha=alpha)
         y = y.reshape(out.shape)
     elif prim is Prim.CONV:
