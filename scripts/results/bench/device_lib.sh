@@ -5,7 +5,11 @@
 nvidia-smi -L | grep -q 'H100\|H200' || { nvidia-smi -L; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/highspy*.whl || exit 1
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
-export PYTHONPATH=/tmp/site:$PWD TESSERA_LOG=info
+# tessera's package metadata alone (the code stays the tree's): torch.compile(backend="tessera") finds the
+# dynamo backend through its entry point, which only an installed tessera declares
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/meta . > /dev/null 2>&1 \
+    && rm -rf /tmp/meta/tessera || echo "device_lib: tessera's entry point not installed (the backend-by-name tests fail)"
+export PYTHONPATH=/tmp/site:$PWD:/tmp/meta TESSERA_LOG=info
 # MCFuser rows beside eager (and PEERS), GPU time, one empty database: gemms NAME MODELS PRECISION TIMEOUT_S [PEERS]
 # (PROFILE=1: also each contender's kernels by kind, as the end-to-end rows need)
 # (PIN=DIR: the `git archive` to run instead of .pin16, for an A/B of two commits)
