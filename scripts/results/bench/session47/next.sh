@@ -14,9 +14,22 @@
 # 4: the README's test command on the GPU machine, the whole suite (pytest-xdist, 4 workers, so it fits a call),
 #    after calls 1-3's fixes; carry/a now also holds every gemm_g* and attn_s* (a few kB each).
 # 5: call 4's failures again after their fixes (those not for a missing model, solver package or entry point).
+# 6-8 (next session): the tests of the shared models that do not fit beside carry/a, one gzipped model set a call,
+#    carrying .whl and carry/b, carry/c or carry/d, built from ../shared/models with
+#        mkdir -p carry/b carry/c carry/d && gzip -c ../shared/models/segformer_b0_small.onnx > carry/b/segformer_b0_small.onnx.gz
+#        gzip -c ../shared/models/efficientvit_b0_small.onnx > carry/c/efficientvit_b0_small.onnx.gz
+#        for m in candy candy_small_legacy; do gzip -c ../shared/models/$m.onnx > carry/d/$m.onnx.gz; done
+#    6 also runs call 5's three leftovers (device_lib now installs tessera's entry point).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 unset TESSERA_LOG; export TESSERA_SOLVER=highs
-mkdir -p ../shared/models && cp carry/a/*.onnx ../shared/models/
+mkdir -p ../shared/models && cp carry/a/*.onnx ../shared/models/ 2>/dev/null
+for z in carry/*/*.onnx.gz; do [ -e "$z" ] && gunzip -c "$z" > "../shared/models/$(basename "$z" .gz)"; done
+# the tests of one model: those whose id matches KEXPR, and node ids that read it without naming it (call 4's)
+big() {  # big LOG KEXPR [NODEID...]
+    timeout 540 python3 -m pytest -q -n 6 -p no:cacheprovider -rfE --tb=short -k "$2" tests/ "${@:3}" \
+        > "$OUT/pytest_$1.txt" 2>&1
+    echo "$1 rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_$1.txt" | cut -c1-250; tail -n 1 "$OUT/pytest_$1.txt"
+}
 case $1 in
     1)
         timeout 60 python3 scripts/bias_gpu_check.py > "$OUT/bias_gpu_check.txt" 2>&1; tail -n 8 "$OUT/bias_gpu_check.txt"
@@ -53,5 +66,11 @@ case $1 in
             $T/test_fuzz.py::test_the_saved_float16_one_step_case_is_onnxruntimes_rounding $T/test_fuzz.py::test_the_driver_writes_its_summary \
             $T/test_frontend_errors.py > "$OUT/pytest_again.txt" 2>&1
         echo "rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_again.txt" | cut -c1-250; tail -n 1 "$OUT/pytest_again.txt" ;;
-    *) echo "next.sh: call 1 to 5"; exit 2 ;;
+    6) big segformer_b0_small "segformer_b0_small or segformer_decoder_concat or time_limit"
+        timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE --tb=short tests/test_runtime.py::test_artifact_round_trip_and_cli_check \
+            tests/test_bench.py::test_guards_skip_modules_drops_dynamo_guards_on_module_state_for_every_torch_compile \
+            tests/test_torch_frontend.py::test_resnet18_at_64 tests/test_torch_frontend.py::test_backend_by_name_conv_batchnorm_relu 2>&1 | tail -n 8 ;;
+    7) big efficientvit_b0_small efficientvit_b0_small ;;
+    8) big candy "candy_small_legacy or (candy and not candy_small) or constant_folding_of_shape or inspect_json" ;;
+    *) echo "next.sh: call 1 to 8"; exit 2 ;;
 esac
