@@ -34,7 +34,6 @@ import onnx
 import onnxruntime as ort
 
 from tessera.errors import TesseraError
-from tessera.log import logger
 from tessera.fission import OpaqueOp, fission
 from tessera.frontend import LoadedModel, load
 from tessera.ir import aten_call, interp, interp_linear
@@ -43,6 +42,7 @@ from tessera.ir.graph import Graph, Node
 from tessera.ir.indices import index_bounds
 from tessera.ir.onnx_export import to_onnx
 from tessera.ir.prims import Prim
+from tessera.log import logger
 from tessera.rewrite import convert_precision
 from tessera.tolerance import TOLERANCE, passes, rel_l2
 

@@ -162,7 +162,8 @@ def test_a_window_keeps_the_graph_boundary():
 def test_compile_with_rewrites_records_them_and_the_artifact_replays(tmp_path, capsys):
     # analytical cost: on a GPU machine a measured compile keeps only the rewrites its timings pay for
     out = tmp_path / "a"
-    assert main(["compile", str(MODELS / "bert_tiny.onnx"), "--rewrites", "on", "-o", str(out), "--cost", "analytical"]) == 0
+    assert main(["compile", str(MODELS / "bert_tiny.onnx"), "--rewrites", "on", "-o", str(out),
+                 "--cost", "analytical"]) == 0
     said = capsys.readouterr().out
     assert "rewrites:" in said and "kept" in said
     plan = json.loads((out / "plan.json").read_text())

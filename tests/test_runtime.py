@@ -212,5 +212,6 @@ def test_the_index_check_runs_on_the_cpu_and_its_kernel_in_the_interpreter():
     with pytest.raises(RuntimeError, match="outside"):
         check_in_graph(torch.tensor([[0, 10]]), 10, "x")
     # Triton chose the kernel's mode when its module was first imported: for the GPU where a GPU test ran first
-    kernel = index_in_range if isinstance(index_in_range, InterpretedFunction) else InterpretedFunction(index_in_range.fn)
+    kernel = index_in_range if isinstance(index_in_range, InterpretedFunction) \
+        else InterpretedFunction(index_in_range.fn)
     kernel[(1,)](ids, ids.numel(), 10, BLOCK=BLOCK)

@@ -119,6 +119,9 @@ class Executable:
         # call's channels (columns) where the layout pass padded them (`KernelImpl.cut`).
         self._bias = {s.impl.name: self._padded_bias(s.impl, self.constants[s.impl.bias])
                       for s in self.steps if s.impl.bias in self.constants}
+        # The library calls whose bias is their product's own node's, added before the product rounds
+        self._own_bias = {s.impl.name for s in self.steps
+                          if s.impl.linear is not None and s.impl.bias and own_bias(s.impl)}
         # Constant weights of convolutions whose input is stored channels-last take the same
         # layout once, here, so cuDNN runs its NHWC kernels with no conversion per call. Generated
         # kernels (a convolution template among them) address a weight by its type's layout, so
@@ -566,7 +569,8 @@ class Executable:
                 shape[axis] = self.graph.types[root.outputs[0]].shape[axis]
                 out = replace(out, shape=tuple(shape))
             assert bias is not None
-            y = run_linear_fused(root, args, out, bias, impl.activation, impl.alpha, own_bias(impl))
+            y = run_linear_fused(root, args, out, bias, impl.activation, impl.alpha,
+                                 impl.name in self._own_bias)
             env[last] = self._settle(last, self._cut(impl, last, y))
         else:
             outs = run_node(root, args, [self.graph.types[o] for o in root.outputs if o], device=self.device,
