@@ -79,14 +79,31 @@ def sweep(m: int, n: int, k: int, itemsize: int) -> list[GemmSchedule]:
     return list(dict.fromkeys(out))
 
 
-def linear_jobs(label: str, m: int, k: int, n: int, precision: str) -> tuple[list[Job], list[GemmSchedule], set]:
+def deep_sweep(m: int, n: int, k: int, itemsize: int) -> list[GemmSchedule]:
+    """K steps of 256 and 512 two-byte elements (up to all of K in one step), one or two stages, no
+    split: whether fewer, larger loads shorten a product whose few programs each walk a long K
+    (the first product of G4-G10, 4-8 steps of 64-128 in the tuned plans). Tiles whose operands
+    would pass 200 KB of shared memory are left out."""
+    out = []
+    for bm, bn, bk in itertools.product((16, 32, 64, 128), (32, 64, 128), (256, 512)):
+        bk = min(bk, max(16, 1 << (k - 1).bit_length()))
+        for stages in (1, 2):
+            if (bm + bn) * bk * itemsize * stages > 200 << 10 or bk < 256:
+                continue
+            for warps in (4, 8):
+                out.append(GemmSchedule(bm, bn, bk, warps, stages, 8 if math.ceil(m / bm) > 1 else 1, 1))
+    return list(dict.fromkeys(out))
+
+
+def linear_jobs(label: str, m: int, k: int, n: int, precision: str,
+                deep: bool = False) -> tuple[list[Job], list[GemmSchedule], set]:
     x, w, b = rand(m, k, seed=1), rand(k, n, seed=2, lo=-0.5, hi=0.5), rand(n, seed=3)
     model = graph_model([helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["out"])],
                         {"x": x, "w": Const(w), "b": Const(b)}, ["out"])
     g = convert_precision(fission(load(model).graph).graph, precision)
     prims, pro, outputs = matmul_kernel(g)
     itemsize = 2 if precision in ("fp16", "bf16") else 4
-    scheds = sweep(m, n, k, itemsize)
+    scheds = sweep(m, n, k, itemsize) + (deep_sweep(m, n, k, itemsize) if deep else [])
     own = set(template_schedules(1, m, n, k, itemsize))
     jobs = [Job(Key("probe", "probe", label, str(s)), g, tuple(prims), tuple(pro), tuple(outputs), s, precision)
             for s in [None, *scheds]]
@@ -130,6 +147,7 @@ def main() -> None:
     ap.add_argument("--precisions", default="fp16,tf32")
     ap.add_argument("--shapes", default="", help="comma-separated substrings of shape labels (default: all)")
     ap.add_argument("--set", default="linear", choices=sorted(SETS), help="linear: BERT/GPT-2 layers; chains: G4-G10")
+    ap.add_argument("--deep", action="store_true", help="also K steps of 256-512 with 1-2 stages (deep_sweep)")
     args = ap.parse_args()
     prof = GpuProfiler()
     rows, t0 = [], time.time()
@@ -138,7 +156,7 @@ def main() -> None:
             for label, m, k, n in SETS[args.set]:
                 if args.shapes and not any(s in label for s in args.shapes.split(",")):
                     continue
-                jobs, scheds, own = linear_jobs(label, m, k, n, precision)
+                jobs, scheds, own = linear_jobs(label, m, k, n, precision, args.deep)
                 lib, entries, ok, own_ok = time_sweep(prof, jobs, scheds, own)
                 try:
                     floor = weight_floor_us(k, n, precision)

@@ -122,6 +122,12 @@ class Node:
     def is_prim(self) -> bool:
         return self.op in Prim._value2member_map_
 
+    def same_source(self, other: "Node") -> bool:
+        """Whether `other` came from this node's own ONNX node (a Gemm's C add or alpha scale beside its
+        product): the rule by which the candidates keep a bias with its product and the runtime sums it
+        before rounding (`orchestrate/candidates.bias_groups`, `runtime/executable.own_bias`)."""
+        return bool(self.source) and other.source == self.source
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Node):
             return NotImplemented

@@ -200,9 +200,9 @@ def _chain_check(og: OGraph, mask: int, a: int, b: int) -> str | None:
 
 def bias_groups(og: OGraph, members: int, legality: KernelLegality) -> list[int]:
     """In a float16/bfloat16 graph, each linear primitive of `members` with the bias add of its own
-    ONNX node (a Gemm's or a Conv's: the add's `source` is the product's), joined through the
-    reshapes, unit-step slices and the node's own scale (a Gemm's alpha) between them, as one node set. Such a product is never written:
-    stored, it rounds to the narrow type before its bias is added, where onnxruntime rounds once,
+    ONNX node (a Gemm's or a Conv's: `Node.same_source`), joined through the reshapes, unit-step
+    slices and the node's own scale (a Gemm's alpha) between them, as one node set. Such a product
+    is never written: stored, it rounds to the narrow type before its bias is added, where onnxruntime rounds once,
     after the add, and a bias that nearly cancels the product amplifies the difference (the
     fuzzer's fp16 `Relu(Gemm(x, c, b))`, 1.2% off). In one kernel the bias is added in float32, by
     a template's epilogue or by the library call (`codegen/select._library_epilogue`). A pair that
@@ -217,12 +217,12 @@ def bias_groups(og: OGraph, members: int, legality: KernelLegality) -> list[int]
         while og.succs[cur].bit_count() == 1 and not (og.graph_outputs >> cur) & 1:
             nxt = og.succs[cur].bit_length() - 1
             op = og.nodes[nxt].op
-            if op == Prim.ADD.value and og.nodes[nxt].source == node.source and (members >> nxt) & 1:
+            if op == Prim.ADD.value and node.same_source(og.nodes[nxt]) and (members >> nxt) & 1:
                 group |= 1 << nxt
                 if og.is_convex(group) and legality.check(og, group) is None:
                     groups.append(group)
                 break
-            scale = op == Prim.MUL.value and og.nodes[nxt].source == node.source and og.preds[nxt] == 1 << cur
+            scale = op == Prim.MUL.value and node.same_source(og.nodes[nxt]) and og.preds[nxt] == 1 << cur
             if not (op == Prim.RESHAPE.value or scale or (op == Prim.SLICE.value and all(
                     step == 1 for step in og.nodes[nxt].attrs["steps"]))) or not (members >> nxt) & 1:
                 break

@@ -82,11 +82,11 @@ class Step:
 
 def own_bias(impl: KernelImpl) -> bool:
     """Whether the bias add of the library call `impl` is its product's own ONNX node's (a Gemm's C, a
-    Conv's B: the add's `source` is the product's), which onnxruntime adds before the product rounds,
-    as `orchestrate/candidates.bias_groups` keeps it; an Add node after a MatMul is not."""
+    Conv's B: `Node.same_source`), which onnxruntime adds before the product rounds, as
+    `orchestrate/candidates.bias_groups` keeps it; an Add node after a MatMul is not."""
     assert impl.linear is not None
     add = next((n for n in impl.fused if n.op == Prim.ADD.value), None)
-    return add is not None and bool(impl.linear.source) and add.source == impl.linear.source
+    return add is not None and impl.linear.same_source(add)
 
 
 class Executable:

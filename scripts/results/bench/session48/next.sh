@@ -1,0 +1,20 @@
+#!/bin/bash
+# Session 48's device calls: `bash scripts/results/bench/session48/next.sh N` from the repository root on one
+# nvidia-h200. Calls 1-4 ran session 47's next.sh (6, 7, 8 and the artifact test; README). Carry .whl and, for 5,
+# .pin16 (`git archive HEAD tessera scripts pyproject.toml | tar -x -C .pin16` and `git rev-parse --short HEAD >
+# .pin16/CODE`).
+# 5: issue 15's end-to-end rows gpt2 and bert_base fp16 at HEAD, cold, beside eager and Inductor, profiled: the
+#    first run since session 43 (40cfc43), after sessions 44-47's changes (in-place concatenations, bias rounding).
+# 6: scripts/gemm_probe.py --set chains --deep, fp16: G4-G10's products with K steps of 256-512 and 1-2 stages
+#    beside the usual sweep (whether fewer, larger loads shorten the long first product).
+source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
+export TESSERA_SOLVER=highs
+case $1 in
+    5)
+        export PROFILE=1
+        gemms e2e_a gpt2 fp16 290 eager,inductor; gemms e2e_b bert_base fp16 270 eager,inductor ;;
+    6)
+        timeout 500 python3 scripts/gemm_probe.py --set chains --deep --precisions fp16 --out "$OUT/deep_k.json" \
+            2>&1 | grep -v Warning | tail -n 20 ;;
+    *) echo "next.sh: call 5 or 6"; exit 2 ;;
+esac
