@@ -1,7 +1,8 @@
 #!/bin/bash
 # Session 48's device calls: `bash scripts/results/bench/session48/next.sh N` from the repository root on one
 # nvidia-h200. Calls 1-4 ran session 47's next.sh (6, 7, 8 and the artifact test; README). Carry .whl and, for 5,
-# .pin16 (`git archive HEAD tessera scripts pyproject.toml | tar -x -C .pin16` and `git rev-parse --short HEAD >
+# .pin16 (`git archive HEAD tessera scripts/bench_suite.py scripts/bench_gpus.py scripts/linear_share.py pyproject.toml
+# | tar -x -C .pin16` and `git rev-parse --short HEAD >
 # .pin16/CODE`).
 # 5: issue 15's end-to-end rows gpt2 and bert_base fp16 at HEAD, cold, beside eager and Inductor, profiled: the
 #    first run since session 43 (40cfc43), after sessions 44-47's changes (in-place concatenations, bias rounding).
