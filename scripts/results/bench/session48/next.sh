@@ -8,6 +8,8 @@
 #    first run since session 43 (40cfc43), after sessions 44-47's changes (in-place concatenations, bias rounding).
 # 6: scripts/gemm_probe.py --set chains --deep, fp16: G4-G10's products with K steps of 256-512 and 1-2 stages
 #    beside the usual sweep (whether fewer, larger loads shorten the long first product).
+# 7: the fuzzer on the GPU (first time since session 15): scripts/gpu_correctness.sh, no zoo models, fp32 and
+#    fp16 graphs, 5 instances with random schedules and 4 with measured tuning, 6 minutes each, seeds from 48000.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
@@ -17,5 +19,7 @@ case $1 in
     6)
         timeout 500 python3 scripts/gemm_probe.py --set chains --deep --precisions fp16 --out "$OUT/deep_k.json" \
             2>&1 | grep -v Warning | tail -n 20 ;;
-    *) echo "next.sh: call 5 or 6"; exit 2 ;;
+    7)
+        unset TESSERA_LOG; bash scripts/gpu_correctness.sh "" fp32 6 5 4 48000 ;;
+    *) echo "next.sh: call 5, 6 or 7"; exit 2 ;;
 esac
