@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import json
 import os
 import subprocess
@@ -269,6 +270,29 @@ def test_fuzzer_gpu_regressions(name):
     assert outcome.status == "pass", f"{outcome.status}: {outcome.reason}: {outcome.detail}"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_collection_inside_a_capture_finds_no_earlier_cuda_graph(monkeypatch):
+    # The GPU fuzzer (session 48): an earlier plan's piecewise graph, in a cycle with its executable,
+    # was freed by the cyclic collector inside a later capture, and CUDA failed that capture
+    # ("operation failed due to a previous error during capture"). A dropped executable now goes at
+    # once, so a collection forced inside the next capture frees no CUDA graph.
+    from tessera.runtime.executable import Executable
+
+    gc.collect()  # only the first check's garbage below
+    first = fuzzcheck.check(copy.deepcopy(GPU_REGRESSIONS["opaque_between_gpu"]), "cuda")
+    assert first.status == "pass", f"{first.status}: {first.reason}: {first.detail}"
+    run_steps = Executable._run_steps
+
+    def collecting(self, *args, **kwargs):
+        gc.collect()
+        return run_steps(self, *args, **kwargs)
+
+    monkeypatch.setattr(Executable, "_run_steps", collecting)
+    again = fuzzcheck.check(copy.deepcopy(GPU_REGRESSIONS["opaque_between_gpu"]), "cuda")
+    assert again.status == "pass", f"{again.status}: {again.reason}: {again.detail}"
+
+
 @pytest.mark.parametrize("name", sorted(REGRESSIONS))
 def test_fuzzer_regressions(name):
     outcome = fuzzcheck.check(copy.deepcopy(REGRESSIONS[name]))
@@ -504,6 +528,38 @@ def test_the_driver_writes_its_summary(tmp_path):
                 "device", "wall_s", "graphs_per_minute", "opaque_fallback"):
         assert key in doc
     assert proc.returncode == (1 if doc["failures"] else 0)
+
+
+_FAIL_ONCE = """
+import sys
+sys.path[:0] = [{root!r}, {tests!r}]
+import fuzzcheck
+check, calls = fuzzcheck.check, []
+def fail_once(spec, *args, **kwargs):  # the first graph crashes, and never again
+    calls.append(1)
+    if len(calls) == 1:
+        return fuzzcheck._crash("run", RuntimeError("a failure that does not come back"))
+    return check(spec, *args, **kwargs)
+fuzzcheck.check = fail_once
+"""
+
+
+def test_the_driver_records_a_failure_that_does_not_come_back_and_goes_on(tmp_path):
+    # The GPU fuzzer (session 48): a capture failed once and passed when Hypothesis ran the graph again;
+    # Hypothesis's FlakyFailure ended the instance. It is now a failure of its own, and the run goes on.
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(_FAIL_ONCE.format(root=str(ROOT), tests=str(ROOT / "tests")))
+    out = tmp_path / "fuzz.json"
+    path = (str(tmp_path / "site"), str(ROOT), os.environ.get("PYTHONPATH"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "fuzz.py"), "--graphs", "4", "--seed", "3",
+                           "--chunk", "2", "--precisions", "fp32", "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["graphs"] >= 4
+    assert [f["signature"] for f in doc["failures"]] == ["flaky crash: run: RuntimeError at "]
+    assert "FAILURE 1: flaky crash" in proc.stdout
 
 
 def test_host_steps_split_the_cuda_graph():

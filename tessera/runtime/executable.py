@@ -12,6 +12,7 @@ CPU the same kernels run through Triton's interpreter.
 """
 from __future__ import annotations
 
+import weakref
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
@@ -29,7 +30,7 @@ from tessera.ir.indices import check_feeds, check_range_now, index_bounds
 from tessera.ir.prims import Prim
 from tessera.runtime.buffers import BufferPool, Lifetime, as_layout, device_constant, round_tf32, stored_constant
 from tessera.runtime.concat_alias import concat_aliases
-from tessera.runtime.graphs import quiet_capture
+from tessera.runtime.graphs import capture_guard
 from tessera.runtime.index_check import check_in_graph
 from tessera.runtime.torch_prims import TORCH_DTYPES, pointwise_conv_as_gemm, run_linear_fused, run_node
 
@@ -57,16 +58,22 @@ class _HostPiece:
 
 
 class _PiecewiseGraph:
-    """A plan with host steps, replayed as its captured graphs with the host steps between them."""
+    """A plan with host steps, replayed as its captured graphs with the host steps between them.
+
+    It refers to its executable weakly: the executable holds it, and a cycle between them would
+    leave a dropped executable's CUDA graphs to Python's cyclic collector, which may run during
+    another capture and fail it (`runtime/graphs.capture_guard`)."""
 
     def __init__(self, exe: "Executable", pieces: list[torch.cuda.CUDAGraph | _HostPiece]) -> None:
-        self.exe, self.pieces = exe, pieces
+        self.exe, self.pieces = weakref.ref(exe), pieces
 
     def replay(self) -> None:
+        exe = self.exe()
+        assert exe is not None, "replayed after its executable was freed"
         for piece in self.pieces:
             if isinstance(piece, _HostPiece):
                 env = dict(piece.reads)
-                self.exe._run_steps(piece.steps, env)
+                exe._run_steps(piece.steps, env)
                 for t, buf in piece.statics.items():
                     buf.copy_(env[t])
             else:
@@ -387,7 +394,7 @@ class Executable:
                 pieces.append(_HostPiece(steps, reads, statics))
                 continue
             g = torch.cuda.CUDAGraph()
-            with quiet_capture(), torch.cuda.graph(g, pool=pool):
+            with capture_guard(), torch.cuda.graph(g, pool=pool):
                 if pool is None:  # the first graph checks the index inputs, before any gather
                     self.launch_index_checks(self._static_in)
                 self._run_steps(steps, env)

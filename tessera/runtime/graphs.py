@@ -1,13 +1,21 @@
-"""CUDA-graph capture without torch's "The CUDA Graph is empty" warning.
+"""What every CUDA-graph capture in tessera runs inside (`capture_guard`).
 
-A plan kernel that launches nothing (a view, a candidate whose work is all aliasing) captures an
-empty graph. That is correct and replays as a no-op, but torch warns about it on every capture:
-several times per model in a measured compile, about nothing the user can act on (issue 13).
-Only that warning is silenced, and only around a capture.
+- No "The CUDA Graph is empty" warning. A plan kernel that launches nothing (a view, a candidate
+  whose work is all aliasing) captures an empty graph. That is correct and replays as a no-op, but
+  torch warns about it on every capture: several times per model in a measured compile, about
+  nothing the user can act on (issue 13). Only that warning is silenced.
+- No cyclic garbage collection. Python's collector runs whenever enough objects have been
+  allocated, which a capture does. If it then frees an unreachable CUDA graph (an earlier
+  executable's, a user's), torch destroys that graph inside the capture, which CUDA forbids
+  ("operation not permitted when stream is capturing"), and the capture fails: "operation failed
+  due to a previous error during capture" (the GPU fuzzer, session 48). torch's `graph` context
+  collects before a capture only where `force_cudagraph_gc` is set; tessera holds the collector off
+  for the capture's length instead, which costs nothing, and restores it after.
 """
 from __future__ import annotations
 
 import contextlib
+import gc
 import warnings
 from typing import Iterator
 
@@ -15,8 +23,15 @@ EMPTY_GRAPH_WARNING = r"The CUDA Graph is empty"
 
 
 @contextlib.contextmanager
-def quiet_capture() -> Iterator[None]:
-    """Inside: torch's empty-graph warning is dropped; every other warning passes."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=EMPTY_GRAPH_WARNING, category=UserWarning)
-        yield
+def capture_guard() -> Iterator[None]:
+    """Inside: torch's empty-graph warning is dropped (every other warning passes) and the cyclic
+    garbage collector does not run; on leaving, the collector is back as it was."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=EMPTY_GRAPH_WARNING, category=UserWarning)
+            yield
+    finally:
+        if was_enabled:
+            gc.enable()
