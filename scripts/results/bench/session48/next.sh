@@ -11,7 +11,7 @@
 # 7: the fuzzer on the GPU (first time since session 15): scripts/gpu_correctness.sh, no zoo models, fp32 and
 #    fp16 graphs, 5 instances with random schedules and 4 with measured tuning, 6 minutes each, seeds from 48000.
 # 8: after 0daef58 (no collection inside a capture; the piecewise graph refers weakly to its executable):
-#    capture_gc_check.py, the CUDA tests it touches, and three fuzz instances of 1 minute.
+#    capture_gc_check.py, the CUDA tests it touches, and three fuzz instances of 45 s.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
@@ -26,10 +26,10 @@ case $1 in
     8)
         unset TESSERA_LOG; R=scripts/results/bench/session48
         PYTHONPATH=$PYTHONPATH:tests timeout 80 python3 $R/capture_gc_check.py $R/flaky_spec.txt 2>&1 | grep -v Warn | tail -n 4
-        timeout 80 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_graphs.py tests/test_runtime_gpu.py \
+        timeout 70 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_graphs.py tests/test_runtime_gpu.py \
             tests/test_fuzz.py -k "collection_inside or gpu_regressions or does_not_come_back or graph or replay or index" 2>&1 | tail -n 3
-        for s in 48600 48700 48800; do timeout 90 python3 scripts/fuzz.py --device cuda --precisions fp32,fp16 \
-            --minutes 1 --seed $s --out "$OUT/fuzz_$s.json" > "$OUT/fuzz_$s.log" 2>&1 & done; wait
+        for s in 48600 48700 48800; do timeout 70 python3 scripts/fuzz.py --device cuda --precisions fp32,fp16 \
+            --minutes 0.75 --seed $s --out "$OUT/fuzz_$s.json" > "$OUT/fuzz_$s.log" 2>&1 & done; wait
         tail -q -n 2 "$OUT"/fuzz_*.log ;;
     *) echo "next.sh: call 5 to 8"; exit 2 ;;
 esac
