@@ -14,6 +14,7 @@ import sys
 
 import fuzzcheck
 import test_fuzz
+import torch
 from fuzzspec import ConstSpec, GraphSpec, NodeSpec, TensorSpec  # noqa: F401 - the spec's repr names them
 from tessera.runtime import executable
 from tessera.runtime.executable import Executable, _PiecewiseGraph
@@ -32,8 +33,9 @@ def trial(strong: bool) -> str:
     gc.collect()
     first = fuzzcheck.check(copy.deepcopy(SPEC), "cuda")
 
-    def collecting(self, *args, **kwargs):
-        gc.collect()
+    def collecting(self, *args, **kwargs):  # the warm-up's steps run before the capture: no collection there
+        if torch.cuda.is_current_stream_capturing():
+            gc.collect()
         return run_steps(self, *args, **kwargs)
 
     Executable._run_steps = collecting

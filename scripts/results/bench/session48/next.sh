@@ -12,6 +12,8 @@
 #    fp16 graphs, 5 instances with random schedules and 4 with measured tuning, 6 minutes each, seeds from 48000.
 # 8: after 0daef58 (no collection inside a capture; the piecewise graph refers weakly to its executable):
 #    capture_gc_check.py, the CUDA tests it touches, and three fuzz instances of 45 s.
+# 9: as 8's first two commands, after the check and the test collect only while a capture runs (in 8 the
+#    collection ran in the warm-up, before the capture), carrying carry/e (gpt2_tiny, bert_tiny, gemm_g1).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
@@ -31,5 +33,12 @@ case $1 in
         for s in 48600 48700 48800; do timeout 70 python3 scripts/fuzz.py --device cuda --precisions fp32,fp16 \
             --minutes 0.75 --seed $s --out "$OUT/fuzz_$s.json" > "$OUT/fuzz_$s.log" 2>&1 & done; wait
         tail -q -n 2 "$OUT"/fuzz_*.log ;;
-    *) echo "next.sh: call 5 to 8"; exit 2 ;;
+    9)
+        unset TESSERA_LOG; R=scripts/results/bench/session48
+        mkdir -p ../shared/models && cp carry/e/*.onnx ../shared/models/
+        PYTHONPATH=$PYTHONPATH:tests timeout 60 python3 $R/capture_gc_check.py 2>&1 | grep -v Warn | tail -n 3
+        timeout 70 python3 -m pytest -q -p no:cacheprovider -n 4 -rfE tests/test_graphs.py tests/test_runtime_gpu.py \
+            tests/test_fuzz.py -k "collection_inside or gpu_regressions or does_not_come_back or graph or replay or index" \
+            -k "not candy" 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 8 ;;
+    *) echo "next.sh: call 5 to 9"; exit 2 ;;
 esac
