@@ -62,6 +62,8 @@ def test_a_dropped_piecewise_executable_is_freed_without_the_collector():
     # later capture. Dropped, both go at once.
     exe = tessera.compile(MODELS / "gemm_g1.onnx", tessera.CompileOptions(cost="analytical"))
     exe._graph = _PiecewiseGraph(exe, [])
+    with exe.precision_flags():  # as a GPU run enters them (a class made per call closed over the executable)
+        pass
     gone = weakref.ref(exe)
     gc.disable()
     try:

@@ -80,6 +80,28 @@ class _PiecewiseGraph:
                 piece.replay()
 
 
+class PrecisionFlags:
+    """A plan's math flags for the libraries (TF32 on or off) and no autograd, restored on leaving.
+    A module-level class: one defined per call, closing over its executable, made a cycle that kept
+    every dropped executable, and its CUDA graphs, for Python's cyclic collector."""
+
+    def __init__(self, allow_tf32: bool) -> None:
+        self.allow_tf32 = allow_tf32
+
+    def __enter__(self) -> None:
+        self.saved = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = self.allow_tf32
+        self.cudnn = torch.backends.cudnn.flags(enabled=True, allow_tf32=self.allow_tf32)
+        self.cudnn.__enter__()
+        self.grad = torch.no_grad()
+        self.grad.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.grad.__exit__(*exc)
+        self.cudnn.__exit__(*exc)
+        torch.backends.cuda.matmul.allow_tf32 = self.saved
+
+
 @dataclass
 class Step:
     impl: KernelImpl
@@ -426,25 +448,9 @@ class Executable:
             made |= {t for n in self.steps[i].impl.prims for t in n.outputs if t}
         return reads
 
-    def precision_flags(self) -> Any:
+    def precision_flags(self) -> "PrecisionFlags":
         """A context with the plan's math flags (TF32 on or off in the libraries) and no autograd."""
-        exe = self
-
-        class _Flags:
-            def __enter__(self) -> None:
-                self.saved = torch.backends.cuda.matmul.allow_tf32
-                torch.backends.cuda.matmul.allow_tf32 = exe.allow_tf32
-                self.cudnn = torch.backends.cudnn.flags(enabled=True, allow_tf32=exe.allow_tf32)
-                self.cudnn.__enter__()
-                self.grad = torch.no_grad()
-                self.grad.__enter__()
-
-            def __exit__(self, *exc: Any) -> None:
-                self.grad.__exit__(*exc)
-                self.cudnn.__exit__(*exc)
-                torch.backends.cuda.matmul.allow_tf32 = self.saved
-
-        return _Flags()
+        return PrecisionFlags(self.allow_tf32)
 
     def _feed_env(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         # Graph inputs are row-major for users; a kernel measured alone may read one in a layout.
