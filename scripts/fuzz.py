@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,10 @@ from hypothesis.errors import Flaky  # noqa: E402
 import fuzzcheck  # noqa: E402
 from fuzzgen import graph_specs  # noqa: E402
 from fuzzspec import PRECISIONS, GraphSpec  # noqa: E402
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 class Failed(Exception):
@@ -231,65 +236,80 @@ def main() -> int:
     phases = [Phase.generate] + ([] if args.no_shrink else [Phase.shrink])
     chunk_index = 0
     stop = False
-    while budget_left() and not stop:
-        chunk_seed = args.seed + chunk_index
-        chunk_index += 1
-        chunks.append(chunk_seed)
-        state: dict[str, Any] = {"shrinking": False, "last": None}
+    interrupted = False
+    state: dict[str, Any] = {"shrinking": False, "last": None}
+    signal.signal(signal.SIGTERM, _terminate)  # `timeout`, a job scheduler: stop as on Ctrl-C
+    try:
+        while budget_left() and not stop:
+            chunk_seed = args.seed + chunk_index
+            chunk_index += 1
+            chunks.append(chunk_seed)
+            state = {"shrinking": False, "last": None}
 
-        @settings(max_examples=args.chunk, database=None, deadline=None, derandomize=False, phases=phases,
-                  suppress_health_check=list(HealthCheck), report_multiple_bugs=False, verbosity=Verbosity.quiet,
-                  print_blob=False)
-        @seed(chunk_seed)
-        @given(graph_specs(precisions=precisions, max_steps=args.max_steps, big=args.big))
-        def run_one(spec: GraphSpec) -> None:
-            if not state["shrinking"] and not budget_left():
-                return
-            t_call = time.perf_counter()
+            @settings(max_examples=args.chunk, database=None, deadline=None, derandomize=False, phases=phases,
+                      suppress_health_check=list(HealthCheck), report_multiple_bugs=False, verbosity=Verbosity.quiet,
+                      print_blob=False)
+            @seed(chunk_seed)
+            @given(graph_specs(precisions=precisions, max_steps=args.max_steps, big=args.big))
+            def run_one(spec: GraphSpec) -> None:
+                if not state["shrinking"] and not budget_left():
+                    return
+                t_call = time.perf_counter()
+                try:
+                    o = fuzzcheck.check(spec, args.device, args.tuning, db if args.tuning == "measured" else None,
+                                        random_schedules)
+                except Exception as e:  # noqa: BLE001 - the generator's or the oracle's own bug, not tessera's
+                    kind = "generator-error" if isinstance(e, fuzzcheck.GeneratorError) else "harness-error"
+                    if not state["shrinking"]:
+                        stats.status[kind] += 1
+                        stats.graphs += 1
+                    state["shrinking"] = True
+                    state["last"] = (spec, None, f"{kind}: {type(e).__name__}: {e}")
+                    raise failure(kind)(str(e)) from None
+                if state["shrinking"]:
+                    stats.shrink_s += time.perf_counter() - t_call
+                    stats.shrink_steps += 1
+                else:
+                    stats.add(spec, o)
+                    progress()
+                if o.failed:
+                    state["shrinking"] = True
+                    state["last"] = (spec, o, "")
+                    raise failure(f"{o.status}: {o.reason}")(o.detail)
+
             try:
-                o = fuzzcheck.check(spec, args.device, args.tuning, db if args.tuning == "measured" else None,
-                                    random_schedules)
-            except Exception as e:  # noqa: BLE001 - the generator's or the oracle's own bug, not tessera's
-                kind = "generator-error" if isinstance(e, fuzzcheck.GeneratorError) else "harness-error"
-                if not state["shrinking"]:
-                    stats.status[kind] += 1
-                    stats.graphs += 1
-                state["shrinking"] = True
-                state["last"] = (spec, None, f"{kind}: {type(e).__name__}: {e}")
-                raise failure(kind)(str(e)) from None
-            if state["shrinking"]:
-                stats.shrink_s += time.perf_counter() - t_call
-                stats.shrink_steps += 1
-            else:
-                stats.add(spec, o)
-                progress()
-            if o.failed:
-                state["shrinking"] = True
-                state["last"] = (spec, o, "")
-                raise failure(f"{o.status}: {o.reason}")(o.detail)
-
-        try:
-            run_one()
-        except (Failed, Flaky) as e:
-            # Flaky: the graph failed once and passed when Hypothesis ran it again (a GPU capture that
-            # a garbage collection broke, session 48). It is recorded as found, unshrunk, and the run goes on.
+                run_one()
+            except (Failed, Flaky) as e:
+                # Flaky: the graph failed once and passed when Hypothesis ran it again (a GPU capture that
+                # a garbage collection broke, session 48). It is recorded as found, unshrunk, and the run goes on.
+                spec, o, err = state["last"]
+                sig = f"{o.status}: {o.reason}" if o else err.split(":")[0]
+                sig = f"flaky {sig}" if isinstance(e, Flaky) else sig
+                key = f"{sig} [{spec.precision}: {' '.join(sorted({n.op for n in spec.nodes}))}]"
+                if key in seen:
+                    seen[key]["hits"] += 1
+                else:
+                    row = save_failure(args.out, len(failures) + 1, spec, o, err)
+                    row["signature"] = sig
+                    row["hits"] = 1
+                    row["chunk_seed"] = chunk_seed
+                    failures.append(row)
+                    seen[key] = row
+                    print(f"FAILURE {len(failures)}: {sig}\n  {row['detail']}\n  shrunk to {row['nodes']} node(s) "
+                          f"{row['ops']}: {row['onnx']}", flush=True)
+                if args.stop_on_fail:
+                    stop = True
+    except KeyboardInterrupt:
+        # The summary is written, with a failure being shrunk saved as it stands: nothing is lost.
+        interrupted = True
+        print("interrupted: writing the summary of what ran", flush=True)
+        if state["shrinking"] and state["last"] is not None:
             spec, o, err = state["last"]
+            row = save_failure(args.out, len(failures) + 1, spec, o, err)
             sig = f"{o.status}: {o.reason}" if o else err.split(":")[0]
-            sig = f"flaky {sig}" if isinstance(e, Flaky) else sig
-            key = f"{sig} [{spec.precision}: {' '.join(sorted({n.op for n in spec.nodes}))}]"
-            if key in seen:
-                seen[key]["hits"] += 1
-            else:
-                row = save_failure(args.out, len(failures) + 1, spec, o, err)
-                row["signature"] = sig
-                row["hits"] = 1
-                row["chunk_seed"] = chunk_seed
-                failures.append(row)
-                seen[key] = row
-                print(f"FAILURE {len(failures)}: {sig}\n  {row['detail']}\n  shrunk to {row['nodes']} node(s) "
-                      f"{row['ops']}: {row['onnx']}", flush=True)
-            if args.stop_on_fail:
-                stop = True
+            row["signature"] = f"{sig} (interrupted while shrinking)"
+            row["hits"], row["chunk_seed"] = 1, chunks[-1]
+            failures.append(row)
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu_start
     progress(force=True)
@@ -321,7 +341,7 @@ def main() -> int:
                          "graphs_with": dict(sorted(stats.form_graphs.items()))},
         "triton_warnings": dict(stats.warnings),
         "opaque_fallback": {"nodes": dict(sorted(stats.opaque.items())), "reasons": stats.opaque_reasons},
-        "failures": failures,
+        "failures": failures, "interrupted": interrupted,
     }
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {args.out}: {stats.graphs} graphs in {wall / 60:.1f} min, {len(failures)} distinct failure(s)")

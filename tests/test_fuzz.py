@@ -563,6 +563,28 @@ def test_the_driver_records_a_failure_that_does_not_come_back_and_goes_on(tmp_pa
     assert "FAILURE 1: flaky crash" in proc.stdout
 
 
+def test_a_terminated_run_writes_its_summary(tmp_path):
+    # `timeout` (scripts/gpu_correctness.sh) stops a run with SIGTERM; session 48 lost a measured instance's
+    # summary that way. The driver now writes what ran.
+    import signal
+
+    out = tmp_path / "fuzz.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "fuzz.py"), "--minutes", "10", "--seed", "5",
+                             "--precisions", "fp32", "--progress", "0.5", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        first = proc.stdout.readline()  # the first progress line: graphs are being checked
+        assert first.startswith("["), first + proc.stderr.read()[-2000:]
+        proc.send_signal(signal.SIGTERM)
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert "interrupted" in rest, rest + err[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["interrupted"] is True and doc["graphs"] >= 1 and doc["wall_s"] < 120
+
+
 def test_host_steps_split_the_cuda_graph():
     """The plan of `opaque_between_gpu` runs in five pieces: GPU, host (Sin), GPU, host (Cos), GPU.
     On a GPU each GPU run is captured as its own graph (test_fuzzer_gpu_regressions runs them)."""
