@@ -549,7 +549,8 @@ def test_the_driver_records_a_failure_that_does_not_come_back_and_goes_on(tmp_pa
     # The GPU fuzzer (session 48): a capture failed once and passed when Hypothesis ran the graph again;
     # Hypothesis's FlakyFailure ended the instance. It is now a failure of its own, and the run goes on.
     (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "sitecustomize.py").write_text(_FAIL_ONCE.format(root=str(ROOT), tests=str(ROOT / "tests")))
+    site = tmp_path / "site" / "sitecustomize.py"
+    site.write_text(_FAIL_ONCE.format(root=str(ROOT), tests=str(ROOT / "tests")))
     out = tmp_path / "fuzz.json"
     path = (str(tmp_path / "site"), str(ROOT), os.environ.get("PYTHONPATH"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}

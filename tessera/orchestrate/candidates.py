@@ -202,11 +202,12 @@ def bias_groups(og: OGraph, members: int, legality: KernelLegality) -> list[int]
     """In a float16/bfloat16 graph, each linear primitive of `members` with the bias add of its own
     ONNX node (a Gemm's or a Conv's: `Node.same_source`), joined through the reshapes, unit-step
     slices and the node's own scale (a Gemm's alpha) between them, as one node set. Such a product
-    is never written: stored, it rounds to the narrow type before its bias is added, where onnxruntime rounds once,
-    after the add, and a bias that nearly cancels the product amplifies the difference (the
-    fuzzer's fp16 `Relu(Gemm(x, c, b))`, 1.2% off). In one kernel the bias is added in float32, by
-    a template's epilogue or by the library call (`codegen/select._library_epilogue`). A pair that
-    cannot be one kernel (`legality`) or that other nodes also read between is left alone."""
+    is never written: stored, it rounds to the narrow type before its bias is added, where
+    onnxruntime rounds once, after the add, and a bias that nearly cancels the product amplifies the
+    difference (the fuzzer's fp16 `Relu(Gemm(x, c, b))`, 1.2% off). In one kernel the bias is added
+    in float32, by a template's epilogue or by the library call
+    (`codegen/select._library_epilogue`). A pair that cannot be one kernel (`legality`) or that
+    other nodes also read between is left alone."""
     groups = []
     for i in bits(members):
         node = og.nodes[i]
