@@ -9,6 +9,8 @@
 #
 #   bash scripts/gpu_correctness.sh ZOO PRECISIONS FUZZ_MIN N_ANALYTICAL N_MEASURED SEED0
 #   bash scripts/gpu_correctness.sh resnet50,inception_v3,bert_base,gpt2 fp32 6 4 2 1000
+# PRECISIONS are the zoo check's; the fuzzers' are FUZZ_PRECISIONS (default fp32,fp16). A fuzzer stopped by
+# its timeout still writes its summary (scripts/fuzz.py handles SIGTERM).
 set -u
 zoo=${1-resnet50,inception_v3,bert_base,gpt2}  # "" skips the zoo check
 precisions=${2:-fp32}
@@ -16,6 +18,7 @@ minutes=${3:-6}
 n_an=${4:-4}
 n_me=${5:-2}
 seed0=${6:-1000}
+fuzz_precisions=${FUZZ_PRECISIONS:-fp32,fp16}
 work="$OUT/work"
 mkdir -p "$work"
 export PYTHONUNBUFFERED=1
@@ -27,13 +30,13 @@ if [ -n "$zoo" ]; then
 fi
 for i in $(seq 1 "$n_an"); do
   s=$((seed0 + 100 * i))
-  timeout $((minutes * 60 + 90)) python3 scripts/fuzz.py --device cuda --precisions fp32,fp16 --minutes "$minutes" --seed "$s" \
+  timeout $((minutes * 60 + 90)) python3 scripts/fuzz.py --device cuda --precisions "$fuzz_precisions" --minutes "$minutes" --seed "$s" \
     --out "$work/fuzz_an_$s.json" >"$work/fuzz_an_$s.log" 2>&1 &
   pids+=($!)
 done
 for i in $(seq 1 "$n_me"); do
   s=$((seed0 + 5000 + 100 * i))
-  timeout $((minutes * 60 + 90)) python3 scripts/fuzz.py --device cuda --tuning measured --precisions fp32,fp16 --minutes "$minutes" \
+  timeout $((minutes * 60 + 90)) python3 scripts/fuzz.py --device cuda --tuning measured --precisions "$fuzz_precisions" --minutes "$minutes" \
     --seed "$s" --out "$work/fuzz_me_$s.json" >"$work/fuzz_me_$s.log" 2>&1 &
   pids+=($!)
 done
