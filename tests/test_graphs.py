@@ -9,6 +9,7 @@ import weakref
 from pathlib import Path
 
 import pytest
+import torch
 
 import tessera
 from tessera.runtime.executable import _PiecewiseGraph
@@ -61,6 +62,7 @@ def test_a_dropped_piecewise_executable_is_freed_without_the_collector():
     # executable back, their CUDA graphs would wait for the cyclic collector, which may run inside a
     # later capture. Dropped, both go at once.
     exe = tessera.compile(MODELS / "gemm_g1.onnx", tessera.CompileOptions(cost="analytical"))
+    exe(torch.randn(1, 512, 64), torch.randn(1, 64, 256), torch.randn(1, 256, 64))  # a run leaves no cycle either
     exe._graph = _PiecewiseGraph(exe, [])
     with exe.precision_flags():  # as a GPU run enters them (a class made per call closed over the executable)
         pass
