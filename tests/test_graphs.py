@@ -53,6 +53,11 @@ def test_no_cyclic_collection_runs_inside_a_capture(enabled):
         with pytest.raises(RuntimeError, match="inside"), capture_guard():
             raise RuntimeError("inside")
         assert gc.isenabled() is enabled
+        with capture_guard():  # overlapping captures (threads): on until the last one ends
+            with capture_guard():
+                pass
+            assert not gc.isenabled()
+        assert gc.isenabled() is enabled
     finally:
         gc.enable()
 

@@ -16,22 +16,34 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 import warnings
 from typing import Iterator
 
 EMPTY_GRAPH_WARNING = r"The CUDA Graph is empty"
 
+# Captures in several threads overlap: the collector comes back when the last of them ends.
+_lock = threading.Lock()
+_open = 0
+_was_enabled = False
+
 
 @contextlib.contextmanager
 def capture_guard() -> Iterator[None]:
     """Inside: torch's empty-graph warning is dropped (every other warning passes) and the cyclic
-    garbage collector does not run; on leaving, the collector is back as it was."""
-    was_enabled = gc.isenabled()
-    gc.disable()
+    garbage collector does not run; when the last open guard ends, the collector is back as it was."""
+    global _open, _was_enabled
+    with _lock:
+        if _open == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _open += 1
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=EMPTY_GRAPH_WARNING, category=UserWarning)
             yield
     finally:
-        if was_enabled:
-            gc.enable()
+        with _lock:
+            _open -= 1
+            if _open == 0 and _was_enabled:
+                gc.enable()
