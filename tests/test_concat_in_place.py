@@ -70,6 +70,25 @@ def test_a_piece_beneath_a_view_is_written_in_place():
     assert rel_l2(exe(torch.from_numpy(z), torch.from_numpy(b))[0].numpy(), ref) < 1e-6
 
 
+def test_a_concatenation_of_a_skipped_one_keeps_its_copy():
+    # u = concat(relu(x), sigmoid(x)); w = concat(u, tanh(relu(u))): u's pieces sit in u's buffer, so
+    # u cannot also be a piece of w (the fuzzer, session 48: the executable failed to build with a
+    # KeyError). The inner one copies nothing, the outer one copies.
+    x = rand(1, 6, seed=4)
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Sigmoid", ["x"], ["b"]),
+             helper.make_node("Concat", ["a", "b"], ["u"], axis=1),
+             helper.make_node("Relu", ["u"], ["r"]), helper.make_node("Tanh", ["r"], ["t"]),
+             helper.make_node("Concat", ["u", "t"], ["w"], axis=1)]
+    m = graph_model(nodes, {"x": x}, ["w"])
+    exe = tessera.compile(m, tessera.CompileOptions(max_kernel_nodes=1, cost="analytical"))
+    out = exe(torch.from_numpy(x))[0]
+    assert rel_l2(out.numpy(), run_onnxruntime(m, {"x": x})["w"]) < 1e-6
+    assert len(exe.in_place) == 1
+    inner = next(s.impl.prims[0] for s in exe.steps if s.impl.name in exe.in_place)
+    outer = next(n for n in exe.graph.nodes if n.op == Prim.CONCAT.value and n is not inner)
+    assert inner.outputs[0] in outer.inputs
+
+
 def test_a_concat_that_is_not_contiguous_pieces_copies():
     exe, _ = _run(2)  # a batch of 2: each input is two pieces of the output
     assert not exe.in_place

@@ -37,12 +37,15 @@ def concat_aliases(graph: Graph, steps: Sequence[Step], views: Mapping[str, str]
                    kept: Set[str]) -> dict[str, Piece]:
     """The tensors that are pieces of a concatenation step's output, which then need not run. An
     input that a view step reshapes from another tensor (`views`: view -> the tensor beneath) is
-    that tensor's piece; a tensor in `kept` (a graph output, or beneath one) never is one."""
+    that tensor's piece; a tensor in `kept` (a graph output, or beneath one) never is one. A
+    concatenation that reads another one's skipped output keeps its copy: nested, the inner one's
+    pieces would live in the outer one's buffer from before the outer one's first write."""
     writer: dict[str, int] = {}
     for i, s in enumerate(steps):
         if s.kernel is not None:
             writer.update((t, i) for t in s.kernel.ks.outputs)
     pieces: dict[str, Piece] = {}
+    skipped: set[str] = set()  # the outputs of the concatenations that copy nothing
     for i, s in enumerate(steps):
         prims = s.impl.prims
         if s.kernel is None or s.impl.prologue or len(prims) != 1 or not concat_aliasable(graph, prims[0]):
@@ -50,11 +53,12 @@ def concat_aliases(graph: Graph, steps: Sequence[Step], views: Mapping[str, str]
         node = prims[0]
         bases = [views.get(t, t) for t in node.inputs if t]
         rounded = node.outputs[0] in graph.tf32_rounded
-        if any(b not in writer or writer[b] >= i or b in pieces or b in kept or (b in graph.tf32_rounded) != rounded
-               for b in bases) or len(set(bases)) != len(bases):
+        if any(b not in writer or writer[b] >= i or b in pieces or b in kept or b in skipped
+               or (b in graph.tf32_rounded) != rounded for b in bases) or len(set(bases)) != len(bases):
             continue  # a library call, an opaque step or another concatenation writes one
         offset = 0
         for b in bases:
             pieces[b] = Piece(node.outputs[0], offset, i, writer[b])
             offset += graph.types[b].numel
+        skipped.add(node.outputs[0])
     return pieces
