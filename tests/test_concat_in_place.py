@@ -87,6 +87,12 @@ def test_a_concatenation_of_a_skipped_one_keeps_its_copy():
     inner = next(s.impl.prims[0] for s in exe.steps if s.impl.name in exe.in_place)
     outer = next(n for n in exe.graph.nodes if n.op == Prim.CONCAT.value and n is not inner)
     assert inner.outputs[0] in outer.inputs
+    # The cost models price them so: the inner one free, the outer one a copy.
+    og = build_ograph(fission(load(m).graph).graph)
+    cost = AnalyticalCost(og, device("h100"), "fp32")
+    priced = {og.nodes[i].name: cost(Candidate(1 << i, 1 << i, 0)) for i, n in enumerate(og.nodes)
+              if n.op == Prim.CONCAT.value}
+    assert priced[inner.name] < 1e-8 and priced[outer.name] > 1e-7
 
 
 def test_a_concat_that_is_not_contiguous_pieces_copies():

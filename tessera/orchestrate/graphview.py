@@ -129,7 +129,8 @@ def free_concat(og: "OGraph", i: int) -> bool:
     """Node i is a concatenation the runtime skips, whatever the plan around it, as far as the graph
     tells: `concat_aliasable`, and its inputs come from kernels that write into the plan's buffers,
     directly or through reshapes that are views (no free prologue computes one; no library call or
-    opaque operator writes one)."""
+    opaque operator writes one, and no concatenation that is free itself: nested, the runtime skips
+    only the inner one)."""
     n = og.nodes[i]
     if not concat_aliasable(og.graph, n) or og.free.get(n.name) or og.external[i]:
         return False
@@ -141,6 +142,8 @@ def free_concat(og: "OGraph", i: int) -> bool:
                 return False
             writers.extend(bits(og.preds[p]))
         elif Prim(og.nodes[p].op).category in (Category.LINEAR, Category.OPAQUE):
+            return False
+        elif og.nodes[p].op == Prim.CONCAT.value and free_concat(og, p):
             return False
     return True
 
