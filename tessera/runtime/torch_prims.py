@@ -347,15 +347,7 @@ def run_linear_fused(node: Node, args: Sequence[torch.Tensor], out: TensorType, 
             else torch.baddbmm(c, a3, b3, alpha=alpha)
         y = y.reshape(out.shape)
     elif prim is Prim.CONV:
-        x, w = args
-        a = node.attrs
-        n = _spatial_rank(node, x)
-        pads = [int(v) for v in a["pads"]]
-        padding: Sequence[int] = pads[:n]
-        if pads[:n] != pads[n:]:
-            x = F.pad(x, _torch_pads(pads, n))
-            padding = [0] * n
-        y = _convolve(n, x, w, bias, tuple(a["strides"]), tuple(padding), tuple(a["dilations"]), a["group"])
+        y = _conv(node, args, out, args[0].device, bias)
     else:
         y = _conv_transpose(node, args, out, args[0].device, bias)
     return _conform(node, _activate(y, activation), out)
@@ -394,7 +386,8 @@ def _spatial_rank(node: Node, x: torch.Tensor) -> int:
     return n
 
 
-def _conv(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device) -> torch.Tensor:
+def _conv(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device,
+          bias: torch.Tensor | None = None) -> torch.Tensor:
     x, w = args
     a = node.attrs
     n = _spatial_rank(node, x)
@@ -403,7 +396,7 @@ def _conv(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.de
     if pads[:n] != pads[n:]:  # torch pads symmetrically: pad asymmetric pads explicitly
         x = F.pad(x, _torch_pads(pads, n))
         padding = [0] * n
-    return _convolve(n, x, w, None, tuple(a["strides"]), tuple(padding), tuple(a["dilations"]), a["group"])
+    return _convolve(n, x, w, bias, tuple(a["strides"]), padding, tuple(a["dilations"]), a["group"])
 
 
 def _convolve(n: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, strides: tuple,
