@@ -203,6 +203,7 @@ def main() -> int:
     torch.set_num_threads(1)
     tmp = tempfile.TemporaryDirectory(prefix="tessera_fuzz_")
     os.environ["TESSERA_CACHE"] = tmp.name  # generated kernel files: one throwaway cache per run
+    os.environ["TESSERA_CAPTURE"] = "strict"  # a failed CUDA-graph capture is a crash, not a quiet fallback
     db = args.db or str(Path(tmp.name) / "tuning.db")
     if args.out.is_dir():  # found only after minutes of fuzzing, when the summary is written
         ap.error(f"--out names a file (the JSON summary; failures go beside it), and {args.out} is a directory")

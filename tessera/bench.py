@@ -261,6 +261,7 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
         logger.info("bench %s %s: tessera-%s compiled in %.1f s, %.3f ms", name, precision, strategy, compile_s, ms)
         entries.append(Entry(f"tessera-{strategy}", ms, err, ok, extra={
             "kernels": len(exe.steps), "backends": exe.backends, "compile_s": round(compile_s, 2),
+            "replay": exe.replay,  # a CUDA graph, or launches where the capture failed (the timing says so)
             "cost_model": result.plan.cost_model, "tuning": result.tuning,
             "layouts": result.layouts.summary() if result.layouts else None, "profile": kernel_profile(result),
             # Each GEMM chain's schedule search (space, pruning, generations, rank error) and the

@@ -1,9 +1,12 @@
-"""CUDA-graph capture stays quiet about empty graphs, and only about them, and no garbage
-collection runs inside one (CPU)."""
+"""CUDA-graph capture stays quiet about empty graphs, and only about them, no garbage collection
+runs inside one, and a capture that fails leaves the plan running launch by launch, with a warning
+(or an error under TESSERA_CAPTURE=strict). CPU tests, and GPU tests where one is visible."""
 from __future__ import annotations
 
 import gc
+import logging
 import re
+import threading
 import warnings
 import weakref
 from pathlib import Path
@@ -12,8 +15,9 @@ import pytest
 import torch
 
 import tessera
-from tessera.runtime.executable import _PiecewiseGraph
-from tessera.runtime.graphs import capture_guard
+from tessera.errors import TesseraError
+from tessera.runtime.executable import Executable, _PiecewiseGraph
+from tessera.runtime.graphs import CaptureError, capture_guard, capture_mode_strict
 
 MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
 
@@ -78,3 +82,179 @@ def test_a_dropped_piecewise_executable_is_freed_without_the_collector():
         assert gone() is None
     finally:
         gc.enable()
+
+
+def _g1_inputs(seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*s, generator=g) for s in ((1, 512, 64), (1, 64, 256), (1, 256, 64)))
+
+
+def _chain_ref(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    return (a.double().cpu() @ b.double().cpu()) @ d.double().cpu()
+
+
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.double().cpu() - ref).norm() / ref.norm())
+
+
+def _failing_capture(exe: Executable, calls: list[int]) -> None:
+    def capture(feeds: object) -> None:
+        calls.append(1)
+        raise CaptureError("the CUDA-graph capture of 1 kernel(s) (k0) failed: operation not permitted "
+                           "when stream is capturing")
+    exe._capture = capture  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("entry", ["run", "bind_inputs"])
+def test_a_failed_capture_leaves_the_plan_running_launch_by_launch(monkeypatch, caplog, entry):
+    # What the GPU path does when CUDA fails the capture: the CPU executable is made to take it (its
+    # capture replaced by one that fails), so the fallback's bookkeeping is tested without a GPU.
+    monkeypatch.delenv("TESSERA_CAPTURE", raising=False)
+    exe = tessera.compile(MODELS / "gemm_g1.onnx", tessera.CompileOptions(cost="analytical"))
+    exe.cuda_graph = True
+    calls: list[int] = []
+    _failing_capture(exe, calls)
+    x = _g1_inputs()
+    with caplog.at_level(logging.WARNING, logger="tessera"):
+        if entry == "run":
+            out = exe.run(*x)[exe.output_names[0]]
+        else:
+            feeds = exe.prepare_inputs(*x)
+            bound = exe.bind_inputs(feeds)
+            assert bound == feeds  # no graph, so no buffers of its own to bind
+            out = exe.run_static(bound)[exe.output_names[0]]
+    assert _rel(out, _chain_ref(*x)) < 1e-4
+    assert exe.capture_error is not None and "k0" in exe.capture_error and not exe.cuda_graph
+    assert exe.replay.startswith("launches (capture failed: the CUDA-graph capture of 1 kernel(s) (k0)")
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "launch by launch" in caplog.records[0].getMessage()
+    y = _g1_inputs(1)  # later calls launch: no second capture, no second warning, fresh values
+    assert _rel(exe.run(*y)[exe.output_names[0]], _chain_ref(*y)) < 1e-4
+    assert len(calls) == 1 and len(caplog.records) == 1
+
+
+def test_a_failed_capture_is_an_error_when_strict(monkeypatch):
+    monkeypatch.setenv("TESSERA_CAPTURE", "strict")
+    exe = tessera.compile(MODELS / "gemm_g1.onnx", tessera.CompileOptions(cost="analytical"))
+    exe.cuda_graph = True
+    _failing_capture(exe, [])
+    with pytest.raises(CaptureError, match=r"capture of 1 kernel\(s\) \(k0\) failed"):
+        exe.run(*_g1_inputs())
+    assert exe.capture_error is None
+
+
+def test_the_capture_setting_is_checked(monkeypatch):
+    monkeypatch.setenv("TESSERA_CAPTURE", "Strict ")
+    assert capture_mode_strict()
+    monkeypatch.setenv("TESSERA_CAPTURE", "fallback")
+    assert not capture_mode_strict()
+    monkeypatch.setenv("TESSERA_CAPTURE", "off")
+    with pytest.raises(TesseraError, match="TESSERA_CAPTURE='off': expected 'strict' or 'fallback'"):
+        capture_mode_strict()
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _gpu_g1(monkeypatch: pytest.MonkeyPatch) -> Executable:
+    exe = tessera.compile(MODELS / "gemm_g1.onnx", tessera.CompileOptions(cost="analytical"), device="cuda")
+    assert exe.cuda_graph
+    return exe
+
+
+def _other_thread_work(kind: str) -> None:
+    if kind == "synchronize":
+        torch.cuda.synchronize()
+    else:  # a new allocation (cudaMalloc), a launch on its own stream, and a wait on that stream
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            torch.empty(int(1.9e8), device="cuda").fill_(1.0)
+        s.synchronize()
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["allocate_and_launch", "synchronize"])
+def test_another_threads_work_during_a_capture(monkeypatch, caplog, kind):
+    # A server's other thread works on the GPU while tessera captures (H200, session 49,
+    # scripts/results/bench/session49/capture_modes.py). Its allocations and launches on its own
+    # stream neither fail nor break the capture, because the capture is thread_local: under torch's
+    # default mode ("global") CUDA fails both. A device-wide synchronize fails there in either mode
+    # and breaks the capture: the plan then runs launch by launch with the same results, and the
+    # capturing thread keeps its stream and a working random generator.
+    monkeypatch.delenv("TESSERA_CAPTURE", raising=False)
+    exe = _gpu_g1(monkeypatch)
+    inside, done = threading.Event(), threading.Event()
+    errors: list[str] = []
+
+    def other() -> None:
+        inside.wait(60)
+        try:
+            _other_thread_work(kind)
+        except RuntimeError as e:
+            errors.append(str(e).splitlines()[0])
+        done.set()
+
+    real = Executable.launch_index_checks
+
+    def checks(self: Executable, feeds: object) -> None:  # runs inside the first graph's capture
+        inside.set()
+        assert done.wait(60)
+        real(self, feeds)
+
+    monkeypatch.setattr(Executable, "launch_index_checks", checks)
+    t = threading.Thread(target=other)
+    t.start()
+    x = tuple(v.cuda() for v in _g1_inputs())
+    stream = torch.cuda.current_stream()
+    try:
+        with caplog.at_level(logging.WARNING, logger="tessera"):
+            out = exe.run(*x)[exe.output_names[0]]
+    finally:
+        inside.set()
+        t.join()
+    assert _rel(out, _chain_ref(*x)) < 1e-3
+    assert torch.cuda.current_stream() == stream and torch.randn(8, device="cuda").isfinite().all()
+    if kind == "synchronize":
+        assert errors and "not permitted when stream is capturing" in errors[0], errors
+        assert exe.replay.startswith("launches (capture failed") and len(caplog.records) == 1
+    else:
+        assert errors == [] and exe.replay == "cuda graph" and exe.capture_error is None
+        y = tuple(v.cuda() for v in _g1_inputs(1))  # the captured graph replays fresh inputs
+        assert _rel(exe.run(*y)[exe.output_names[0]], _chain_ref(*y)) < 1e-3
+
+
+@gpu
+def test_a_capture_that_cuda_fails_falls_back_and_the_next_one_captures(monkeypatch, caplog):
+    # The capturing thread itself synchronizes inside the capture, which CUDA forbids: the capture
+    # fails, the plan runs launch by launch with the same results, and CUDA is left usable: a new
+    # executable captures and replays.
+    monkeypatch.delenv("TESSERA_CAPTURE", raising=False)
+    exe = _gpu_g1(monkeypatch)
+    real = Executable.launch_index_checks
+
+    def checks(self: Executable, feeds: object) -> None:
+        torch.cuda.synchronize()
+        real(self, feeds)
+
+    monkeypatch.setattr(Executable, "launch_index_checks", checks)
+    x = tuple(v.cuda() for v in _g1_inputs())
+    stream = torch.cuda.current_stream()
+    with caplog.at_level(logging.WARNING, logger="tessera"):
+        out = exe.run(*x)[exe.output_names[0]]
+    assert exe.capture_error is not None and "capture of" in exe.capture_error, exe.capture_error
+    # What torch leaves behind is put back: the caller's stream, and a random generator that works
+    # (torch leaves it marked as capturing: "Offset increment outside graph capture").
+    assert torch.cuda.current_stream() == stream
+    assert torch.randn(8, device="cuda").isfinite().all()
+    assert exe.replay.startswith("launches (capture failed") and len(caplog.records) == 1
+    assert _rel(out, _chain_ref(*x)) < 1e-3
+    y = tuple(v.cuda() for v in _g1_inputs(1))
+    assert _rel(exe.run(*y)[exe.output_names[0]], _chain_ref(*y)) < 1e-3
+    monkeypatch.setattr(Executable, "launch_index_checks", real)
+    again = _gpu_g1(monkeypatch)
+    assert _rel(again.run(*y)[again.output_names[0]], _chain_ref(*y)) < 1e-3
+    assert again.replay == "cuda graph" and again.capture_error is None
+    monkeypatch.setattr(Executable, "launch_index_checks", checks)
+    monkeypatch.setenv("TESSERA_CAPTURE", "strict")
+    with pytest.raises(CaptureError, match="capture of"):
+        _gpu_g1(monkeypatch).run(*y)

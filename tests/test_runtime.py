@@ -202,10 +202,18 @@ def test_the_index_check_runs_on_the_cpu_and_its_kernel_in_the_interpreter():
     from tessera.codegen.launch import use_interpreter
     from tessera.runtime.index_check import BLOCK, check_in_graph
 
+    # Triton fixes a kernel's mode when its module is first imported: imported here under the
+    # interpreter, the GPU tests that run after this one in the same process would run the check
+    # interpreted, inside their captures (torch: "Cannot copy between CPU and CUDA tensors during
+    # CUDA graph capture"). So the module is imported for the GPU, and the kernel wrapped here.
+    saved = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        from tessera.runtime.index_check_kernel import index_in_range
+    finally:
+        if saved is not None:
+            os.environ["TRITON_INTERPRET"] = saved
     use_interpreter(torch.device("cpu"))
     from triton.runtime.interpreter import InterpretedFunction
-
-    from tessera.runtime.index_check_kernel import index_in_range
 
     ids = torch.tensor([[0, 5, -10, 9]])
     check_in_graph(ids, 10, "x")

@@ -282,6 +282,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         np.savez(args.save_outputs, **outs)
     backends = ", ".join(f"{n} {b}" for b, n in sorted(exe.backends.items()))
     print(f"{args.artifact}: ran {len(exe.steps)} kernels ({backends}) on {args.device}"
+          + (", launch by launch (its CUDA-graph capture failed)" if exe.capture_error else "")
           + ("" if args.inputs else f", random inputs (seed {seed})"))
     if not args.check:
         _print_outputs(outs)

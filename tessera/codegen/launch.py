@@ -27,6 +27,7 @@ from tessera.codegen.kernels import KernelSource, Schedule
 
 
 _SET_BY_US = False
+_INTERPRETER_LOCK = threading.Lock()
 
 
 def use_interpreter(device: torch.device) -> None:
@@ -179,6 +180,12 @@ class TritonKernel:
         workspace gets it between the two; it is allocated once, before any CUDA graph capture,
         since every executable launches once before it captures)."""
         args = self._arguments(tensors, launch=True)
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            # Triton's interpreter keeps the launch's grid in process-wide state: two threads'
+            # kernels (two executables' on the CPU) must not interleave.
+            with _INTERPRETER_LOCK:
+                self._each_launch(lambda fn, grid, meta: fn[grid](*args, **meta))
+            return
         self._each_launch(lambda fn, grid, meta: fn[grid](*args, **meta))
 
     def compile_only(self, *tensors: torch.Tensor) -> None:

@@ -364,7 +364,7 @@ def _time(payload: Payload) -> Result:
         import torch
 
         from tessera.runtime.executable import Executable
-        from tessera.runtime.graphs import capture_guard
+        from tessera.runtime.graphs import capture
 
         mini, plan = payload
         exe = Executable(mini, plan, "cuda", cuda_graph=False)  # Python work: outside the GPU lock
@@ -386,7 +386,9 @@ def _time(payload: Payload) -> Result:
             torch.cuda.synchronize()
             st("load")
             graph = torch.cuda.CUDAGraph()
-            with capture_guard(), torch.cuda.graph(graph):  # a kernel of views captures nothing
+            # A kernel of views captures nothing. A failed capture puts the worker's stream and random
+            # generator back, so the worker's later candidates still time.
+            with capture(graph, what=f"the capture of {LAUNCHES} launches"):
                 for i in range(LAUNCHES):
                     exe.constants.update(consts[i % copies])  # read at launch: the capture keeps each copy's
                     exe._launch(feeds[i % copies])

@@ -21,6 +21,8 @@ first call (`warmup` builds them all).
 """
 from __future__ import annotations
 
+import threading
+
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -156,11 +158,15 @@ class BucketedExecutable:
         self.input_names, self.output_names = list(input_names), list(output_names)
         self.loaders = dict(loaders)
         self.executables: dict[tuple[int, ...], Executable] = {}
+        self._loading = threading.Lock()
 
     def executable(self, key: tuple[int, ...]) -> Executable:
         exe = self.executables.get(key)
         if exe is None:
-            exe = self.executables[key] = self.loaders[key]()
+            with self._loading:  # two threads' first calls of a bucket build it once
+                exe = self.executables.get(key)
+                if exe is None:
+                    exe = self.executables[key] = self.loaders[key]()
         return exe
 
     def warmup(self) -> None:
@@ -189,14 +195,15 @@ class BucketedExecutable:
                 raise ShapeError(f"input '{k}' has shape {list(v.shape)}, the model takes "
                                  f"[{', '.join(str(w) for w in want)}]")
         padded = {k: pad_to(v, padded_shape(self.dims, k, v.shape, key)) for k, v in tensors.items()}
-        outs = exe.run_static(exe.prepare_inputs(**padded))
         real = dict(zip((d.symbol for d in self.dims), sizes))
         result = {}
-        for name in self.output_names:
-            y = outs[name]
-            for axis, sym in self.output_axes.get(name, []):
-                y = y.narrow(axis, 0, real[sym])
-            result[name] = y.clone()  # the plan's buffers are overwritten by the next call
+        with exe.exclusive():  # another thread's call would overwrite the outputs before they are copied
+            outs = exe.run_static(exe.prepare_inputs(**padded))
+            for name in self.output_names:
+                y = outs[name]
+                for axis, sym in self.output_axes.get(name, []):
+                    y = y.narrow(axis, 0, real[sym])
+                result[name] = y.clone()  # the plan's buffers are overwritten by the next call
         return result
 
     def _declared(self, exe: Executable, name: str) -> list[int | str]:

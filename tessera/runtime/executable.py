@@ -12,10 +12,11 @@ CPU the same kernels run through Triton's interpreter.
 """
 from __future__ import annotations
 
+import threading
 import weakref
-from contextlib import nullcontext, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -30,7 +31,8 @@ from tessera.ir.indices import check_feeds, check_range_now, index_bounds
 from tessera.ir.prims import Prim
 from tessera.runtime.buffers import BufferPool, Lifetime, as_layout, device_constant, round_tf32, stored_constant
 from tessera.runtime.concat_alias import concat_aliases
-from tessera.runtime.graphs import capture_guard
+from tessera.log import logger
+from tessera.runtime.graphs import CaptureError, capture, capture_mode_strict
 from tessera.runtime.index_check import check_in_graph
 from tessera.runtime.torch_prims import TORCH_DTYPES, pointwise_conv_as_gemm, run_linear_fused, run_node
 
@@ -46,6 +48,10 @@ class KernelFaultError(TesseraError):
     def __init__(self, message: str, kernel: str) -> None:
         super().__init__(message)
         self.kernel = kernel
+
+
+def _listed(names: Sequence[str], most: int = 3) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 @dataclass
@@ -168,6 +174,12 @@ class Executable:
         self._plan_memory()
         self.cuda_graph = cuda_graph and self.device.type == "cuda"
         self._graph: torch.cuda.CUDAGraph | _PiecewiseGraph | None = None
+        # Why the plan runs launch by launch although it was to be replayed as a CUDA graph: its
+        # capture failed (`_capture_or_launch`); None while it is captured or never was.
+        self.capture_error: str | None = None
+        # Calls share the plan's buffers (and on a GPU its captured graph): one at a time (`exclusive`).
+        self._lock = threading.RLock()
+        self._last_stream: torch.cuda.Stream | None = None
         self._static_in: dict[str, torch.Tensor] = {}
         self._static_out: dict[str, torch.Tensor] = {}
         # When set, each step runs inside `torch.profiler.record_function(<plan kernel name>)`, so a
@@ -340,13 +352,30 @@ class Executable:
         return self._index_bounds
 
     def run(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
-        """Outputs by name (fresh tensors), for inputs given by position or by name."""
-        # Once captured, the copy into the graph's input buffers converts dtype and layout itself:
-        # converting first would launch a second kernel per input on every call (an fp32 image
-        # into an fp16 plan: two launches and a round trip of the image).
-        captured = self.cuda_graph and self._graph is not None
-        feeds = self._device_inputs(args, kwargs, convert=not captured)
-        return {t: v.clone() for t, v in self.run_static(feeds).items()}
+        """Outputs by name (fresh tensors), for inputs given by position or by name. Safe to call
+        from several threads (`exclusive`)."""
+        with self.exclusive():
+            # Once captured, the copy into the graph's input buffers converts dtype and layout itself:
+            # converting first would launch a second kernel per input on every call (an fp32 image
+            # into an fp16 plan: two launches and a round trip of the image).
+            captured = self.cuda_graph and self._graph is not None
+            feeds = self._device_inputs(args, kwargs, convert=not captured)
+            return {t: v.clone() for t, v in self.run_static(feeds).items()}
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Inside, no other thread runs this executable: every call writes the same buffers (the
+        intermediate tensors, a captured graph's inputs and outputs), so a caller that reads them
+        (`run_static`'s outputs) holds this until it has copied what it keeps. On a GPU, a caller on
+        another CUDA stream than the one before it first waits, on the GPU, for that caller's work:
+        its stream's copies out of the buffers may not have run yet when the lock passes."""
+        with self._lock:
+            if self.device.type == "cuda":
+                stream = torch.cuda.current_stream(self.device)
+                if self._last_stream is not None and self._last_stream != stream:
+                    stream.wait_stream(self._last_stream)
+                self._last_stream = stream
+            yield
 
     def bind_inputs(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The executable's own input buffers, holding `feeds` (from `prepare_inputs`): a caller that
@@ -356,8 +385,8 @@ class Executable:
         if not self.cuda_graph:
             return dict(feeds)
         with self.precision_flags():
-            if self._graph is None:
-                self._capture(feeds)
+            if self._graph is None and not self._capture_or_launch(feeds):
+                return dict(feeds)
         for name, x in feeds.items():
             if self._static_in[name] is not x:
                 self._static_in[name].copy_(x)
@@ -366,7 +395,8 @@ class Executable:
     def run_static(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Outputs in the executable's own buffers, overwritten by the next call (for benchmarks).
         Inputs are copied into the captured graph's buffers, unless they are those buffers
-        (`bind_inputs`)."""
+        (`bind_inputs`). Not guarded against other threads: a threaded caller holds `exclusive`
+        until it has read the outputs, as `run` does."""
         if not self.cuda_graph:
             use_interpreter(self.device)  # a GPU executable built or run since this one was made switched it
             with self.precision_flags():
@@ -374,7 +404,8 @@ class Executable:
         if self._graph is None:
             use_interpreter(self.device)
             with self.precision_flags():
-                self._capture(feeds)
+                if not self._capture_or_launch(feeds):
+                    return self._launch(feeds)
         with torch.no_grad():  # a caller's tensor that requires grad must not make ours require it
             for name, x in feeds.items():
                 if self._static_in[name] is not x:
@@ -388,6 +419,33 @@ class Executable:
             # chose): setting and restoring them took tens of µs of host time per call.
             self._graph.replay()
         return self._static_out
+
+    def _capture_or_launch(self, feeds: Mapping[str, torch.Tensor]) -> bool:
+        """Capture the plan as CUDA graphs; True when it is captured. Where the capture fails (work
+        that CUDA forbids while a stream captures, from this thread or from another thread's
+        capture-unaware code), the plan runs launch by launch from now on, slower per call but with
+        the same kernels and results, and says so once; with TESSERA_CAPTURE=strict the failure is
+        an error instead (the fuzzer's and the tests' setting: a fallback would hide a bug)."""
+        try:
+            self._capture(feeds)
+            return True
+        except CaptureError as e:
+            if capture_mode_strict():
+                raise
+            self.cuda_graph, self._graph, self._static_in = False, None, {}
+            self.capture_error = str(e)
+            logger.warning("%s; running its kernels launch by launch (no CUDA graph)", e)
+            return False
+
+    @property
+    def replay(self) -> str:
+        """How a call runs: "cuda graph", "cuda graphs and host steps", "launches" (never captured:
+        the CPU, `cuda_graph=False`, or before the first call) or "launches (capture failed: ...)"."""
+        if self.capture_error is not None:
+            return f"launches (capture failed: {self.capture_error})"
+        if self._graph is None:
+            return "launches"
+        return "cuda graphs and host steps" if isinstance(self._graph, _PiecewiseGraph) else "cuda graph"
 
     def _capture(self, feeds: Mapping[str, torch.Tensor]) -> None:
         self._static_in = {k: v.clone() for k, v in feeds.items()}
@@ -416,7 +474,9 @@ class Executable:
                 pieces.append(_HostPiece(steps, reads, statics))
                 continue
             g = torch.cuda.CUDAGraph()
-            with capture_guard(), torch.cuda.graph(g, pool=pool):
+            names = [self.steps[i].impl.name for i in steps]
+            # The warm-up ran every step: what fails here is the capture itself.
+            with capture(g, pool, f"the CUDA-graph capture of {len(names)} kernel(s) ({_listed(names)})"):
                 if pool is None:  # the first graph checks the index inputs, before any gather
                     self.launch_index_checks(self._static_in)
                 self._run_steps(steps, env)

@@ -11,16 +11,40 @@
   due to a previous error during capture" (the GPU fuzzer, session 48). torch's `graph` context
   collects before a capture only where `force_cudagraph_gc` is set; tessera holds the collector off
   for the capture's length instead, which costs nothing, and restores it after.
+
+A capture that fails anyway raises `CaptureError` (`capture`), after putting back what torch's failed
+capture leaves behind; the executable turns it into a warning and a plan run launch by launch
+(`Executable._capture_or_launch`) unless TESSERA_CAPTURE=strict.
 """
 from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import threading
 import warnings
 from typing import Iterator
 
+import torch
+
+from tessera.errors import TesseraError
+
 EMPTY_GRAPH_WARNING = r"The CUDA Graph is empty"
+CAPTURE_ENV = "TESSERA_CAPTURE"  # "strict": a failed capture is an error, not a fallback to launches
+
+
+class CaptureError(TesseraError):
+    """A plan's CUDA-graph capture failed (after its warm-up had run every kernel); names the kernels
+    that were being captured and CUDA's reason."""
+
+
+def capture_mode_strict() -> bool:
+    """Whether a failed capture raises `CaptureError` (TESSERA_CAPTURE=strict) rather than leaving
+    the executable to run launch by launch."""
+    mode = os.environ.get(CAPTURE_ENV, "").strip().lower()
+    if mode not in ("", "strict", "fallback"):
+        raise TesseraError(f"{CAPTURE_ENV}={mode!r}: expected 'strict' or 'fallback' (the default)")
+    return mode == "strict"
 
 # Captures in several threads overlap: the collector comes back when the last of them ends.
 _lock = threading.Lock()
@@ -47,3 +71,32 @@ def capture_guard() -> Iterator[None]:
             _open -= 1
             if _open == 0 and _was_enabled:
                 gc.enable()
+
+
+@contextlib.contextmanager
+def capture(graph: torch.cuda.CUDAGraph, pool: object = None, what: str = "the CUDA-graph capture") -> Iterator[None]:
+    """Capture the work of the body into `graph` (inside `capture_guard`); if CUDA or torch fails
+    it, raise `CaptureError` naming `what` and the reason, with the process left as before."""
+    stream = torch.cuda.current_stream()
+    try:
+        # thread_local: another thread's allocations (cudaMalloc) and launches on its own streams
+        # (a server's other requests) neither fail nor break this capture. Under torch's default
+        # ("global") CUDA fails them there, "operation not permitted when stream is capturing", in
+        # code that never asked for a capture, and this capture with them. A device-wide synchronize
+        # fails in that thread and breaks the capture in either mode (H200, session 49).
+        with capture_guard(), torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+            yield
+    except RuntimeError as e:
+        _after_a_failed_capture(stream)
+        lines = str(e).strip().splitlines()
+        raise CaptureError(f"{what} failed: {lines[0] if lines else type(e).__name__}") from e
+
+
+def _after_a_failed_capture(stream: torch.cuda.Stream) -> None:
+    """Undo what torch (2.11) leaves behind when ending a capture fails: its capture stream stays the
+    thread's current stream, and the CUDA random generator stays marked as capturing, so that the
+    next `torch.randn` on the GPU raises "Offset increment outside graph capture encountered
+    unexpectedly". A capture that succeeds (an empty one) clears the mark."""
+    torch.cuda.set_stream(stream)
+    with capture_guard(), torch.cuda.graph(torch.cuda.CUDAGraph()):
+        pass
