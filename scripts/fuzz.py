@@ -168,7 +168,8 @@ def save_failure(out: Path, k: int, spec: GraphSpec, outcome: fuzzcheck.Outcome 
     return row
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked; `precisions` becomes a list and `random_schedules` a bool."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=None, help="stop after this much wall time")
     ap.add_argument("--graphs", type=int, default=None, help="stop after this many graphs")
@@ -187,167 +188,191 @@ def main() -> int:
     ap.add_argument("--no-shrink", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("fuzz.json"))
     ap.add_argument("--progress", type=float, default=30.0, help="seconds between progress lines")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.minutes is None and args.graphs is None:
         args.graphs = 200
-    precisions = [p for p in args.precisions.split(",") if p]
-    if any(p not in PRECISIONS for p in precisions):
+    args.precisions = [p for p in args.precisions.split(",") if p]
+    if any(p not in PRECISIONS for p in args.precisions):
         ap.error(f"--precisions takes {', '.join(PRECISIONS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no GPU visible")
     if args.tuning == "measured" and args.device != "cuda":
         ap.error("--tuning measured times kernels on the GPU: use it with --device cuda")
-    random_schedules = args.random_schedules == "on" or (args.random_schedules == "auto" and args.tuning != "measured")
+    if args.out.is_dir():  # found only after minutes of fuzzing, when the summary is written
+        ap.error(f"--out names a file (the JSON summary; failures go beside it), and {args.out} is a directory")
+    args.random_schedules = args.random_schedules == "on" or (args.random_schedules == "auto"
+                                                              and args.tuning != "measured")
+    return args
 
+
+class Run:
+    """One fuzzing run: its budget, counts, distinct failures, and the graph being shrunk."""
+
+    def __init__(self, args: argparse.Namespace, db: str) -> None:
+        self.args, self.db = args, db
+        self.commit = git_commit()  # at the start: the code that ran
+        self.stats = Stats()
+        self.failures: list[dict[str, Any]] = []
+        self.seen: dict[str, dict[str, Any]] = {}
+        self.chunks: list[int] = []
+        self.start = self.last_print = time.perf_counter()
+        self.cpu_start = time.process_time()
+        self.interrupted = False
+        # While Hypothesis shrinks a failure, the graphs it tries are not counted; `last` is the
+        # latest failing (spec, outcome or None, error text).
+        self.shrinking = False
+        self.last: tuple[GraphSpec, fuzzcheck.Outcome | None, str] | None = None
+
+    def budget_left(self) -> bool:
+        a = self.args
+        if a.graphs is not None and self.stats.graphs >= a.graphs:
+            return False
+        return a.minutes is None or time.perf_counter() - self.start < a.minutes * 60
+
+    def progress(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if force or now - self.last_print >= self.args.progress:
+            self.last_print = now
+            mins = (now - self.start) / 60
+            s = self.stats.status
+            print(f"[{mins:6.1f} min] {self.stats.graphs} graphs: {s['pass']} pass, {s['skip']} skip, "
+                  f"{s['mismatch']} mismatch, {s['crash']} crash; {self.stats.graphs / max(mins, 1e-9):.0f} graphs/min; "
+                  f"{len(self.seen)} distinct failure(s)", flush=True)
+
+    def check(self, spec: GraphSpec) -> None:
+        """Hypothesis's test: check one graph; raise a failure's own class so that it shrinks."""
+        if not self.shrinking and not self.budget_left():
+            return
+        a = self.args
+        t_call = time.perf_counter()
+        try:
+            o = fuzzcheck.check(spec, a.device, a.tuning, self.db if a.tuning == "measured" else None,
+                                a.random_schedules)
+        except Exception as e:  # noqa: BLE001 - the generator's or the oracle's own bug, not tessera's
+            kind = "generator-error" if isinstance(e, fuzzcheck.GeneratorError) else "harness-error"
+            if not self.shrinking:
+                self.stats.status[kind] += 1
+                self.stats.graphs += 1
+            self.shrinking = True
+            self.last = (spec, None, f"{kind}: {type(e).__name__}: {e}")
+            raise failure(kind)(str(e)) from None
+        if self.shrinking:
+            self.stats.shrink_s += time.perf_counter() - t_call
+            self.stats.shrink_steps += 1
+        else:
+            self.stats.add(spec, o)
+            self.progress()
+        if o.failed:
+            self.shrinking = True
+            self.last = (spec, o, "")
+            raise failure(f"{o.status}: {o.reason}")(o.detail)
+
+    def chunk(self, chunk_seed: int) -> bool:
+        """One Hypothesis run of `--chunk` graphs from `chunk_seed`; True when the run should stop."""
+        a = self.args
+        self.chunks.append(chunk_seed)
+        self.shrinking, self.last = False, None
+        phases = [Phase.generate] + ([] if a.no_shrink else [Phase.shrink])
+
+        @settings(max_examples=a.chunk, database=None, deadline=None, derandomize=False, phases=phases,
+                  suppress_health_check=list(HealthCheck), report_multiple_bugs=False, verbosity=Verbosity.quiet,
+                  print_blob=False)
+        @seed(chunk_seed)
+        @given(graph_specs(precisions=a.precisions, max_steps=a.max_steps, big=a.big))
+        def run_one(spec: GraphSpec) -> None:
+            self.check(spec)
+
+        try:
+            run_one()
+        except (Failed, Flaky) as e:
+            # Flaky: the graph failed once and passed when Hypothesis ran it again (a GPU capture that
+            # a garbage collection broke, session 48). It is recorded as found, unshrunk, and the run goes on.
+            self.record(flaky=isinstance(e, Flaky))
+            return a.stop_on_fail
+        return False
+
+    def record(self, flaky: bool = False, interrupted: bool = False) -> None:
+        """The last failing graph as a distinct failure (files beside the summary), or one more hit of
+        a failure already seen with the same signature and ops."""
+        assert self.last is not None
+        spec, o, err = self.last
+        sig = f"{o.status}: {o.reason}" if o else err.split(":")[0]
+        sig = f"flaky {sig}" if flaky else sig
+        key = f"{sig} [{spec.precision}: {' '.join(sorted({n.op for n in spec.nodes}))}]"
+        if key in self.seen and not interrupted:
+            self.seen[key]["hits"] += 1
+            return
+        row = save_failure(self.args.out, len(self.failures) + 1, spec, o, err)
+        row["signature"] = f"{sig} (interrupted while shrinking)" if interrupted else sig
+        row["hits"], row["chunk_seed"] = 1, self.chunks[-1]
+        self.failures.append(row)
+        self.seen.setdefault(key, row)
+        if not interrupted:
+            print(f"FAILURE {len(self.failures)}: {sig}\n  {row['detail']}\n  shrunk to {row['nodes']} node(s) "
+                  f"{row['ops']}: {row['onnx']}", flush=True)
+
+    def summary(self) -> dict[str, Any]:
+        a, stats = self.args, self.stats
+        wall = time.perf_counter() - self.start
+        cpu = time.process_time() - self.cpu_start
+        return {
+            "date": time.strftime("%Y-%m-%d"), "commit": self.commit, "device": device_name(a.device),
+            "device_kind": a.device, "tuning": a.tuning, "random_schedules": a.random_schedules,
+            "versions": versions(),
+            "options": {"seed": a.seed, "precisions": a.precisions, "chunk": a.chunk, "max_steps": a.max_steps,
+                        "big": a.big, "minutes": a.minutes, "graphs": a.graphs, "shrink": not a.no_shrink},
+            "seeds": self.chunks,
+            "wall_s": round(wall, 1), "graphs": stats.graphs,
+            "graphs_per_minute": round(stats.graphs / (wall / 60), 1) if wall else None,
+            "check_s_per_graph": round(stats.check_s / max(stats.graphs, 1), 4),
+            "shrink_s": round(stats.shrink_s, 1), "shrink_steps": stats.shrink_steps,
+            "graphs_per_minute_excluding_shrinking": round(stats.graphs / max((wall - stats.shrink_s) / 60, 1e-9), 1),
+            # The CPU machines' cores are shared: CPU time says what one core of our own would do.
+            "cpu_s": round(cpu, 1), "graphs_per_cpu_minute": round(stats.graphs / max(cpu / 60, 1e-9), 1),
+            "outcomes": dict(stats.status), "mismatches": stats.status["mismatch"], "crashes": stats.status["crash"],
+            "generator_errors": stats.status["generator-error"], "harness_errors": stats.status["harness-error"],
+            "skips": {"total": stats.status["skip"], "by_reason": dict(stats.skips), "examples": stats.skip_examples},
+            "per_precision": {k: dict(v) for k, v in sorted(stats.by_precision.items())},
+            "per_family_graphs": dict(sorted(stats.families.items())),
+            "per_family_nodes": dict(sorted(stats.family_nodes.items())),
+            "per_op_nodes": dict(sorted(stats.ops.items())),
+            "layouts": dict(stats.layouts), "opsets": dict(stats.opsets), "strategies": dict(stats.strategies),
+            "nodes_per_graph": dict(sorted(stats.nodes_hist.items(), key=lambda kv: int(kv[0]))),
+            "graphs_with_random_schedules": stats.random_schedules, "max_tensor_numel": stats.max_numel,
+            "kernel_forms": {"kernels": dict(sorted(stats.forms.items())),
+                             "graphs_with": dict(sorted(stats.form_graphs.items()))},
+            "triton_warnings": dict(stats.warnings),
+            "opaque_fallback": {"nodes": dict(sorted(stats.opaque.items())), "reasons": stats.opaque_reasons},
+            "failures": self.failures, "interrupted": self.interrupted,
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     warnings.filterwarnings("ignore", category=RuntimeWarning)  # NaN/inf in the interpreter's NumPy
     torch.set_num_threads(1)
     tmp = tempfile.TemporaryDirectory(prefix="tessera_fuzz_")
     os.environ["TESSERA_CACHE"] = tmp.name  # generated kernel files: one throwaway cache per run
     os.environ["TESSERA_CAPTURE"] = "strict"  # a failed CUDA-graph capture is a crash, not a quiet fallback
-    db = args.db or str(Path(tmp.name) / "tuning.db")
-    if args.out.is_dir():  # found only after minutes of fuzzing, when the summary is written
-        ap.error(f"--out names a file (the JSON summary; failures go beside it), and {args.out} is a directory")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-
-    commit = git_commit()  # at the start: the code that ran
-    stats = Stats()
-    failures: list[dict[str, Any]] = []
-    seen: dict[str, dict[str, Any]] = {}
-    chunks: list[int] = []
-    start = time.perf_counter()
-    cpu_start = time.process_time()
-    last_print = start
-
-    def budget_left() -> bool:
-        if args.graphs is not None and stats.graphs >= args.graphs:
-            return False
-        return args.minutes is None or time.perf_counter() - start < args.minutes * 60
-
-    def progress(force: bool = False) -> None:
-        nonlocal last_print
-        now = time.perf_counter()
-        if force or now - last_print >= args.progress:
-            last_print = now
-            mins = (now - start) / 60
-            s = stats.status
-            print(f"[{mins:6.1f} min] {stats.graphs} graphs: {s['pass']} pass, {s['skip']} skip, "
-                  f"{s['mismatch']} mismatch, {s['crash']} crash; {stats.graphs / max(mins, 1e-9):.0f} graphs/min; "
-                  f"{len(seen)} distinct failure(s)", flush=True)
-
-    phases = [Phase.generate] + ([] if args.no_shrink else [Phase.shrink])
-    chunk_index = 0
-    stop = False
-    interrupted = False
-    state: dict[str, Any] = {"shrinking": False, "last": None}
+    run = Run(args, args.db or str(Path(tmp.name) / "tuning.db"))
     signal.signal(signal.SIGTERM, _terminate)  # `timeout`, a job scheduler: stop as on Ctrl-C
     try:
-        while budget_left() and not stop:
-            chunk_seed = args.seed + chunk_index
-            chunk_index += 1
-            chunks.append(chunk_seed)
-            state = {"shrinking": False, "last": None}
-
-            @settings(max_examples=args.chunk, database=None, deadline=None, derandomize=False, phases=phases,
-                      suppress_health_check=list(HealthCheck), report_multiple_bugs=False, verbosity=Verbosity.quiet,
-                      print_blob=False)
-            @seed(chunk_seed)
-            @given(graph_specs(precisions=precisions, max_steps=args.max_steps, big=args.big))
-            def run_one(spec: GraphSpec) -> None:
-                if not state["shrinking"] and not budget_left():
-                    return
-                t_call = time.perf_counter()
-                try:
-                    o = fuzzcheck.check(spec, args.device, args.tuning, db if args.tuning == "measured" else None,
-                                        random_schedules)
-                except Exception as e:  # noqa: BLE001 - the generator's or the oracle's own bug, not tessera's
-                    kind = "generator-error" if isinstance(e, fuzzcheck.GeneratorError) else "harness-error"
-                    if not state["shrinking"]:
-                        stats.status[kind] += 1
-                        stats.graphs += 1
-                    state["shrinking"] = True
-                    state["last"] = (spec, None, f"{kind}: {type(e).__name__}: {e}")
-                    raise failure(kind)(str(e)) from None
-                if state["shrinking"]:
-                    stats.shrink_s += time.perf_counter() - t_call
-                    stats.shrink_steps += 1
-                else:
-                    stats.add(spec, o)
-                    progress()
-                if o.failed:
-                    state["shrinking"] = True
-                    state["last"] = (spec, o, "")
-                    raise failure(f"{o.status}: {o.reason}")(o.detail)
-
-            try:
-                run_one()
-            except (Failed, Flaky) as e:
-                # Flaky: the graph failed once and passed when Hypothesis ran it again (a GPU capture that
-                # a garbage collection broke, session 48). It is recorded as found, unshrunk, and the run goes on.
-                spec, o, err = state["last"]
-                sig = f"{o.status}: {o.reason}" if o else err.split(":")[0]
-                sig = f"flaky {sig}" if isinstance(e, Flaky) else sig
-                key = f"{sig} [{spec.precision}: {' '.join(sorted({n.op for n in spec.nodes}))}]"
-                if key in seen:
-                    seen[key]["hits"] += 1
-                else:
-                    row = save_failure(args.out, len(failures) + 1, spec, o, err)
-                    row["signature"] = sig
-                    row["hits"] = 1
-                    row["chunk_seed"] = chunk_seed
-                    failures.append(row)
-                    seen[key] = row
-                    print(f"FAILURE {len(failures)}: {sig}\n  {row['detail']}\n  shrunk to {row['nodes']} node(s) "
-                          f"{row['ops']}: {row['onnx']}", flush=True)
-                if args.stop_on_fail:
-                    stop = True
+        index = 0
+        while run.budget_left() and not run.chunk(args.seed + index):
+            index += 1
     except KeyboardInterrupt:
         # The summary is written, with a failure being shrunk saved as it stands: nothing is lost.
-        interrupted = True
+        run.interrupted = True
         print("interrupted: writing the summary of what ran", flush=True)
-        if state["shrinking"] and state["last"] is not None:
-            spec, o, err = state["last"]
-            row = save_failure(args.out, len(failures) + 1, spec, o, err)
-            sig = f"{o.status}: {o.reason}" if o else err.split(":")[0]
-            row["signature"] = f"{sig} (interrupted while shrinking)"
-            row["hits"], row["chunk_seed"] = 1, chunks[-1]
-            failures.append(row)
-    wall = time.perf_counter() - start
-    cpu = time.process_time() - cpu_start
-    progress(force=True)
-    doc = {
-        "date": time.strftime("%Y-%m-%d"), "commit": commit, "device": device_name(args.device),
-        "device_kind": args.device, "tuning": args.tuning, "random_schedules": random_schedules,
-        "versions": versions(),
-        "options": {"seed": args.seed, "precisions": precisions, "chunk": args.chunk, "max_steps": args.max_steps,
-                    "big": args.big, "minutes": args.minutes, "graphs": args.graphs, "shrink": not args.no_shrink},
-        "seeds": chunks,
-        "wall_s": round(wall, 1), "graphs": stats.graphs,
-        "graphs_per_minute": round(stats.graphs / (wall / 60), 1) if wall else None,
-        "check_s_per_graph": round(stats.check_s / max(stats.graphs, 1), 4),
-        "shrink_s": round(stats.shrink_s, 1), "shrink_steps": stats.shrink_steps,
-        "graphs_per_minute_excluding_shrinking": round(stats.graphs / max((wall - stats.shrink_s) / 60, 1e-9), 1),
-        # The CPU machines' cores are shared: CPU time says what one core of our own would do.
-        "cpu_s": round(cpu, 1), "graphs_per_cpu_minute": round(stats.graphs / max(cpu / 60, 1e-9), 1),
-        "outcomes": dict(stats.status), "mismatches": stats.status["mismatch"], "crashes": stats.status["crash"],
-        "generator_errors": stats.status["generator-error"], "harness_errors": stats.status["harness-error"],
-        "skips": {"total": stats.status["skip"], "by_reason": dict(stats.skips), "examples": stats.skip_examples},
-        "per_precision": {k: dict(v) for k, v in sorted(stats.by_precision.items())},
-        "per_family_graphs": dict(sorted(stats.families.items())),
-        "per_family_nodes": dict(sorted(stats.family_nodes.items())),
-        "per_op_nodes": dict(sorted(stats.ops.items())),
-        "layouts": dict(stats.layouts), "opsets": dict(stats.opsets), "strategies": dict(stats.strategies),
-        "nodes_per_graph": dict(sorted(stats.nodes_hist.items(), key=lambda kv: int(kv[0]))),
-        "graphs_with_random_schedules": stats.random_schedules, "max_tensor_numel": stats.max_numel,
-        "kernel_forms": {"kernels": dict(sorted(stats.forms.items())),
-                         "graphs_with": dict(sorted(stats.form_graphs.items()))},
-        "triton_warnings": dict(stats.warnings),
-        "opaque_fallback": {"nodes": dict(sorted(stats.opaque.items())), "reasons": stats.opaque_reasons},
-        "failures": failures, "interrupted": interrupted,
-    }
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.out}: {stats.graphs} graphs in {wall / 60:.1f} min, {len(failures)} distinct failure(s)")
+        if run.shrinking and run.last is not None:
+            run.record(interrupted=True)
+    run.progress(force=True)
+    args.out.write_text(json.dumps(run.summary(), indent=1) + "\n")
+    print(f"wrote {args.out}: {run.stats.graphs} graphs in {(time.perf_counter() - run.start) / 60:.1f} min, "
+          f"{len(run.failures)} distinct failure(s)")
     tmp.cleanup()
-    return 1 if failures else 0
+    return 1 if run.failures else 0
 
 
 if __name__ == "__main__":

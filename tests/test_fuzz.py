@@ -585,6 +585,34 @@ def test_the_driver_records_a_failure_that_does_not_come_back_and_goes_on(tmp_pa
     assert "FAILURE 1: flaky crash" in proc.stdout
 
 
+_FAIL_ALWAYS = """
+import sys
+sys.path[:0] = [{root!r}, {tests!r}]
+import fuzzcheck
+def fail_always(spec, *args, **kwargs):  # every graph crashes the same way
+    return fuzzcheck._crash("run", RuntimeError("a failure that always comes back"))
+fuzzcheck.check = fail_always
+"""
+
+
+def test_the_driver_shrinks_a_failure_saves_it_once_and_counts_its_hits(tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(_FAIL_ALWAYS.format(root=str(ROOT), tests=str(ROOT / "tests")))
+    out = tmp_path / "fuzz.json"
+    path = (str(tmp_path / "site"), str(ROOT), os.environ.get("PYTHONPATH"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "fuzz.py"), "--graphs", "2", "--seed", "3",
+                           "--chunk", "1", "--precisions", "fp32", "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["graphs"] == 2 and doc["seeds"] == [3, 4] and doc["crashes"] == 2
+    (row,) = doc["failures"]  # both chunks shrink to the same smallest graph: one failure, two hits
+    assert row["signature"] == "crash: run: RuntimeError at " and row["hits"] == 2 and row["nodes"] == 1
+    assert (tmp_path / row["onnx"]).is_file() and (tmp_path / row["spec_json"]).is_file()
+    assert proc.stdout.count("FAILURE 1: crash") == 1
+
+
 def test_a_terminated_run_writes_its_summary(tmp_path):
     # `timeout` (scripts/gpu_correctness.sh) stops a run with SIGTERM; session 48 lost a measured instance's
     # summary that way. The driver now writes what ran.
