@@ -173,6 +173,13 @@ def _other_thread_work(kind: str) -> None:
 
 
 @gpu
+def test_a_gpu_executable_reads_the_capture_setting_when_made(monkeypatch):
+    monkeypatch.setenv("TESSERA_CAPTURE", "off")
+    with pytest.raises(TesseraError, match="TESSERA_CAPTURE='off'"):
+        _gpu_g1(monkeypatch)
+
+
+@gpu
 @pytest.mark.parametrize("kind", ["allocate_and_launch", "synchronize"])
 def test_another_threads_work_during_a_capture(monkeypatch, caplog, kind):
     # A server's other thread works on the GPU while tessera captures (H200, session 49,

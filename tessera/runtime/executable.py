@@ -173,6 +173,8 @@ class Executable:
         self.allow_tf32 = plan.get("precision") == "tf32"
         self._plan_memory()
         self.cuda_graph = cuda_graph and self.device.type == "cuda"
+        if self.cuda_graph:
+            capture_mode_strict()  # a TESSERA_CAPTURE it cannot read is an error now, not at a failed capture
         self._graph: torch.cuda.CUDAGraph | _PiecewiseGraph | None = None
         # Why the plan runs launch by launch although it was to be replayed as a CUDA graph: its
         # capture failed (`_capture_or_launch`); None while it is captured or never was.
