@@ -265,3 +265,45 @@ def test_a_capture_that_cuda_fails_falls_back_and_the_next_one_captures(monkeypa
     monkeypatch.setenv("TESSERA_CAPTURE", "strict")
     with pytest.raises(CaptureError, match="capture of"):
         _gpu_g1(monkeypatch).run(*y)
+
+
+def _host_step_model() -> bytes:
+    """Relu, then Sin (opaque: onnxruntime on the host), then Exp and an Add: a plan captured as two
+    CUDA graphs with a host step between them."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Sin", ["a"], ["b"]),
+             helper.make_node("Exp", ["b"], ["c"]), helper.make_node("Add", ["c", "x"], ["y"])]
+    g = helper.make_graph(nodes, "host_step", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+@gpu
+def test_a_piecewise_capture_whose_second_graph_fails_falls_back(monkeypatch, caplog):
+    # The first graph captures, the host step runs, the second graph's capture fails: the whole plan
+    # runs launch by launch, host step included, and matches a float64 reference.
+    monkeypatch.delenv("TESSERA_CAPTURE", raising=False)
+    exe = tessera.compile(_host_step_model(), tessera.CompileOptions(cost="analytical"), device="cuda")
+    segments = exe._segments()
+    assert [host for host, _ in segments] == [False, True, False], segments
+    last = segments[-1][1]
+    real = Executable._run_steps
+
+    def run_steps(self: Executable, steps: object, *args: object, **kwargs: object) -> object:
+        if torch.cuda.is_current_stream_capturing() and list(steps) == last:  # type: ignore[call-overload]
+            torch.cuda.synchronize()
+        return real(self, steps, *args, **kwargs)
+
+    monkeypatch.setattr(Executable, "_run_steps", run_steps)
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(3))
+    xd = x.double()
+    ref = torch.exp(torch.sin(torch.relu(xd))) + xd
+    with caplog.at_level(logging.WARNING, logger="tessera"):
+        out = exe.run(x.cuda())[exe.output_names[0]]
+    assert exe.replay.startswith("launches (capture failed: the CUDA-graph capture of 1 kernel(s)"), exe.replay
+    assert _rel(out, ref) < 1e-5 and len(caplog.records) == 1
+    assert torch.randn(8, device="cuda").isfinite().all()
+    y = torch.randn(4, 64, generator=torch.Generator().manual_seed(4))
+    yd = y.double()
+    assert _rel(exe.run(y.cuda())[exe.output_names[0]], torch.exp(torch.sin(torch.relu(yd))) + yd) < 1e-5

@@ -1,0 +1,16 @@
+#!/bin/bash
+# Session 50's device calls, planned in session 49: `bash scripts/results/bench/session50/next.sh N` from the
+# repository root on one nvidia-h200, carrying .whl (the highspy wheel; TESSERA_SOLVER=highs) and carry/e
+# (gemm_g1, gpt2_tiny, bert_tiny from ../shared/models).
+# 1: the GPU tests written after session 49's last device call: a TESSERA_CAPTURE it cannot read fails a GPU
+#    executable when it is made (9acb733), and a piecewise plan whose second graph fails its capture falls back
+#    whole; with the rest of tests/test_graphs.py and tests/test_threads.py (all passed in session 49's call 9).
+source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
+unset TESSERA_LOG; export TESSERA_SOLVER=highs
+case $1 in
+    1)
+        mkdir -p ../shared/models && cp carry/e/*.onnx ../shared/models/ 2>/dev/null
+        python3 -m pytest -q -p no:cacheprovider -rA tests/test_graphs.py tests/test_threads.py > "$OUT/tests.txt" 2>&1
+        grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|^E  " "$OUT/tests.txt" | cut -c1-200 | head -40; tail -n 1 "$OUT/tests.txt" ;;
+    *) echo "next.sh: call 1"; exit 2 ;;
+esac
