@@ -566,20 +566,24 @@ fuzzcheck.check = fail_once
 """
 
 
-def test_the_driver_records_a_failure_that_does_not_come_back_and_goes_on(tmp_path):
-    # The GPU fuzzer (session 48): a capture failed once and passed when Hypothesis ran the graph again;
-    # Hypothesis's FlakyFailure ended the instance. It is now a failure of its own, and the run goes on.
+def _driver_with(tmp_path: Path, site: str, *argv: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run the fuzz driver with `site` (a sitecustomize template that replaces `fuzzcheck.check`) imported
+    first; its output and its summary."""
     (tmp_path / "site").mkdir()
-    site = tmp_path / "site" / "sitecustomize.py"
-    site.write_text(_FAIL_ONCE.format(root=str(ROOT), tests=str(ROOT / "tests")))
+    (tmp_path / "site" / "sitecustomize.py").write_text(site.format(root=str(ROOT), tests=str(ROOT / "tests")))
     out = tmp_path / "fuzz.json"
     path = (str(tmp_path / "site"), str(ROOT), os.environ.get("PYTHONPATH"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "fuzz.py"), "--graphs", "4", "--seed", "3",
-                           "--chunk", "2", "--precisions", "fp32", "--out", str(out)],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "fuzz.py"), *argv, "--precisions", "fp32",
+                           "--out", str(out)], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 1, proc.stderr[-2000:]
-    doc = json.loads(out.read_text())
+    return proc, json.loads(out.read_text())
+
+
+def test_the_driver_records_a_failure_that_does_not_come_back_and_goes_on(tmp_path):
+    # The GPU fuzzer (session 48): a capture failed once and passed when Hypothesis ran the graph again;
+    # Hypothesis's FlakyFailure ended the instance. It is now a failure of its own, and the run goes on.
+    proc, doc = _driver_with(tmp_path, _FAIL_ONCE, "--graphs", "4", "--seed", "3", "--chunk", "2")
     assert doc["graphs"] >= 4
     assert [f["signature"] for f in doc["failures"]] == ["flaky crash: run: RuntimeError at "]
     assert "FAILURE 1: flaky crash" in proc.stdout
@@ -596,16 +600,7 @@ fuzzcheck.check = fail_always
 
 
 def test_the_driver_shrinks_a_failure_saves_it_once_and_counts_its_hits(tmp_path):
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "sitecustomize.py").write_text(_FAIL_ALWAYS.format(root=str(ROOT), tests=str(ROOT / "tests")))
-    out = tmp_path / "fuzz.json"
-    path = (str(tmp_path / "site"), str(ROOT), os.environ.get("PYTHONPATH"))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "fuzz.py"), "--graphs", "2", "--seed", "3",
-                           "--chunk", "1", "--precisions", "fp32", "--out", str(out)],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    doc = json.loads(out.read_text())
+    proc, doc = _driver_with(tmp_path, _FAIL_ALWAYS, "--graphs", "2", "--seed", "3", "--chunk", "1")
     assert doc["graphs"] == 2 and doc["seeds"] == [3, 4] and doc["crashes"] == 2
     (row,) = doc["failures"]  # both chunks shrink to the same smallest graph: one failure, two hits
     assert row["signature"] == "crash: run: RuntimeError at " and row["hits"] == 2 and row["nodes"] == 1
