@@ -617,7 +617,13 @@ class Executable:
             return whole.contiguous()
         b = bias.reshape(-1)
         if impl.cut is not None:
-            n = self.graph.types[impl.linear.outputs[0]].shape[bias_axis(impl.linear)]
+            axis = bias_axis(impl.linear)
+            if b.numel() == 1:
+                # One value for every channel (a Gemm's scalar C): one per real channel before the zero
+                # padding, which would otherwise leave it on the first channel alone.
+                add = next(n for n in impl.fused if n.op == Prim.ADD.value)
+                b = b.expand(self.graph.types[add.outputs[0]].shape[axis])
+            n = self.graph.types[impl.linear.outputs[0]].shape[axis]
             b = torch.nn.functional.pad(b, (0, n - b.numel()))
         return b.contiguous()
 
