@@ -422,6 +422,11 @@ def format_table(doc: dict[str, Any]) -> str:
         ratio = f"{e['vs_best_peer']:.2f}x" if e["vs_best_peer"] else "-"
         lines.append(f"{e['name']:<26}{e['ms']:>10.3f}{ratio:>14}{e['rel_l2']:>11.1e}  "
                      f"{'PASS' if e['passed'] else 'FAIL'}")
+    for e in doc["entries"]:  # a tessera row timed without its CUDA graph is not the usual tessera row
+        replay = (e.get("extra") or {}).get("replay", "")
+        if replay.startswith("launches (capture failed: "):
+            why = replay.removeprefix("launches (capture failed: ").removesuffix(")")
+            lines.append(f"{e['name']}: ran launch by launch; its CUDA-graph capture failed: {why}")
     if doc.get("note"):
         lines.append(doc["note"])
     return "\n".join(lines)

@@ -132,6 +132,21 @@ def test_a_cpu_bench_says_it_is_no_benchmark():
     assert format_table(doc).splitlines()[-1] == CPU_NOTE and "not a benchmark" in CPU_NOTE
 
 
+def test_the_table_says_which_tessera_row_ran_without_its_cuda_graph():
+    from tessera.bench import format_table
+
+    why = "the CUDA-graph capture of 2 kernel(s) (k0, k1) failed: operation not permitted"
+    doc = {"model": "m", "precision": "fp16", "device": "H200", "date": "2026-11-29", "entries": [
+        {"name": "tessera-optimal", "ms": 1.0, "vs_best_peer": 1.1, "rel_l2": 0.0, "passed": True,
+         "extra": {"replay": f"launches (capture failed: {why})"}},
+        {"name": "tessera-greedy", "ms": 1.2, "vs_best_peer": 1.3, "rel_l2": 0.0, "passed": True,
+         "extra": {"replay": "cuda graph"}},
+        {"name": "eager", "ms": 0.9, "vs_best_peer": 1.0, "rel_l2": 0.0, "passed": True, "extra": {}}]}
+    lines = format_table(doc).splitlines()
+    assert lines[-1] == f"tessera-optimal: ran launch by launch; its CUDA-graph capture failed: {why}"
+    assert not any("tessera-greedy:" in line for line in lines)
+
+
 def test_zoo_batchnorms_get_the_statistics_of_their_activations():
     # Random weights with default BatchNorm statistics let activations drift layer by layer (fp16
     # MobileNet-V2 underflowed to 0, Inception-V3 overflowed): calibrated, each BatchNorm's output
