@@ -14,6 +14,9 @@ and the run goes on with the next chunk (or stops with `--stop-on-fail`).
 
 The summary (`--out`) counts graphs, outcomes, op families, ops, precisions, layouts, kernel
 forms, opaque (fallback) ops, skips by reason, and lists every distinct failure with its files.
+It is written after every chunk too (`"partial": true`), and the graph being checked is kept in
+`<out>.current.json` until the run ends by itself: a run the kernel kills (out of memory) leaves
+both, the graph to reproduce with `GraphSpec.from_json`.
 """
 from __future__ import annotations
 
@@ -222,6 +225,7 @@ class Run:
         # latest failing (spec, outcome or None, error text).
         self.shrinking = False
         self.last: tuple[GraphSpec, fuzzcheck.Outcome | None, str] | None = None
+        self.current = Path(f"{args.out.with_suffix('')}.current.json")
 
     def budget_left(self) -> bool:
         a = self.args
@@ -244,6 +248,10 @@ class Run:
         if not self.shrinking and not self.budget_left():
             return
         a = self.args
+        # The graph in hand, on disk before it runs: a run the kernel kills (out of memory: SIGKILL,
+        # which nothing catches) leaves it to reproduce. Removed when the run ends by itself.
+        self.current.write_text(json.dumps({"chunk_seed": self.chunks[-1], "shrinking": self.shrinking,
+                                            "spec": spec.to_json(), "spec_repr": repr(spec)}))
         t_call = time.perf_counter()
         try:
             o = fuzzcheck.check(spec, a.device, a.tuning, self.db if a.tuning == "measured" else None,
@@ -289,7 +297,13 @@ class Run:
             # a garbage collection broke, session 48). It is recorded as found, unshrunk, and the run goes on.
             self.record(flaky=isinstance(e, Flaky))
             return a.stop_on_fail
+        finally:
+            self.write(partial=True)  # the counts so far survive a run that is killed
         return False
+
+    def write(self, partial: bool = False) -> None:
+        """The summary (`--out`); `partial`: written after a chunk, with the run still going."""
+        self.args.out.write_text(json.dumps({**self.summary(), "partial": partial}, indent=1) + "\n")
 
     def record(self, flaky: bool = False, interrupted: bool = False) -> None:
         """The last failing graph as a distinct failure (files beside the summary), or one more hit of
@@ -368,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         if run.shrinking and run.last is not None:
             run.record(interrupted=True)
     run.progress(force=True)
-    args.out.write_text(json.dumps(run.summary(), indent=1) + "\n")
+    run.write()
+    run.current.unlink(missing_ok=True)
     print(f"wrote {args.out}: {run.stats.graphs} graphs in {(time.perf_counter() - run.start) / 60:.1f} min, "
           f"{len(run.failures)} distinct failure(s)")
     tmp.cleanup()

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -635,6 +636,36 @@ def test_a_terminated_run_writes_its_summary(tmp_path):
     assert "interrupted" in rest, rest + err[-2000:]
     doc = json.loads(out.read_text())
     assert doc["interrupted"] is True and doc["graphs"] >= 1 and doc["wall_s"] < 120
+    assert doc["partial"] is False and not (tmp_path / "fuzz.current.json").exists()
+
+
+def test_a_killed_run_leaves_its_counts_and_the_graph_it_was_checking(tmp_path):
+    # SIGKILL (the kernel's out-of-memory killer ended a --big run in session 49) runs no handler: the
+    # summary of the chunks done and the graph in hand are on disk already.
+    import signal
+
+    from fuzzspec import GraphSpec
+
+    out = tmp_path / "fuzz.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "fuzz.py"), "--minutes", "10", "--seed", "5",
+                             "--chunk", "2", "--precisions", "fp32", "--progress", "0.5", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        first = proc.stdout.readline()  # a progress line: graphs are being checked
+        assert first.startswith("["), first + proc.stderr.read()[-2000:]
+        deadline = time.monotonic() + 120
+        while not out.exists() and time.monotonic() < deadline:  # the first chunk's summary
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    doc = json.loads(out.read_text())
+    assert doc["partial"] is True and doc["graphs"] >= 1 and doc["interrupted"] is False
+    current = json.loads((tmp_path / "fuzz.current.json").read_text())
+    spec = GraphSpec.from_json(current["spec"])
+    assert spec.nodes and current["chunk_seed"] >= 5
 
 
 def test_host_steps_split_the_cuda_graph():
