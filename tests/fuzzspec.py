@@ -371,7 +371,9 @@ class Builder:
                 out = bcast(shape, t.shape)
             except ValueError:
                 return False
-            return allow_grow or out == tuple(shape)
+            # Growing within the graph's size cap: a pool tensor [513, 127, 1, 1] beside [513, 127] made a
+            # Where of 4.2e9 elements, and the run was killed for memory (session 49, seed 4902, --big).
+            return out == tuple(shape) or (allow_grow and math.prod(out) <= self.cap)
 
         def make() -> Tensor:
             s = self.partner(shape, allow_grow)

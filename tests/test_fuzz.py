@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import gc
 import json
+import math
 import os
 import subprocess
 import sys
@@ -20,10 +21,11 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import fuzzcheck
 from fuzzgen import graph_specs
-from fuzzspec import PRECISIONS, C, GraphSpec, N, T
+from fuzzspec import FLOAT, PRECISIONS, Builder, C, Draw, GraphSpec, N, T, Tensor, bcast
 from tessera.codegen.interpreter import bf16_bits
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +68,17 @@ def test_generated_graphs_are_valid(spec):
     """onnxruntime, the ONNX checker and ONNX shape inference accept every graph the generator
     draws, with the shapes and dtypes it computed (a rejected graph is a generator bug)."""
     fuzzcheck.reference(spec, fuzzcheck.feeds(spec))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_a_broadcast_operand_keeps_the_graph_under_its_size_cap(data):
+    # Session 49, seed 4902 (--big): a pool tensor [513, 127, 1, 1] taken as the partner of [513, 127]
+    # broadcast a Where to [513, 127, 513, 127], 4.2e9 elements; the kernel killed the run for memory.
+    b = Builder(Draw(data.draw), 17, "fp32", big=True)
+    b.pool.append(Tensor("t1", (513, 127, 1, 1), FLOAT))
+    y = b.operand_like((513, 127))
+    assert math.prod(bcast((513, 127), y.shape)) <= b.cap, y.shape
 
 
 # ---- bugs the fuzzer found: each shrunk graph, as Hypothesis printed it ----------------------------
