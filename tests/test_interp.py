@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -507,6 +508,20 @@ def test_bfloat16_is_float32_rounded_at_casts() -> None:
     # exact mode rounds only where onnxruntime runs the opaque node in its declared bfloat16
     assert exact.dtype == np.float64 and rel_l2(exact, 2 * x.T.astype(np.float64)) < TOLERANCE["bf16"]
     onnx.checker.check_model(to_onnx(g), full_check=True)
+
+
+def test_exact_mode_rounds_narrow_casts_only_when_asked() -> None:
+    g, b = new_graph(x=((3,), F32))
+    y = b.cast(b.cast("x", DType.FLOAT16), F32)
+    z = b.cast(b.cast("x", DType.BFLOAT16), F32)
+    g.outputs = [y, z]
+    x = np.array([1.0 + 2.0 ** -11 * 1.01, 3.0, -0.1], np.float32)  # the first just above an fp16 midpoint
+    exact = interp.run(g, {"x": x}, exact=True)
+    np.testing.assert_array_equal(exact[y], x.astype(np.float64))  # the cast keeps the float64 value
+    rounded = interp.run(g, {"x": x}, exact=True, narrow_casts=True)
+    np.testing.assert_array_equal(rounded[y], x.astype(np.float64).astype(np.float16).astype(np.float64))
+    assert rounded[y][0] == 1.0 + 2.0 ** -10 and rounded[y].dtype == np.float64
+    np.testing.assert_array_equal(rounded[z], x.astype(np.float64).astype(ml_dtypes.bfloat16).astype(np.float64))
 
 
 # ---- run(): feeds, precision, memory ------------------------------------------------

@@ -10,7 +10,9 @@ Two precisions:
 - `exact=False`: every tensor has its declared dtype (bfloat16 is held in float32;
   float16 sums and products accumulate in float32).
 - `exact=True`: every float tensor is float64, the high-precision reference of
-  `tessera verify`; integer and bool tensors are unchanged.
+  `tessera verify`; integer and bool tensors are unchanged. A cast to float16 or bfloat16 keeps
+  the float64 value, unless `narrow_casts`: then it rounds to the narrow type (held in float64),
+  the graph's own rounding computed exactly around it (the fuzzer's oracle uses both).
 
 OPAQUE nodes run through onnxruntime as a one-node model (`ir/interp_opaque.py`).
 """
@@ -42,6 +44,7 @@ def _erf(x: np.ndarray) -> np.ndarray:
 class _Ctx:
     graph: Graph
     exact: bool
+    narrow_casts: bool = False
 
     def np_dtype(self, dt: DType) -> np.dtype:
         """The NumPy dtype a tensor of declared type `dt` is computed in."""
@@ -57,10 +60,10 @@ Kernel = Callable[[_Ctx, Node, Sequence[np.ndarray]], np.ndarray]
 
 
 def run(graph: Graph, feeds: Mapping[str, np.ndarray], exact: bool = False,
-        keep_all: bool = False) -> dict[str, np.ndarray]:
+        keep_all: bool = False, narrow_casts: bool = False) -> dict[str, np.ndarray]:
     """Evaluate a primitive graph on `feeds`; return its outputs by name (every
     tensor if `keep_all`). Raises ShapeError if a feed is missing or mistyped."""
-    ctx = _Ctx(graph, exact)
+    ctx = _Ctx(graph, exact, narrow_casts)
     env: dict[str, np.ndarray] = _check_feeds(ctx, feeds)
     order = graph.topological_order()
     keep = set(graph.outputs)
@@ -201,6 +204,9 @@ def _cast(ctx: _Ctx, node: Node, args: Sequence[np.ndarray]) -> np.ndarray:
         return np.trunc(x).astype(to.to_numpy())  # ONNX: toward zero
     if to is DType.BFLOAT16 and not ctx.exact:
         return x.astype(ml_dtypes.bfloat16).astype(np.float32)  # the value bfloat16 can hold
+    if ctx.exact and ctx.narrow_casts and to in (DType.FLOAT16, DType.BFLOAT16):
+        narrow = np.float16 if to is DType.FLOAT16 else ml_dtypes.bfloat16
+        return x.astype(narrow).astype(np.float64)  # one rounding, from the float64 value
     return x.astype(ctx.np_dtype(to))
 
 
