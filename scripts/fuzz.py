@@ -171,6 +171,14 @@ def save_failure(out: Path, k: int, spec: GraphSpec, outcome: fuzzcheck.Outcome 
     return row
 
 
+def _write_whole(path: Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all: a run killed mid-write (the reason these files
+    exist) leaves the last complete version, never a truncated one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, checked; `precisions` becomes a list and `random_schedules` a bool."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -250,8 +258,8 @@ class Run:
         a = self.args
         # The graph in hand, on disk before it runs: a run the kernel kills (out of memory: SIGKILL,
         # which nothing catches) leaves it to reproduce. Removed when the run ends by itself.
-        self.current.write_text(json.dumps({"chunk_seed": self.chunks[-1], "shrinking": self.shrinking,
-                                            "spec": spec.to_json(), "spec_repr": repr(spec)}))
+        _write_whole(self.current, json.dumps({"chunk_seed": self.chunks[-1], "shrinking": self.shrinking,
+                                               "spec": spec.to_json(), "spec_repr": repr(spec)}))
         t_call = time.perf_counter()
         try:
             o = fuzzcheck.check(spec, a.device, a.tuning, self.db if a.tuning == "measured" else None,
@@ -303,7 +311,7 @@ class Run:
 
     def write(self, partial: bool = False) -> None:
         """The summary (`--out`); `partial`: written after a chunk, with the run still going."""
-        self.args.out.write_text(json.dumps({**self.summary(), "partial": partial}, indent=1) + "\n")
+        _write_whole(self.args.out, json.dumps({**self.summary(), "partial": partial}, indent=1) + "\n")
 
     def record(self, flaky: bool = False, interrupted: bool = False) -> None:
         """The last failing graph as a distinct failure (files beside the summary), or one more hit of
