@@ -262,6 +262,7 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
         entries.append(Entry(f"tessera-{strategy}", ms, err, ok, extra={
             "kernels": len(exe.steps), "backends": exe.backends, "compile_s": round(compile_s, 2),
             "replay": exe.replay,  # a CUDA graph, or launches where the capture failed (the timing says so)
+            "capture_error": exe.capture_error,
             "cost_model": result.plan.cost_model, "tuning": result.tuning,
             "layouts": result.layouts.summary() if result.layouts else None, "profile": kernel_profile(result),
             # Each GEMM chain's schedule search (space, pruning, generations, rank error) and the
@@ -423,9 +424,8 @@ def format_table(doc: dict[str, Any]) -> str:
         lines.append(f"{e['name']:<26}{e['ms']:>10.3f}{ratio:>14}{e['rel_l2']:>11.1e}  "
                      f"{'PASS' if e['passed'] else 'FAIL'}")
     for e in doc["entries"]:  # a tessera row timed without its CUDA graph is not the usual tessera row
-        replay = (e.get("extra") or {}).get("replay", "")
-        if replay.startswith("launches (capture failed: "):
-            why = replay.removeprefix("launches (capture failed: ").removesuffix(")")
+        why = (e.get("extra") or {}).get("capture_error")
+        if why:
             lines.append(f"{e['name']}: ran launch by launch; its CUDA-graph capture failed: {why}")
     if doc.get("note"):
         lines.append(doc["note"])

@@ -138,9 +138,9 @@ def test_the_table_says_which_tessera_row_ran_without_its_cuda_graph():
     why = "the CUDA-graph capture of 2 kernel(s) (k0, k1) failed: operation not permitted"
     doc = {"model": "m", "precision": "fp16", "device": "H200", "date": "2026-11-29", "entries": [
         {"name": "tessera-optimal", "ms": 1.0, "vs_best_peer": 1.1, "rel_l2": 0.0, "passed": True,
-         "extra": {"replay": f"launches (capture failed: {why})"}},
+         "extra": {"replay": f"launches (capture failed: {why})", "capture_error": why}},
         {"name": "tessera-greedy", "ms": 1.2, "vs_best_peer": 1.3, "rel_l2": 0.0, "passed": True,
-         "extra": {"replay": "cuda graph"}},
+         "extra": {"replay": "cuda graph", "capture_error": None}},
         {"name": "eager", "ms": 0.9, "vs_best_peer": 1.0, "rel_l2": 0.0, "passed": True, "extra": {}}]}
     lines = format_table(doc).splitlines()
     assert lines[-1] == f"tessera-optimal: ran launch by launch; its CUDA-graph capture failed: {why}"

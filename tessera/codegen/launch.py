@@ -15,6 +15,7 @@ import os
 import threading
 import types
 import weakref
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -180,13 +181,10 @@ class TritonKernel:
         workspace gets it between the two; it is allocated once, before any CUDA graph capture,
         since every executable launches once before it captures)."""
         args = self._arguments(tensors, launch=True)
-        if os.environ.get("TRITON_INTERPRET") == "1":
-            # Triton's interpreter keeps the launch's grid in process-wide state: two threads'
-            # kernels (two executables' on the CPU) must not interleave.
-            with _INTERPRETER_LOCK:
-                self._each_launch(lambda fn, grid, meta: fn[grid](*args, **meta))
-            return
-        self._each_launch(lambda fn, grid, meta: fn[grid](*args, **meta))
+        # Triton's interpreter keeps the launch's grid in process-wide state: two threads' kernels
+        # (two executables' on the CPU) must not interleave.
+        with _INTERPRETER_LOCK if os.environ.get("TRITON_INTERPRET") == "1" else nullcontext():
+            self._each_launch(lambda fn, grid, meta: fn[grid](*args, **meta))
 
     def compile_only(self, *tensors: torch.Tensor) -> None:
         """Compile every launch for these arguments (as `__call__` takes them) without running

@@ -21,10 +21,9 @@ first call (`warmup` builds them all).
 """
 from __future__ import annotations
 
-import threading
-
 import hashlib
 import json
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
