@@ -156,7 +156,7 @@ def test_the_capture_setting_is_checked(monkeypatch):
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def _gpu_g1(monkeypatch: pytest.MonkeyPatch) -> Executable:
+def _gpu_g1() -> Executable:
     exe = tessera.compile(MODELS / "gemm_g1.onnx", tessera.CompileOptions(cost="analytical"), device="cuda")
     assert exe.cuda_graph
     return exe
@@ -176,7 +176,7 @@ def _other_thread_work(kind: str) -> None:
 def test_a_gpu_executable_reads_the_capture_setting_when_made(monkeypatch):
     monkeypatch.setenv("TESSERA_CAPTURE", "off")
     with pytest.raises(TesseraError, match="TESSERA_CAPTURE='off'"):
-        _gpu_g1(monkeypatch)
+        _gpu_g1()
 
 
 @gpu
@@ -189,7 +189,7 @@ def test_another_threads_work_during_a_capture(monkeypatch, caplog, kind):
     # and breaks the capture: the plan then runs launch by launch with the same results, and the
     # capturing thread keeps its stream and a working random generator.
     monkeypatch.delenv("TESSERA_CAPTURE", raising=False)
-    exe = _gpu_g1(monkeypatch)
+    exe = _gpu_g1()
     inside, done = threading.Event(), threading.Event()
     errors: list[str] = []
 
@@ -236,7 +236,7 @@ def test_a_capture_that_cuda_fails_falls_back_and_the_next_one_captures(monkeypa
     # fails, the plan runs launch by launch with the same results, and CUDA is left usable: a new
     # executable captures and replays.
     monkeypatch.delenv("TESSERA_CAPTURE", raising=False)
-    exe = _gpu_g1(monkeypatch)
+    exe = _gpu_g1()
     real = Executable.launch_index_checks
 
     def checks(self: Executable, feeds: object) -> None:
@@ -258,13 +258,13 @@ def test_a_capture_that_cuda_fails_falls_back_and_the_next_one_captures(monkeypa
     y = tuple(v.cuda() for v in _g1_inputs(1))
     assert _rel(exe.run(*y)[exe.output_names[0]], _chain_ref(*y)) < 1e-3
     monkeypatch.setattr(Executable, "launch_index_checks", real)
-    again = _gpu_g1(monkeypatch)
+    again = _gpu_g1()
     assert _rel(again.run(*y)[again.output_names[0]], _chain_ref(*y)) < 1e-3
     assert again.replay == "cuda graph" and again.capture_error is None
     monkeypatch.setattr(Executable, "launch_index_checks", checks)
     monkeypatch.setenv("TESSERA_CAPTURE", "strict")
     with pytest.raises(CaptureError, match="capture of"):
-        _gpu_g1(monkeypatch).run(*y)
+        _gpu_g1().run(*y)
 
 
 def _host_step_model() -> bytes:
