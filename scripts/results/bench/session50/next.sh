@@ -5,6 +5,7 @@
 # 1: the GPU tests written after session 49's last device call: a TESSERA_CAPTURE it cannot read fails a GPU
 #    executable when it is made (9acb733), and a piecewise plan whose second graph fails its capture falls back
 #    whole; with the rest of tests/test_graphs.py and tests/test_threads.py (all passed in session 49's call 9).
+# 2: `scripts/atomic_chain_probe.py`: G4-G10's left chain split over N, summed by atomics (CASES, PRECS).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 unset TESSERA_LOG; export TESSERA_SOLVER=highs
 case $1 in
@@ -12,5 +13,8 @@ case $1 in
         mkdir -p ../shared/models && cp carry/e/*.onnx ../shared/models/ 2>/dev/null
         python3 -m pytest -q -p no:cacheprovider -rA tests/test_graphs.py tests/test_threads.py > "$OUT/tests.txt" 2>&1
         grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|^E  " "$OUT/tests.txt" | cut -c1-200 | head -40; tail -n 1 "$OUT/tests.txt" ;;
-    *) echo "next.sh: call 1"; exit 2 ;;
+    2)  # the left chain split over its intermediate, summed by float32 atomics, beside tessera's ordered sum
+        cd scripts && python3 atomic_chain_probe.py --cases ${CASES:-7,8,9,10,4,5,6} --precisions ${PRECS:-fp16} \
+            > "$OUT/atomic.txt" 2>&1; echo "rc=$?"; grep -v "^precompiled" "$OUT/atomic.txt" | tail -n 14 ;;
+    *) echo "next.sh: calls 1-2"; exit 2 ;;
 esac
