@@ -6,6 +6,7 @@
 #    executable when it is made (9acb733), and a piecewise plan whose second graph fails its capture falls back
 #    whole; with the rest of tests/test_graphs.py and tests/test_threads.py (all passed in session 49's call 9).
 # 2: `scripts/atomic_chain_probe.py`: G4-G10's left chain split over N, summed by atomics (CASES, PRECS).
+# 3: `scripts/exclusive_cost.py`: the host time the thread guard adds to a GPU call.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 unset TESSERA_LOG; export TESSERA_SOLVER=highs
 case $1 in
@@ -16,5 +17,11 @@ case $1 in
     2)  # the left chain split over its intermediate, summed by float32 atomics, beside tessera's ordered sum
         cd scripts && python3 atomic_chain_probe.py --cases ${CASES:-7,8,9,10,4,5,6} --precisions ${PRECS:-fp16} \
             > "$OUT/atomic.txt" 2>&1; echo "rc=$?"; grep -v "^precompiled" "$OUT/atomic.txt" | tail -n 14 ;;
-    *) echo "next.sh: calls 1-2"; exit 2 ;;
+    3)  # host time of `Executable.exclusive` per call (bert_tiny, gpt2_tiny)
+        mkdir -p ../shared/models && cp carry/e/*.onnx ../shared/models/ 2>/dev/null
+        for m in bert_tiny gpt2_tiny; do
+            python3 scripts/exclusive_cost.py --model ../shared/models/$m.onnx > "$OUT/exclusive_$m.txt" 2>&1
+            echo "$m rc=$?"; tail -n 8 "$OUT/exclusive_$m.txt"
+        done ;;
+    *) echo "next.sh: calls 1-3"; exit 2 ;;
 esac
