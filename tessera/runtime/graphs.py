@@ -38,6 +38,13 @@ class CaptureError(TesseraError):
     that were being captured and CUDA's reason."""
 
 
+def raw_stream(device_index: int) -> int:
+    """The handle of the current CUDA stream of GPU `device_index`, without making a Stream object (the
+    private call Inductor's generated code uses; `current_stream` where a torch lacks it)."""
+    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return getter(device_index) if getter is not None else torch.cuda.current_stream(device_index).cuda_stream
+
+
 def capture_mode_strict() -> bool:
     """Whether a failed capture raises `CaptureError` (TESSERA_CAPTURE=strict) rather than leaving
     the executable to run launch by launch."""

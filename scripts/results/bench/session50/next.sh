@@ -7,6 +7,7 @@
 #    whole; with the rest of tests/test_graphs.py and tests/test_threads.py (all passed in session 49's call 9).
 # 2: `scripts/atomic_chain_probe.py`: G4-G10's left chain split over N, summed by atomics (CASES, PRECS).
 # 3: `scripts/exclusive_cost.py`: the host time the thread guard adds to a GPU call.
+# 4: calls 1 and 3 again, after `exclusive` reads the raw stream handle.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 unset TESSERA_LOG; export TESSERA_SOLVER=highs
 case $1 in
@@ -23,5 +24,7 @@ case $1 in
             python3 scripts/exclusive_cost.py --model ../shared/models/$m.onnx > "$OUT/exclusive_$m.txt" 2>&1
             echo "$m rc=$?"; tail -n 8 "$OUT/exclusive_$m.txt"
         done ;;
-    *) echo "next.sh: calls 1-3"; exit 2 ;;
+    4)  # after the raw-handle stream check: the thread and capture tests, then call 3 again
+        bash "$0" 1; bash "$0" 3 ;;
+    *) echo "next.sh: calls 1-4"; exit 2 ;;
 esac
