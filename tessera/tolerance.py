@@ -49,5 +49,19 @@ def rel_l2(out: np.ndarray, ref: np.ndarray) -> float:
     return err / denom if denom > 0 else err
 
 
+def weak_reference(ref: np.ndarray) -> str:
+    """Why a check against `ref` shows little, or "": a float output of more than one element whose
+    finite values are all one number (a model whose activations vanish gives all zeros, and any
+    kernel that also writes that number passes)."""
+    r = np.asarray(ref)
+    if r.dtype.kind != "f" or r.size < 2:
+        return ""
+    finite = r[np.isfinite(r)]
+    if finite.size < 2 or finite.min() != finite.max():
+        return ""
+    return (f"the reference is constant ({float(finite[0]):g} everywhere): a wrong result may still pass; "
+            "check with other inputs or weights")
+
+
 def passes(err: float, precision: str = "fp32") -> bool:
     return bool(np.isfinite(err)) and err < TOLERANCE[precision]

@@ -44,7 +44,7 @@ from tessera.ir.onnx_export import to_onnx
 from tessera.ir.prims import Prim
 from tessera.log import logger
 from tessera.rewrite import convert_precision
-from tessera.tolerance import TOLERANCE, passes, rel_l2
+from tessera.tolerance import TOLERANCE, passes, rel_l2, weak_reference
 
 if TYPE_CHECKING:
     from tessera.runtime.executable import Executable
@@ -66,6 +66,7 @@ class OutputCheck:
     shape: tuple[int, ...]
     rel_l2: float
     passed: bool
+    note: str = ""  # why the check shows little (`tolerance.weak_reference`), or ""
 
 
 @dataclass
@@ -87,8 +88,8 @@ class VerifyReport:
         return {"model": self.model, "stage": self.stage, "precision": self.precision, "seed": self.seed,
                 "arithmetic": self.arithmetic,
                 "tolerance": TOLERANCE[self.precision], "passed": self.passed, "seconds": round(self.seconds, 3),
-                "outputs": [{"name": o.name, "shape": list(o.shape), "rel_l2": o.rel_l2, "passed": o.passed}
-                            for o in self.outputs],
+                "outputs": [{"name": o.name, "shape": list(o.shape), "rel_l2": o.rel_l2, "passed": o.passed,
+                             **({"note": o.note} if o.note else {})} for o in self.outputs],
                 "opaque": [{"node": o.node, "op": o.op_type, "reason": o.reason} for o in self.opaque]}
 
 
@@ -205,7 +206,8 @@ def verify(source: Any, stage: str = "fission", input_shapes: Mapping[str, Seque
         got = run_at_precision(graph, feeds, precision)
     for name in loaded.graph.outputs:
         err = rel_l2(got[name], ref[name])
-        report.outputs.append(OutputCheck(name, tuple(np.shape(ref[name])), err, passes(err, precision)))
+        report.outputs.append(OutputCheck(name, tuple(np.shape(ref[name])), err, passes(err, precision),
+                                          weak_reference(ref[name])))
     report.seconds = time.perf_counter() - start
     return report
 

@@ -88,6 +88,26 @@ def test_verify_cli_says_what_ran(capsys):
     assert err.count("\n") == 1 and "--stage frontend runs the operator graph in onnxruntime" in err
 
 
+def test_a_constant_reference_is_named(tmp_path, capsys):
+    """A model whose output is one number everywhere (vanished activations give all zeros) passes any
+    check whose kernels also write that number: verify and run --check say so. A varying output has
+    no note."""
+    nodes = [helper.make_node("Mul", ["x", "zero"], ["z"]), helper.make_node("Add", ["z", "two"], ["y"]),
+             helper.make_node("Relu", ["x"], ["r"])]
+    p = _save(tmp_path / "flat.onnx", nodes, [_vi("x", [4, 8])], [_vi("y", [4, 8]), _vi("r", [4, 8])],
+              [_const("zero", 0.0), _const("two", 2.0)])
+    r = verify(p, seed=0)
+    notes = {o.name: o.note for o in r.outputs}
+    assert r.passed and "constant (2 everywhere)" in notes["y"] and notes["r"] == ""
+    assert main(["verify", str(p), "--json"]) == 0
+    assert [o.get("note", "") != "" for o in json.loads(capsys.readouterr().out)["outputs"]] == [True, False]
+    assert main(["compile", str(p), "-o", str(tmp_path / "flat"), "--cost", "analytical"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "flat"), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("note: the reference is constant") == 1 and "PASS" in out
+
+
 # ---- --per-kernel ---------------------------------------------------------------------------
 def _convnet(path: Path) -> Path:
     """conv -> instance norm -> relu -> conv -> add (residual) -> softmax over channels: several kernels

@@ -33,7 +33,7 @@ from tessera.summary import format_summary, summarize
 from tessera.runtime.artifact import read_meta
 from tessera.runtime.buckets import MANIFEST, load
 from tessera.runtime.profile import format_profile, profile_executable
-from tessera.tolerance import TOLERANCE, passes, rel_l2
+from tessera.tolerance import TOLERANCE, passes, rel_l2, weak_reference
 from tessera.runtime import plan_cache
 from tessera.verify import STAGES, random_inputs, run_onnxruntime, verify, verify_kernels
 from tessera.log import configure as configure_logging
@@ -325,6 +325,8 @@ def _check_outputs(outs: dict[str, np.ndarray], ref: dict[str, np.ndarray], prec
         good = passes(err, precision)
         ok &= good
         print(f"  {name:<24} {str(list(v.shape)):<20} rel L2 {err:.3e}  {'PASS' if good else 'FAIL'}")
+        if note := weak_reference(ref[name]):
+            print(f"    note: {note}")
     print(f"{'PASS' if ok else 'FAIL'} (tolerance {TOLERANCE[precision]:g}, {precision}, vs onnxruntime)")
     return ok
 
@@ -547,6 +549,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"  computed in {r.arithmetic}")
         for o in r.outputs:
             print(f"  {o.name:<24} {str(list(o.shape)):<20} rel L2 {o.rel_l2:.3e}  {'PASS' if o.passed else 'FAIL'}")
+            if o.note:
+                print(f"    note: {o.note}")
         if r.opaque:
             print(f"  {len(r.opaque)} opaque node(s) ran through the fallback (onnxruntime; torch for ATen calls): "
                   + ", ".join(f"{o.node} ({o.op_type})" for o in r.opaque))

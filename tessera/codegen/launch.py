@@ -15,10 +15,11 @@ import os
 import threading
 import types
 import weakref
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from tessera import cache
@@ -29,6 +30,16 @@ from tessera.codegen.kernels import KernelSource, Schedule
 
 _SET_BY_US = False
 _INTERPRETER_LOCK = threading.Lock()
+
+
+@contextmanager
+def _interpreted() -> Any:
+    """Around an interpreted launch. Triton's interpreter keeps the launch's grid in process-wide
+    state, so two threads' kernels (two executables' on the CPU) must not interleave. And its NumPy
+    arithmetic warns where a GPU computes silently: lanes a mask leaves unstored (a softmax row past
+    the tensor's end sums to 0, and `1 / 0` is inf) would print "divide by zero" to a user."""
+    with _INTERPRETER_LOCK, np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+        yield
 
 
 def use_interpreter(device: torch.device) -> None:
@@ -181,9 +192,7 @@ class TritonKernel:
         workspace gets it between the two; it is allocated once, before any CUDA graph capture,
         since every executable launches once before it captures)."""
         args = self._arguments(tensors, launch=True)
-        # Triton's interpreter keeps the launch's grid in process-wide state: two threads' kernels
-        # (two executables' on the CPU) must not interleave.
-        with _INTERPRETER_LOCK if os.environ.get("TRITON_INTERPRET") == "1" else nullcontext():
+        with _interpreted() if os.environ.get("TRITON_INTERPRET") == "1" else nullcontext():
             self._each_launch(lambda fn, grid, meta: fn[grid](*args, **meta))
 
     def compile_only(self, *tensors: torch.Tensor) -> None:

@@ -1,0 +1,162 @@
+"""Export small random-weight models of many transformers architectures to ONNX, for a breadth check.
+
+The zoo (`tessera/zoo.py`) holds the benchmark models at full size. This script covers the families a
+user is likely to bring next: encoders (BERT-like, T5, DeBERTa), decoder-only language models (Llama,
+Mistral, Qwen2, Phi, GPT-NeoX, OPT, Bloom, Falcon, Gemma), vision transformers and CNNs (ViT, DeiT, Swin,
+ConvNeXt, ResNet, MobileViT, BEiT, DINOv2, CLIP's vision tower, RegNet), and audio encoders (Whisper,
+Wav2Vec2). Each is built from its config with two layers and a small width, so that
+`scripts/check_models.py` can compile and check it on the CPU with Triton's interpreter. Exports use the
+zoo's exporter settings (`torch.onnx.export(..., dynamo=True)`); `--legacy` uses the TorchScript exporter.
+
+    python scripts/arch_zoo.py OUT [--models llama,vit,...] [--legacy]
+    python scripts/check_models.py OUT --cost analytical --out OUT/check.json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tessera.zoo import _quiet_exporter  # noqa: E402
+
+TEXT = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=512,
+            max_position_embeddings=128)
+SEQ = 24  # not a power of two: masks and padding see it
+
+
+class First(torch.nn.Module):
+    """The model's first output tensor (last_hidden_state), from keyword inputs given by position."""
+
+    def __init__(self, model: torch.nn.Module, names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        out = self.model(**dict(zip(self.names, args)))
+        return out[0] if isinstance(out, (tuple, list)) else next(iter(out.values()))
+
+
+def _text(cls: str, cfg_cls: str, **over) -> Callable[[], tuple[torch.nn.Module, tuple]]:
+    def make():
+        import transformers
+
+        cfg = getattr(transformers, cfg_cls)(**{**TEXT, **over})
+        if hasattr(cfg, "use_cache"):
+            cfg.use_cache = False
+        model = getattr(transformers, cls)(cfg)
+        ids = torch.randint(0, cfg.vocab_size, (2, SEQ))
+        return First(model, ("input_ids",)), (ids,)
+    return make
+
+
+def _image(cls: str, cfg_cls: str, size: int = 64, **over) -> Callable[[], tuple[torch.nn.Module, tuple]]:
+    def make():
+        import transformers
+
+        cfg = getattr(transformers, cfg_cls)(**over)
+        model = getattr(transformers, cls)(cfg)
+        return First(model, ("pixel_values",)), (torch.randn(1, 3, size, size),)
+    return make
+
+
+def _audio(cls: str, cfg_cls: str, shape: tuple[int, ...], name: str, **over) -> Callable:
+    def make():
+        import transformers
+
+        model = getattr(transformers, cls)(getattr(transformers, cfg_cls)(**over))
+        if cls == "WhisperModel":
+            model = model.get_encoder()
+        return First(model, (name,)), (torch.randn(*shape),)
+    return make
+
+
+VIT = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=64,
+           patch_size=16)
+DECODER = dict(num_key_value_heads=2)  # grouped-query attention, as the released models use
+ARCHS: dict[str, Callable[[], tuple[torch.nn.Module, tuple]]] = {
+    "bert": _text("BertModel", "BertConfig"),
+    "roberta": _text("RobertaModel", "RobertaConfig"),
+    "distilbert": _text("DistilBertModel", "DistilBertConfig", dim=64, n_layers=2, n_heads=4, hidden_dim=128),
+    "albert": _text("AlbertModel", "AlbertConfig", embedding_size=32),
+    "electra": _text("ElectraModel", "ElectraConfig", embedding_size=32),
+    "deberta_v2": _text("DebertaV2Model", "DebertaV2Config"),
+    "t5_encoder": _text("T5EncoderModel", "T5Config", d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4),
+    "llama": _text("LlamaModel", "LlamaConfig", **DECODER),
+    "mistral": _text("MistralModel", "MistralConfig", **DECODER),
+    "qwen2": _text("Qwen2Model", "Qwen2Config", **DECODER),
+    "gemma": _text("GemmaModel", "GemmaConfig", head_dim=16, **DECODER),
+    "phi": _text("PhiModel", "PhiConfig"),
+    "gpt_neox": _text("GPTNeoXModel", "GPTNeoXConfig"),
+    "opt": _text("OPTModel", "OPTConfig", ffn_dim=128, word_embed_proj_dim=64),
+    "bloom": _text("BloomModel", "BloomConfig", n_layer=2, n_head=4),
+    "falcon": _text("FalconModel", "FalconConfig"),
+    "vit": _image("ViTModel", "ViTConfig", **VIT),
+    "deit": _image("DeiTModel", "DeiTConfig", **VIT),
+    "beit": _image("BeitModel", "BeitConfig", **VIT),
+    "dinov2": _image("Dinov2Model", "Dinov2Config", **VIT),
+    "clip_vision": _image("CLIPVisionModel", "CLIPVisionConfig", **VIT),
+    "swin": _image("SwinModel", "SwinConfig", embed_dim=32, depths=[2, 2], num_heads=[2, 4], window_size=4,
+                   image_size=64, patch_size=4),
+    "convnext": _image("ConvNextModel", "ConvNextConfig", hidden_sizes=[16, 32], depths=[1, 1], num_stages=2),
+    "resnet": _image("ResNetModel", "ResNetConfig", embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1]),
+    "regnet": _image("RegNetModel", "RegNetConfig", embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
+                     groups_width=8),
+    "mobilevit": _image("MobileViTModel", "MobileViTConfig", image_size=64, hidden_sizes=[32, 48, 64],
+                        neck_hidden_sizes=[8, 16, 24, 32, 48, 64, 128]),
+    "whisper_encoder": _audio("WhisperModel", "WhisperConfig", (1, 16, 200), "input_features", d_model=64,
+                              encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
+                              decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=16,
+                              max_source_positions=100, vocab_size=512, pad_token_id=1, bos_token_id=2,
+                              eos_token_id=3, decoder_start_token_id=2),
+    "wav2vec2": _audio("Wav2Vec2Model", "Wav2Vec2Config", (1, 4000), "input_values", hidden_size=64,
+                       num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                       conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
+                       num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4),
+}
+
+
+def export(name: str, out: Path, legacy: bool = False) -> Path:
+    """Build architecture `name` (seed 0, eval mode) and write OUT/name.onnx (weights inside)."""
+    torch.manual_seed(0)
+    model, args = ARCHS[name]()
+    model = model.eval()
+    path = out / f"{name}.onnx"
+    with torch.no_grad(), _quiet_exporter():
+        if legacy:
+            torch.onnx.export(model, args, str(path), dynamo=False, opset_version=17)
+        else:
+            torch.onnx.export(model, args, dynamo=True, optimize=True, verbose=False).save(str(path),
+                                                                                       external_data=False)
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--models", default=",".join(ARCHS))
+    ap.add_argument("--legacy", action="store_true", help="the TorchScript exporter (opset 17)")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for name in args.models.split(","):
+        t = time.perf_counter()
+        try:
+            path = export(name, args.out, args.legacy)
+            print(f"{name}: {path.stat().st_size / 1e6:.2f} MB, {time.perf_counter() - t:.1f} s", flush=True)
+        except Exception as e:  # an architecture this transformers or exporter cannot build: say so, go on
+            failed += 1
+            print(f"{name}: NOT EXPORTED: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}",
+                  flush=True)
+            traceback.print_exc(limit=2, file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
