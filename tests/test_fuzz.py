@@ -277,6 +277,14 @@ REGRESSIONS = {
         opset=13, precision="fp16", layout="auto", strategy="optimal", seed=0, schedule_seed=0,
         inputs=[T("in2", (1, 513), "float32"), T("in3", (1, 11), "float32")], consts=[C("c4", (), "float32")],
         nodes=[N("Gemm", ["in2", "in3", "c4"], ["t5"], {"transA": 1}, family="linear")], outputs=["t5"]),
+    # codegen/interpreter.py (`_boolean_comparison`): Triton's interpreter kept a scalar comparison's
+    # operand type, so `x > 0.0` on a one-element input broadcast as float32, and `&` with a boolean
+    # tensor raised "ufunc 'bitwise_and' not supported" (session 50, fuzz_5001.fail1.json).
+    "scalar_comparison_and": GraphSpec(
+        opset=13, precision="fp32", layout="auto", strategy="optimal", seed=0, schedule_seed=0,
+        inputs=[T("in1", (1,), "float32"), T("in4", (3,), "bool")], consts=[C("c2", (), "float32", values=(0.0,))],
+        nodes=[N("Greater", ["in1", "c2"], ["t3"], family="compare"), N("And", ["t3", "in4"], ["t5"], family="compare")],
+        outputs=["t5"]),
 }
 
 

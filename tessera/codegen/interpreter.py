@@ -20,8 +20,14 @@ A third came with GEMM templates (`codegen/gemm.py`):
   the values on the tensor cores, accumulating in float32; so does the patched dot, on the
   operands widened to float32 (exact: every bfloat16 is a float32).
 
+A fourth came from the fuzzer in session 50:
+
+- **Scalar comparisons.** A comparison's result keeps its operands' type in the interpreter; for two
+  scalars it is never made boolean, so `x > 0.0` on a one-element input broadcast as float32 and `&`
+  with a boolean tensor failed. Comparisons now return int1 data.
+
 `match_gpu_semantics()` replaces the interpreter builder's float32 -> bfloat16 conversion and its
-dot of bfloat16 operands, and makes load/store masks boolean. On Triton 3.6 it also reads a scalar
+dot of bfloat16 operands, and makes load/store masks and comparisons boolean. On Triton 3.6 it also reads a scalar
 tensor as a Python integer as 3.9 does (`_index_scalars`). Every other operation keeps the
 interpreter's code; GPU kernels never run through it. `codegen/launch.use_interpreter` applies it
 wherever the interpreter is chosen.
@@ -86,7 +92,23 @@ def match_gpu_semantics() -> None:
     builder.create_dot = dot
     builder.create_masked_load = load
     builder.create_masked_store = store
+    for name in dir(builder):
+        if name.startswith(("create_fcmp", "create_icmp")):
+            setattr(builder, name, _boolean_comparison(getattr(builder, name), handle, tl.int1))
     _index_scalars(ti)
+
+
+def _boolean_comparison(compare: Any, handle: Any, int1: Any) -> Any:
+    """A comparison whose result is int1, as its type says. The interpreter gives a comparison's
+    result its operands' type, and for two scalars (a value loaded from a one-element tensor, a loop
+    counter) that type stays: `x > 0.0` was a float32 scalar, broadcast as float32 1.0/0.0, and `&` with
+    a boolean tensor raised "ufunc 'bitwise_and' not supported" (fuzz seed 5001)."""
+    def boolean(self: Any, lhs: Any, rhs: Any) -> Any:
+        out = compare(self, lhs, rhs)
+        if out.dtype == int1 and out.data.dtype == np.bool_:
+            return out
+        return handle(np.asarray(out.data != 0), int1)
+    return boolean
 
 
 def _index_scalars(ti: Any) -> None:
