@@ -8,6 +8,8 @@
 # 2: `scripts/atomic_chain_probe.py`: G4-G10's left chain split over N, summed by atomics (CASES, PRECS).
 # 3: `scripts/exclusive_cost.py`: the host time the thread guard adds to a GPU call.
 # 4: calls 1 and 3 again, after `exclusive` reads the raw stream handle.
+# 5: `scripts/arch_zoo.py`'s 28 architectures on the GPU: ONNX export, compile and run --check (fp16,
+#    analytical cost), then torch.compile(backend="tessera") against float64 eager.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 unset TESSERA_LOG; export TESSERA_SOLVER=highs
 case $1 in
@@ -26,5 +28,12 @@ case $1 in
         done ;;
     4)  # after the raw-handle stream check: the thread and capture tests, then call 3 again
         bash "$0" 1; bash "$0" 3 ;;
-    *) echo "next.sh: calls 1-4"; exit 2 ;;
+    5)  # 28 small transformers architectures, built here, compiled (analytical cost) and checked on the GPU
+        python3 scripts/arch_zoo.py /tmp/az > "$OUT/arch_export.txt" 2>&1; echo "export rc=$?"
+        timeout 420 python3 scripts/check_models.py /tmp/az --precision fp16 --cost analytical --timeout 120 \
+            --out "$OUT/arch_check_fp16.json" > "$OUT/arch_check_fp16.txt" 2>&1; echo "check rc=$?"
+        grep "^|" "$OUT/arch_check_fp16.txt" | grep -v " PASS " | head -20; grep -c " PASS " "$OUT/arch_check_fp16.txt"
+        timeout 150 python3 scripts/arch_zoo.py --backend --precision fp16 --device cuda \
+            > "$OUT/arch_backend_fp16.txt" 2>&1; echo "backend rc=$?"; grep "^|" "$OUT/arch_backend_fp16.txt" | grep -v PASS ;;
+    *) echo "next.sh: calls 1-5"; exit 2 ;;
 esac
