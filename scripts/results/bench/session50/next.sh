@@ -30,7 +30,7 @@ case $1 in
         bash "$0" 1; bash "$0" 3 ;;
     5)  # 28 small transformers architectures, built here, compiled (analytical cost) and checked on the GPU
         python3 scripts/arch_zoo.py /tmp/az > "$OUT/arch_export.txt" 2>&1; echo "export rc=$?"
-        timeout 420 python3 scripts/check_models.py /tmp/az --precision fp16 --cost analytical --timeout 120 \
+        timeout 440 python3 scripts/check_models.py /tmp/az --precision fp16 --cost analytical --timeout 120 --budget-s 360 \
             --out "$OUT/arch_check_fp16.json" > "$OUT/arch_check_fp16.txt" 2>&1; echo "check rc=$?"
         grep "^|" "$OUT/arch_check_fp16.txt" | grep -v " PASS " | head -20; grep -c " PASS " "$OUT/arch_check_fp16.txt"
         timeout 150 python3 scripts/arch_zoo.py --backend --precision fp16 --device cuda \
