@@ -10,6 +10,7 @@
 # 4: calls 1 and 3 again, after `exclusive` reads the raw stream handle.
 # 5: `scripts/arch_zoo.py`'s 28 architectures on the GPU: ONNX export, compile and run --check (fp16,
 #    analytical cost), then torch.compile(backend="tessera") against float64 eager.
+# 6: what call 5's budget and timeout left.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 unset TESSERA_LOG; export TESSERA_SOLVER=highs
 case $1 in
@@ -35,5 +36,14 @@ case $1 in
         grep "^|" "$OUT/arch_check_fp16.txt" | grep -v " PASS " | head -20; grep -c " PASS " "$OUT/arch_check_fp16.txt"
         timeout 150 python3 scripts/arch_zoo.py --backend --precision fp16 --device cuda \
             > "$OUT/arch_backend_fp16.txt" 2>&1; echo "backend rc=$?"; grep "^|" "$OUT/arch_backend_fp16.txt" | grep -v PASS ;;
-    *) echo "next.sh: calls 1-5"; exit 2 ;;
+    6)  # call 5's rest: the six exports its budget skipped and the three backend rows its timeout cut
+        python3 scripts/arch_zoo.py /tmp/az --models mistral,qwen2,bloom,dinov2,swin,mobilevit \
+            > "$OUT/arch_export.txt" 2>&1; echo "export rc=$?"
+        timeout 300 python3 scripts/check_models.py /tmp/az --precision fp16 --cost analytical --timeout 120 \
+            --out "$OUT/arch_check_fp16.json" > "$OUT/arch_check_fp16.txt" 2>&1; echo "check rc=$?"
+        grep "^|" "$OUT/arch_check_fp16.txt"
+        timeout 120 python3 scripts/arch_zoo.py --backend --precision fp16 --device cuda \
+            --models whisper_encoder,wav2vec2,mobilevit > "$OUT/arch_backend_fp16.txt" 2>&1; echo "backend rc=$?"
+        grep "^|" "$OUT/arch_backend_fp16.txt" ;;
+    *) echo "next.sh: calls 1-6"; exit 2 ;;
 esac
