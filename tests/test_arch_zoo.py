@@ -1,0 +1,48 @@
+"""A few of `scripts/arch_zoo.py`'s architectures end to end on the CPU, one for each feature the shared
+models lack: grouped-query attention with rotary embeddings and RMSNorm (llama), shifted-window attention
+with padding (swin), a convolutional feature extractor with a grouped positional convolution and instance
+norm (wav2vec2), relative position buckets (t5_encoder). Each is exported to ONNX, compiled (analytical
+cost), run and compared with onnxruntime on fresh random inputs; llama also goes through
+`torch.compile(backend="tessera")`. The whole sweep (28 architectures, fp32 and fp16) is in
+docs/testing.md, "Architecture breadth"."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+pytest.importorskip("transformers")  # a dev dependency (pyproject.toml)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import arch_zoo  # noqa: E402
+
+import tessera  # noqa: E402
+from tessera.frontend import load as frontend_load  # noqa: E402
+from tessera.tolerance import TOLERANCE, rel_l2, weak_reference  # noqa: E402
+from tessera.verify import random_inputs, run_onnxruntime  # noqa: E402
+
+
+@pytest.mark.parametrize("name,precision", [("llama", "fp32"), ("swin", "fp32"), ("wav2vec2", "fp16"),
+                                            ("t5_encoder", "fp16")])
+def test_an_architecture_compiles_and_matches_onnxruntime(tmp_path, name, precision):
+    path, std = arch_zoo.export(name, tmp_path)
+    assert 1e-2 < std < 1e3, f"{name}'s output vanishes or explodes (std {std}): the check would show little"
+    graph = frontend_load(str(path)).graph
+    feeds = random_inputs(graph, seed=7)
+    run = tessera.compile(str(path), tessera.CompileOptions(cost="analytical", precision=precision))
+    outs = run.run(**feeds)
+    ref = run_onnxruntime(onnx.load(str(path)), feeds)
+    for out_name, r in ref.items():
+        assert not weak_reference(r)
+        got = outs[out_name].float().numpy()
+        err = rel_l2(got, r)
+        assert err < TOLERANCE[precision], (name, out_name, err)
+        assert np.isfinite(got).all()
+
+
+def test_llama_through_the_torch_backend():
+    err, _, graphs = arch_zoo.through_backend("llama", "fp32", "cpu")
+    assert graphs == 1 and err < TOLERANCE["fp32"], (graphs, err)
