@@ -163,3 +163,29 @@ def test_a_model_newer_than_onnxruntime_reads_is_checked_at_its_newest_ir_versio
     model.opset_import[0].version = 999  # an opset onnxruntime lacks is still refused
     with pytest.raises(TesseraError, match="onnxruntime cannot load"):
         run_onnxruntime(model, {"x": x})
+
+
+def test_folding_a_constant_through_log_of_zero_prints_nothing(tmp_path):
+    """Constant folding computes what ONNX defines, -inf for log(0), without NumPy's "divide by zero"
+    warning: T5's legacy export folds its relative position buckets that way, and `tessera compile`
+    and `tessera run` each printed two warnings (session 50)."""
+    import warnings
+
+    import torch
+
+    import tessera
+
+    c = numpy_helper.from_array(np.array([0.0, 1.0, 2.0], np.float32), "c")
+    nodes = [helper.make_node("Log", ["c"], ["l"]), helper.make_node("Exp", ["l"], ["e"]),
+             helper.make_node("Mul", ["x", "e"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])], initializer=[c])
+    path = tmp_path / "logzero.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    # recorded, not raised: the folder catches an evaluator's exception and tries onnxruntime instead
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        run = tessera.compile(str(path), tessera.CompileOptions(cost="analytical"))
+        (y,) = run(torch.tensor([5.0, 6.0, 7.0]))
+    assert [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)] == []
+    assert y.tolist() == [0.0, 6.0, 14.0]
