@@ -3,6 +3,7 @@ runs inside one, and a capture that fails leaves the plan running launch by laun
 (or an error under TESSERA_CAPTURE=strict). CPU tests, and GPU tests where one is visible."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import re
@@ -141,6 +142,52 @@ def test_a_failed_capture_is_an_error_when_strict(monkeypatch):
     with pytest.raises(CaptureError, match=r"capture of 1 kernel\(s\) \(k0\) failed"):
         exe.run(*_g1_inputs())
     assert exe.capture_error is None
+
+
+def _capture_mocks(monkeypatch, fail_recovery: bool) -> list[object]:
+    """torch.cuda as `graphs.capture` sees it on a machine whose kernel faulted: the capture fails with
+    CUDA's fault; the recovery's set_stream fails as well when the error is sticky."""
+    from tessera.runtime import graphs
+
+    fault = "CUDA error: an illegal memory access was encountered\nCompile with TORCH_USE_CUDA_DSA"
+    tries: list[object] = []
+
+    @contextlib.contextmanager
+    def graph(g: object, *args: object, **kwargs: object):
+        tries.append(g)
+        if len(tries) == 1:  # the plan's capture; the recovery's empty one succeeds
+            raise RuntimeError(fault)
+        yield
+
+    def set_stream(stream: object) -> None:
+        if fail_recovery:
+            raise RuntimeError(fault)
+        tries.append(stream)
+
+    monkeypatch.setattr(graphs.torch.cuda, "current_stream", lambda *a: "the caller's stream")
+    monkeypatch.setattr(graphs.torch.cuda, "graph", graph)
+    monkeypatch.setattr(graphs.torch.cuda, "CUDAGraph", lambda: "an empty graph")
+    monkeypatch.setattr(graphs.torch.cuda, "set_stream", set_stream)
+    return tries
+
+
+def test_a_capture_whose_recovery_fails_says_the_context_is_lost(monkeypatch):
+    """A fault is sticky: putting the stream back fails too. That is not a CaptureError (the plan
+    cannot fall back to launches in a lost context) but an error that says to start a new process."""
+    from tessera.runtime import graphs
+
+    tries = _capture_mocks(monkeypatch, fail_recovery=False)
+    with pytest.raises(CaptureError, match=r"^k0's capture failed: CUDA error: an illegal memory access"):
+        with graphs.capture("the plan's graph", what="k0's capture"):
+            pass
+    assert tries == ["the plan's graph", "the caller's stream", "an empty graph"]
+    _capture_mocks(monkeypatch, fail_recovery=True)
+    with pytest.raises(graphs.ContextLostError) as lost:
+        with graphs.capture("the plan's graph", what="k0's capture"):
+            pass
+    assert not isinstance(lost.value, CaptureError)
+    assert "putting the stream back failed too (CUDA error" in str(lost.value)
+    assert "context is lost. Run the model in a new process" in str(lost.value)
 
 
 def test_the_capture_setting_is_checked(monkeypatch):

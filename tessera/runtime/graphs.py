@@ -38,6 +38,11 @@ class CaptureError(TesseraError):
     that were being captured and CUDA's reason."""
 
 
+class ContextLostError(TesseraError):
+    """A capture failed and so did putting the process back: a sticky CUDA error (a kernel that
+    faulted) has lost this process's CUDA context, and nothing more can run on the GPU in it."""
+
+
 def raw_stream(device_index: int) -> int:
     """The handle of the current CUDA stream of GPU `device_index`, without making a Stream object (the
     private call Inductor's generated code uses; `current_stream` where a torch lacks it)."""
@@ -94,9 +99,20 @@ def capture(graph: torch.cuda.CUDAGraph, pool: object = None, what: str = "the C
         with capture_guard(), torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             yield
     except RuntimeError as e:
-        _after_a_failed_capture(stream)
-        lines = str(e).strip().splitlines()
-        raise CaptureError(f"{what} failed: {lines[0] if lines else type(e).__name__}") from e
+        reason = _first_line(e)
+        try:
+            _after_a_failed_capture(stream)
+        except Exception as again:  # noqa: BLE001 - whatever CUDA raises once its context is gone
+            raise ContextLostError(f"{what} failed: {reason}; putting the stream back failed too "
+                                   f"({_first_line(again)}): this process's CUDA context is lost. Run the "
+                                   "model in a new process; a kernel that faults is a tessera or Triton bug, "
+                                   "please report it with the artifact's plan.json") from e
+        raise CaptureError(f"{what} failed: {reason}") from e
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
 
 
 def _after_a_failed_capture(stream: torch.cuda.Stream) -> None:
