@@ -447,6 +447,22 @@ def judge(spec: GraphSpec, x: Mapping[str, np.ndarray], ref: Mapping[str, np.nda
                 return Outcome("skip", "reference-rounding",
                                detail + f"; onnxruntime in float64: tessera {e_t:.3g}, onnxruntime's float32 "
                                f"{e_r:.3g} off", worst, floor)
+        if worst < REFERENCE_SLACK * tol:
+            # A sum that cancels (a convolution near zero, then a division by it) turns its operands'
+            # rounding into a large relative error, which the emulation's noise on each node's result
+            # never shows: noise on the inputs does. Excused where tessera is as close to onnxruntime and
+            # to the float64 value as that noise moves onnxruntime (session 50, fuzz_5001.fail2: a Conv,
+            # a Relu, a Div by it; 5.5e-5 apart, tessera 6.0e-5 and onnxruntime 3.6e-5 off the float64
+            # value, onnxruntime moved 2.5e-4 by the noise).
+            moved = input_noise_floor(spec, x, ref)
+            if worst < FLOOR_FACTOR * moved:
+                exact = exact_outputs(model, x)
+                e_t = max(rel_l2(got[o], exact[o]) for o in off)
+                e_r = min(rel_l2(ref[o], exact[o]) for o in off)
+                if e_t < FLOOR_FACTOR * moved:
+                    return Outcome("skip", "ill-conditioned",
+                                   detail + f"; onnxruntime moves {moved:.3g} under float32 noise on the inputs; "
+                                   f"float64 value: tessera {e_t:.3g}, onnxruntime {e_r:.3g} off", worst, moved)
     return Outcome("mismatch", "values", detail + f"; {executor} {floor:.3g}", worst, floor)
 
 
@@ -515,6 +531,17 @@ def emulated_floor(spec: GraphSpec, x: Mapping[str, np.ndarray],
         if emu[o].dtype.kind == "f" and (~np.isfinite(emu[o]) & np.isfinite(ref[o])).any():
             bad = True
     return worst, bad
+
+
+def input_noise_floor(spec: GraphSpec, x: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> float:
+    """How far onnxruntime's fp32 outputs move when every float input carries relative noise of a few
+    float32 roundings (`FP32_NOISE`): the graph's own sensitivity at these inputs."""
+    rng = np.random.default_rng([spec.seed, 1 << 22])
+    noisy = {k: (v * (1 + FP32_NOISE * rng.uniform(-1, 1, v.shape))).astype(np.float32)
+             if v.dtype == np.float32 else v for k, v in x.items()}
+    out = run_ort(to_onnx(spec), noisy)
+    errs = [rel_l2(out[o], ref[o]) for o in spec.outputs]
+    return max((e for e in errs if not math.isnan(e)), default=0.0)
 
 
 def primitive_floor(spec: GraphSpec, x: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> float:
