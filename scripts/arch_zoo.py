@@ -195,7 +195,8 @@ def backend_sweep(names: list[str], precision: str, device: str) -> int:
         rows.append((name, err, secs, graphs, verdict))
         print(f"{name}: rel L2 {err:.2e} vs float64 eager, {graphs} graph(s), first call {secs:.1f} s: {verdict}",
               flush=True)
-    print("\n| architecture | rel L2 vs float64 | graphs | first call s | verdict |\n| --- | ---: | ---: | ---: | --- |")
+    print("\n| architecture | rel L2 vs float64 | graphs | first call s | verdict |")
+    print("| --- | ---: | ---: | ---: | --- |")
     for name, err, secs, graphs, verdict in rows:
         print(f"| {name} | {err:.2e} | {graphs} | {secs:.1f} | {verdict} |")
     return 1 if failed else 0

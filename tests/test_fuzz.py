@@ -283,7 +283,8 @@ REGRESSIONS = {
     "scalar_comparison_and": GraphSpec(
         opset=13, precision="fp32", layout="auto", strategy="optimal", seed=0, schedule_seed=0,
         inputs=[T("in1", (1,), "float32"), T("in4", (3,), "bool")], consts=[C("c2", (), "float32", values=(0.0,))],
-        nodes=[N("Greater", ["in1", "c2"], ["t3"], family="compare"), N("And", ["t3", "in4"], ["t5"], family="compare")],
+        nodes=[N("Greater", ["in1", "c2"], ["t3"], family="compare"),
+               N("And", ["t3", "in4"], ["t5"], family="compare")],
         outputs=["t5"]),
 }
 
