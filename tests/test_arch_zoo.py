@@ -1,10 +1,11 @@
 """A few of `scripts/arch_zoo.py`'s architectures end to end on the CPU, one for each feature the shared
 models lack: grouped-query attention with rotary embeddings and RMSNorm (llama), shifted-window attention
 with padding (swin), a convolutional feature extractor with a grouped positional convolution and instance
-norm (wav2vec2), relative position buckets (t5_encoder). Each is exported to ONNX, compiled (analytical
-cost), run and compared with onnxruntime on fresh random inputs; llama also goes through
-`torch.compile(backend="tessera")`. The whole sweep (28 architectures, fp32 and fp16) is in
-docs/testing.md, "Architecture breadth"."""
+norm (wav2vec2), relative position buckets (t5_encoder), position ids from a running sum of the padding
+mask (roberta: an integer CumSum), rotary tables read by GatherND (falcon). Each is exported to ONNX,
+compiled (analytical cost), run and compared with onnxruntime on fresh random inputs, with no node left to
+the fallback; llama also goes through `torch.compile(backend="tessera")`. The whole sweep (28
+architectures, fp32 and fp16) is in docs/testing.md, "Architecture breadth"."""
 from __future__ import annotations
 
 import sys
@@ -26,13 +27,14 @@ from tessera.verify import random_inputs, run_onnxruntime  # noqa: E402
 
 
 @pytest.mark.parametrize("name,precision", [("llama", "fp32"), ("swin", "fp32"), ("wav2vec2", "fp16"),
-                                            ("t5_encoder", "fp16")])
+                                            ("t5_encoder", "fp16"), ("roberta", "fp32"), ("falcon", "fp16")])
 def test_an_architecture_compiles_and_matches_onnxruntime(tmp_path, name, precision):
     path, std = arch_zoo.export(name, tmp_path)
     assert 1e-2 < std < 1e3, f"{name}'s output vanishes or explodes (std {std}): the check would show little"
     graph = frontend_load(str(path)).graph
     feeds = random_inputs(graph, seed=7)
     run = tessera.compile(str(path), tessera.CompileOptions(cost="analytical", precision=precision))
+    assert not [n for n in run.graph.nodes if n.op == "opaque"], "every node lowers: no fallback"
     outs = run.run(**feeds)
     ref = run_onnxruntime(onnx.load(str(path)), feeds)
     for out_name, r in ref.items():

@@ -129,6 +129,25 @@ def test_gather_elements():
     check_kernel(build_model("GatherElements", {"x": x, "i": idx}, {"axis": 1}, opset=13), {"x": x, "i": idx})
 
 
+@pytest.mark.parametrize("reverse", [0, 1])
+def test_cumsum_one_kernel(reverse):
+    """The running sum's mask, broadcast and reduction in one kernel. (An integer one, RoBERTa's, has its
+    reduction run by torch: generated kernels reduce floats only; tests/test_arch_zoo.py runs it.)"""
+    check("CumSum", {"x": rand(3, 9, 5, seed=12), "axis": Const(np.array(1, I64))}, {"reverse": reverse}, opset=14)
+    check("CumSum", {"x": rand(2, 11, seed=13), "axis": Const(np.array(-1, I64))}, {"exclusive": 1, "reverse": reverse},
+          opset=14)
+
+
+@pytest.mark.parametrize("bd", [0, 1])
+def test_gather_nd_computed_indices(bd):
+    """GatherND's index tuples combined into positions (negatives wrapped first), then one gather: all
+    in one kernel."""
+    x = rand(3, 5, 4, seed=11)
+    idx = np.array([[[1, -1], [0, 2], [-3, 0]], [[2, 3], [-1, -4], [0, 0]], [[1, 1], [2, -2], [0, 3]]], I64)
+    idx = idx[:, :, 1:] if bd else idx  # batch_dims 1: one index per tuple into the 5-long axis
+    check_kernel(build_model("GatherND", {"x": x, "i": idx}, {"batch_dims": bd}, opset=13), {"x": x, "i": idx})
+
+
 @pytest.mark.parametrize("attrs", [
     {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
     {"mode": "linear", "coordinate_transformation_mode": "half_pixel"},

@@ -8,6 +8,7 @@ import pytest
 from opcheck import Const, build_model, check_op, rand
 
 from tessera.fission import fission
+from tessera.errors import TesseraError
 from tessera.frontend import load
 
 I64 = np.int64
@@ -367,6 +368,41 @@ def test_gather_elements(axis, ishape, const, opset):
     i = np.random.default_rng(33).integers(-d, d, size=ishape).astype(I64)
     inputs = {"x": x, "i": Const(i) if const else i}
     check_op("GatherElements", inputs, {"axis": axis}, opset=opset, expect_prims=["gather_elements"])
+
+
+# ---- GatherND ----------------------------------------------------------------------------------
+GATHER_ND_CASES = [  # data shape, indices shape (last axis: the tuple), batch_dims
+    ((4, 5, 6), (3, 1), 0),  # rows
+    ((4, 5, 6), (2, 3, 2), 0),  # (row, column) pairs: vectors of 6
+    ((4, 5, 6), (7, 3), 0),  # single elements
+    ((4, 5, 6), (2,), 0),  # one tuple, no leading index axes
+    ((6, 2, 24, 16), (1, 1), 0),  # Falcon's rotary tables (transformers 5, dynamo export)
+    ((3, 5, 6), (3, 4, 1), 1),  # per batch entry
+    ((2, 3, 5, 4), (2, 3, 2, 2), 2),
+]
+
+
+@pytest.mark.parametrize("const", [False, True])
+@pytest.mark.parametrize("dshape,ishape,bd", GATHER_ND_CASES)
+def test_gather_nd(dshape, ishape, bd, const):
+    rng = np.random.default_rng(35)
+    x = rand(*dshape, seed=36)
+    dims = dshape[bd:bd + ishape[-1]]
+    i = np.stack([rng.integers(-d, d, size=ishape[:-1]) for d in dims], axis=-1).astype(I64)
+    check_op("GatherND", {"x": x, "i": Const(i) if const else i}, {"batch_dims": bd}, opset=13)
+
+
+def test_gather_nd_int_data_and_opset_11():
+    x = np.random.default_rng(37).integers(-9, 9, size=(5, 4)).astype(I64)
+    i = np.array([[4, -1], [0, 2], [-5, 0]], I64)
+    check_op("GatherND", {"x": x, "i": i}, opset=11)
+    check_op("GatherND", {"x": rand(5, 4, seed=38), "i": Const(i)}, opset=11)
+
+
+def test_gather_nd_out_of_range_constant_is_an_error():
+    model = build_model("GatherND", {"x": rand(5, 4, seed=39), "i": Const(np.array([[5, 0]], I64))}, opset=13)
+    with pytest.raises(TesseraError, match="indices out of range for extent 5"):
+        fission(load(model).graph)
 
 
 # ---- SpaceToDepth, DepthToSpace -----------------------------------------------------------

@@ -18,6 +18,7 @@ from tessera.ir.builder import PrimBuilder
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, GraphKind, Node, TensorType
 from tessera.ops import Unsupported
+from tessera.ops.normalization import CUMSUM_MAX
 from tessera.tolerance import rel_l2
 
 SOFTMAX_PRIMS = ["reduce_max", "broadcast", "sub", "exp", "reduce_sum", "div"]
@@ -405,3 +406,26 @@ def test_reduce_bad_axis_names_node():
     with pytest.raises(TesseraError, match="reducesum_0"):
         load(_declare(build_model("ReduceSum", {"x": rand(3, 4, seed=1), "axes": Const(np.array([2], np.int64))},
                                   opset=13), (3, 4)))
+
+
+# ---- CumSum -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("exclusive,reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("shape,axis", [((7,), 0), ((3, 5, 4), 1), ((3, 5, 4), -1), ((2, 6), 0)])
+def test_cumsum(shape, axis, exclusive, reverse):
+    check_op("CumSum", {"x": rand(*shape, seed=51), "axis": Const(np.array(axis, np.int64))},
+             {"exclusive": exclusive, "reverse": reverse}, opset=14, expect_prims=["reduce_sum"])
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_cumsum_of_integers_is_exact(dtype):
+    """RoBERTa's position ids: a running count of the non-padding tokens, in int64."""
+    mask = np.random.default_rng(52).integers(0, 3, size=(2, 24)).astype(dtype)
+    check_op("CumSum", {"x": mask, "axis": Const(np.array([1], np.int32))}, opset=11, tol=1e-12)
+
+
+def test_a_long_or_computed_cumsum_axis_stays_opaque():
+    x = rand(2, CUMSUM_MAX + 1, seed=53)
+    pg = check_op("CumSum", {"x": x, "axis": Const(np.array(1, np.int64))}, opset=14, allow_opaque=True)
+    assert [n.op for n in pg.nodes if n.op == "opaque"] == ["opaque"]
+    pg = check_op("CumSum", {"x": rand(3, 4, seed=54), "axis": np.array(0, np.int64)}, opset=14, allow_opaque=True)
+    assert any(n.op == "opaque" for n in pg.nodes)

@@ -21,6 +21,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tessera.ir.builder import PrimBuilder
+from tessera.ir.dtype import DType
 from tessera.ir.prims import Prim
 from tessera.ops.registry import OpCtx, Unsupported, register
 
@@ -450,6 +451,49 @@ def gather_elements(ctx: OpCtx) -> list[str]:
     # so the primitive's operands agree on every dim but the axis.
     x = b.slice(x, [0] * len(shape), [1] * len(shape), [d if k == a else ishape[k] for k, d in enumerate(shape)])
     return [b.emit(Prim.GATHER_ELEMENTS, [x, idx], {"axis": a})]
+
+
+@register("GatherND", since=11)
+def gather_nd(ctx: OpCtx) -> list[str]:
+    """Each index tuple (the indices' last axis, k long) picks a slice of the data past its batch dims:
+    the k data axes are flattened into one and the tuple becomes one position in it, so that a GATHER
+    on axis 0 (batch dims folded in as an offset) reads the slices. Constant indices are flattened
+    here (a SLICE where the positions are a progression); computed ones by elementwise primitives."""
+    b, x, idx = ctx.b, ctx.input(0), ctx.input(1)
+    shape, ishape = b.shape(x), b.shape(idx)
+    bd = int(ctx.attr("batch_dims", 0)) if ctx.opset >= 12 else 0
+    if not ishape or bd < 0 or bd >= min(len(shape), len(ishape)) or tuple(ishape[:bd]) != tuple(shape[:bd]):
+        raise ctx.fail(f"indices {list(ishape)} with batch_dims {bd} do not fit data {list(shape)}")
+    k = ishape[-1]
+    if k < 1 or bd + k > len(shape):
+        raise ctx.fail(f"index tuples of {k} do not fit data {list(shape)} past {bd} batch dims")
+    batch, dims, rest, lead = shape[:bd], shape[bd:bd + k], shape[bd + k:], ishape[bd:-1]
+    out = [*batch, *lead, *rest]
+    _nonempty(ctx, out)
+    nb, nd = math.prod(batch), math.prod(dims)
+    strides = [math.prod(dims[j + 1:]) for j in range(k)]  # row-major positions in the k axes
+    flat = b.reshape(x, [nb * nd, *rest])
+    # batch entry n's slices start at n * nd: an offset over the batch dims, broadcast over `lead`
+    offset = (np.arange(nb, dtype=np.int64) * nd).reshape([*batch, *([1] * len(lead))])
+    v = b.value(idx)
+    if v is not None:
+        v = np.asarray(v, dtype=np.int64)
+        cols = [_const_indices(ctx, v[..., j], d) for j, d in enumerate(dims)]
+        pos = sum(c * st for c, st in zip(cols, strides)) + offset
+        return [b.reshape(select(b, flat, {0: pos.reshape(-1)}), out)]
+    idx = b.cast(idx, DType.INT64)  # int32 indices: the arithmetic below is int64
+    pos = None
+    for j, (d, st) in enumerate(zip(dims, strides)):
+        c = b.reshape(b.slice_axis(idx, len(ishape) - 1, j, 1), ishape[:-1])
+        # a negative index counts from the end of its axis, before the axes are combined
+        c = b.where(b.binary(Prim.LESS, c, b.const(np.zeros((), np.int64), "zero")),
+                    b.add(c, b.const(np.array(d, np.int64), "extent")), c)
+        term = b.mul(c, b.const(np.array(st, np.int64), "stride")) if st != 1 else c
+        pos = term if pos is None else b.add(pos, term)
+    if nb > 1:
+        pos = b.add(pos, b.const(offset, "batch_offset"))
+    pos = b.reshape(pos, [math.prod(b.shape(pos))])
+    return [b.reshape(b.gather(flat, pos, 0), out)]
 
 
 # ---- space <-> depth ------------------------------------------------------------------

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from tessera.ir.builder import PrimBuilder
 from tessera.ir.dtype import DType
 from tessera.ir.prims import Prim
@@ -295,3 +297,32 @@ def reduce_axes_attr(ctx: OpCtx) -> list[str]:
 def reduce_axes_input(ctx: OpCtx) -> list[str]:
     # Axes are an optional input, which must be a constant to be lowered.
     return _reduce(ctx, ctx.ints(1), bool(int(ctx.attr("noop_with_empty_axes", 0))))
+
+
+CUMSUM_MAX = 4096  # longer axes stay opaque: the lowering below does L*L additions per row
+
+
+@register("CumSum", since=11)
+def cumsum(ctx: OpCtx) -> list[str]:
+    """Running sums as a masked reduction: y[i] = sum over j of m[i, j] * x[j], with m the constant
+    L x L triangle that `exclusive` and `reverse` pick. x is broadcast along a new axis i and the
+    reduction over j fuses with it, so the L x L values are never stored. Integer data sums exactly
+    (RoBERTa's position ids are a CumSum of the padding mask)."""
+    b, x = ctx.b, ctx.input(0)
+    shape = b.shape(x)
+    axis = ctx.ints(1)
+    if axis is None or len(axis) != 1:
+        raise ctx.fail("CumSum takes one axis")
+    a = ctx.axis(axis[0], len(shape))
+    n = shape[a]
+    if n > CUMSUM_MAX:
+        raise Unsupported(f"a running sum over {n} values (more than {CUMSUM_MAX}) runs through the fallback")
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    forward, exclusive = not int(ctx.attr("reverse", 0)), bool(int(ctx.attr("exclusive", 0)))
+    keep = (j < i if exclusive else j <= i) if forward else (j > i if exclusive else j >= i)
+    rest = len(shape) - a - 1
+    mask = b.const(keep.reshape([1] * a + [n, n] + [1] * rest), "cumsum_mask")
+    wide = [*shape[:a], n, n, *shape[a + 1:]]
+    xs = b.broadcast_to(b.reshape(x, [*shape[:a], 1, n, *shape[a + 1:]]), wide)
+    picked = b.where(mask, xs, b.fill(0, [], b.dtype(x)))
+    return [b.reduce(Prim.REDUCE_SUM, picked, [a + 1], keepdims=False)]
