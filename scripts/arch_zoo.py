@@ -138,9 +138,11 @@ def condition(model: torch.nn.Module, seed: int = 0) -> None:
                 p.add_(0.1 * noise)
 
 
-def export(name: str, out: Path, legacy: bool = False) -> tuple[Path, float]:
+def export(name: str, out: Path, legacy: bool = False, dynamic_seq: bool = False) -> tuple[Path, float]:
     """Build architecture `name` (seed 0, conditioned, eval mode) and write OUT/name.onnx (weights
-    inside); returns the path and the output's standard deviation (a vanishing output checks nothing)."""
+    inside); returns the path and the output's standard deviation (a vanishing output checks nothing).
+    `dynamic_seq`: a text model's sequence axis (the input's axis 1) stays symbolic, "seq", for
+    `tessera compile --dynamic args_0=1:MIN..MAX`."""
     torch.manual_seed(0)
     model, args = ARCHS[name]()
     condition(model)
@@ -152,8 +154,10 @@ def export(name: str, out: Path, legacy: bool = False) -> tuple[Path, float]:
         if legacy:
             torch.onnx.export(model, args, str(path), dynamo=False, opset_version=17)
         else:
-            torch.onnx.export(model, args, dynamo=True, optimize=True, verbose=False).save(str(path),
-                                                                                       external_data=False)
+            # the forward takes *args: one spec per positional input, inside the tuple for *args
+            shapes = (({1: torch.export.Dim("seq", min=2, max=128)},),) if dynamic_seq else None
+            torch.onnx.export(model, args, dynamo=True, optimize=True, verbose=False,
+                              dynamic_shapes=shapes).save(str(path), external_data=False)
     return path, std
 
 

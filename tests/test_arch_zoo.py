@@ -48,3 +48,18 @@ def test_an_architecture_compiles_and_matches_onnxruntime(tmp_path, name, precis
 def test_llama_through_the_torch_backend():
     err, _, graphs = arch_zoo.through_backend("llama", "fp32", "cpu")
     assert graphs == 1 and err < TOLERANCE["fp32"], (graphs, err)
+
+
+def test_llama_with_a_dynamic_sequence_runs_padded_in_buckets(tmp_path, capsys):
+    """A causal model's later positions do not change earlier ones, so a call between two buckets
+    runs zero-padded up to the larger (docs/architecture.md, "Shape buckets"); run --check compares
+    each bucket's padded run with onnxruntime at the real size."""
+    from tessera.cli.main import main
+
+    path, _ = arch_zoo.export("llama", tmp_path, dynamic_seq=True)
+    out = tmp_path / "llama_dynamic"
+    assert main(["compile", str(path), "--dynamic", "args_0=1:8..32", "--cost", "analytical", "-o", str(out)]) == 0
+    assert "pads to the next bucket" in capsys.readouterr().out
+    assert main(["run", str(out), "--check"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("PASS (tolerance") == 3 and "seq=12 ran in the bucket seq=16" in text, text
