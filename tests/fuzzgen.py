@@ -49,6 +49,7 @@ GENERATORS: list[Gen] = [
     Gen("space_depth", "layout", ops.space_depth),
     Gen("gather", "gather", ops.gather),
     Gen("gather_elements", "gather", ops.gather_elements),
+    Gen("gather_nd", "gather", ops.gather_nd),
     Gen("scatter", "gather", ops.scatter),
     Gen("matmul", "linear", nn.matmul),
     Gen("gemm", "linear", nn.gemm),

@@ -511,6 +511,28 @@ def gather_elements(d: Draw, b: Builder) -> None:
     b.one("GatherElements", [x, idx], [(ishape, x.dtype)], {"axis": a}, exact=x.exact, nan_free=x.nan_free)
 
 
+def gather_nd(d: Draw, b: Builder) -> None:
+    """GatherND: tuples of k indices into the axes past `batch_dims`, from an input or a constant. One
+    range serves every column, the smallest of the k axes' (a column's own range would need one bound
+    per column)."""
+    x = any_tensor(b)
+    bd = d.int(0, min(1, x.rank - 1))
+    k = d.int(1, x.rank - bd)
+    m = min(x.shape[bd:bd + k])
+    lead = tuple(d.int(1, 4) for _ in range(d.int(0, 2)))
+    ishape = x.shape[:bd] + lead + (k,)
+    out = x.shape[:bd] + lead + x.shape[bd + k:]
+    if math.prod(out) > 2 * b.cap:
+        return
+    if d.maybe(0.5):
+        idx = b.add_input(ishape, "int64", bounds=(-m, m))
+        b.pool.remove(idx)
+    else:
+        idx = b.const(ishape, "int64", data=False, ints=(-m, m))
+    b.one("GatherND", [x, idx], [(out, x.dtype)], {"batch_dims": bd} if bd else {}, exact=x.exact,
+          nan_free=x.nan_free)
+
+
 def scatter(d: Draw, b: Builder) -> None:
     """ScatterElements / ScatterND: no fission rule, so tessera's fallback runs them."""
     x = any_tensor(b)
