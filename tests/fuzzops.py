@@ -17,13 +17,16 @@ ONNX_TYPE = {FLOAT: 1, HALF: 10, BF16: 16, "int64": 7, "int32": 6, BOOL: 9}
 
 
 # ---- elementwise --------------------------------------------------------------------------
+# (continuous ones only: Sign, Shrink and ThresholdedRelu jump, and would need exact operands, as comparisons do)
 _UNARY = ["Relu", "Neg", "Abs", "Exp", "Tanh", "Sigmoid", "Erf", "Log", "Sqrt", "Reciprocal", "LeakyRelu",
-          "Softplus", "HardSigmoid", "HardSwish", "Gelu", "Clip", "Identity", "Dropout"]
+          "Softplus", "HardSigmoid", "HardSwish", "Gelu", "Clip", "Identity", "Dropout", "Elu", "Selu", "Celu", "Mish",
+          "Softsign"]
+_MIN_OPSET = {"Gelu": 20, "HardSwish": 14, "Mish": 18}
 _EXACT_UNARY = {"Relu", "Neg", "Abs", "Identity", "Dropout", "Clip"}
 
 
 def unary(d: Draw, b: Builder) -> None:
-    op = d.pick([o for o in _UNARY if not (o == "Gelu" and b.opset < 20) and not (o == "HardSwish" and b.opset < 14)])
+    op = d.pick([o for o in _UNARY if b.opset >= _MIN_OPSET.get(o, 1)])
     x = b.float_in()
     attrs: dict = {}
     ins: list = [x]
@@ -38,6 +41,8 @@ def unary(d: Draw, b: Builder) -> None:
         ins = [b.one("Tanh", [x], [(x.shape, FLOAT)])]  # keep e^x inside fp16's range
     if op == "LeakyRelu":
         attrs["alpha"] = d.pick([0.01, 0.2, 1.5])
+    elif op in ("Elu", "Celu") and d.maybe(0.5):
+        attrs["alpha"] = d.pick([0.3, 2.0])
     elif op == "HardSigmoid":
         attrs.update(alpha=d.pick([0.2, 0.5]), beta=d.pick([0.5, 0.1]))
     elif op == "Gelu" and d.maybe(0.5):
@@ -103,10 +108,10 @@ def logic(d: Draw, b: Builder) -> None:
     op = d.pick(["And", "Or", "Not", "Xor"])
     x = b.bool_in()
     if op == "Not":
-        b.one("Not", [x], [(x.shape, BOOL)], exact=True, family="compare" if op != "Xor" else "opaque")
+        b.one("Not", [x], [(x.shape, BOOL)], exact=True, family="compare")
         return
     y = b.operand_like(x.shape, BOOL)
-    b.one(op, [x, y], [(bcast(x.shape, y.shape), BOOL)], exact=True, family="opaque" if op == "Xor" else None)
+    b.one(op, [x, y], [(bcast(x.shape, y.shape), BOOL)], exact=True)
 
 
 def where(d: Draw, b: Builder) -> None:

@@ -41,6 +41,17 @@ def test_unary_chains(op, attrs, opset):
     check(op, {"x": rand(3, 37, seed=1, lo=-4, hi=4)}, attrs, opset)
 
 
+@pytest.mark.parametrize("op,attrs,opset", [
+    ("Mish", {}, 18), ("Elu", {"alpha": 0.5}, 6), ("Selu", {}, 6), ("Celu", {"alpha": 2.0}, 12), ("Softsign", {}, 1),
+    ("ThresholdedRelu", {}, 10), ("Shrink", {"bias": 0.2}, 9), ("Sign", {}, 9),
+])
+def test_session_50_activations_in_one_kernel(op, attrs, opset):
+    """The activations added in session 50, generated, on values from -30 to 30 and NaN."""
+    x = rand(3, 37, seed=5, lo=-30, hi=30)
+    x[0, :4] = [np.nan, 0.0, -1e-7, 1e-7]
+    check(op, {"x": x}, attrs, opset)
+
+
 @pytest.mark.parametrize("p", [3.0, 2.0, 0.5, -1.0, 2.5, 0.0, 4.0, -3.0])
 def test_pow_by_a_scalar_constant(p):
     """A one-element constant is a literal in the source: special exponents become products or

@@ -129,3 +129,44 @@ def test_identity_and_dropout():
     assert len(pg.nodes) == 1  # the output copy; no arithmetic
     check_op("Dropout", {"x": rand(3, 4, seed=36)}, n_outputs=2)  # mask: all true
     check_op("Dropout", {"x": rand(3, 4, seed=37), "ratio": Const(np.float32(0.3))}, opset=13)
+
+
+# ---- activations and the rest added in session 50 ----------------------------------------------
+SPECIAL = np.array([np.nan, -np.inf, np.inf, -0.0, 0.0, 1e-8, -1e-8, 0.5, -0.5, 30.0, -30.0, 100.0], np.float32)
+
+
+def _with_special(seed: int, *shape: int) -> np.ndarray:
+    x = rand(*shape, seed=seed, lo=-4.0, hi=4.0)
+    x.reshape(-1)[:SPECIAL.size] = SPECIAL
+    return x
+
+
+@pytest.mark.parametrize("op,attrs,opset", [
+    ("Elu", {}, 6), ("Elu", {"alpha": 0.3}, 6), ("Selu", {}, 6), ("Selu", {"alpha": 1.5, "gamma": 2.0}, 6),
+    ("Celu", {}, 12), ("Celu", {"alpha": 2.5}, 12), ("Mish", {}, 18), ("Softsign", {}, 1),
+    ("ThresholdedRelu", {}, 10), ("ThresholdedRelu", {"alpha": -0.5}, 10), ("Shrink", {}, 9),
+    ("Shrink", {"bias": 0.7, "lambd": 1.5}, 9), ("Sign", {}, 9), ("IsInf", {}, 10),
+    ("IsInf", {"detect_negative": 0}, 10), ("IsInf", {"detect_positive": 0}, 10),
+    ("IsInf", {"detect_positive": 0, "detect_negative": 0}, 10),
+])
+def test_activations_with_special_values(op, attrs, opset):
+    """Each against onnxruntime on random values and on NaN, both infinities, signed zeros, tiny and
+    saturating values (NaN must land where onnxruntime's does)."""
+    check_op(op, {"x": _with_special(60, 4, 9)}, attrs, opset=opset)
+
+
+def test_sign_of_integers_and_xor():
+    check_op("Sign", {"x": np.array([[-7, 0, 3], [2, -1, 0]], np.int64)}, opset=13)
+    rng = np.random.default_rng(61)
+    check_op("Xor", {"a": rng.integers(0, 2, (3, 4)).astype(bool), "b": rng.integers(0, 2, (4,)).astype(bool)})
+
+
+@pytest.mark.parametrize("slope_shape", [(1,), (3, 1, 1), (5,), (2, 3, 4, 5)])
+def test_prelu_broadcasts_its_slope(slope_shape):
+    check_op("PRelu", {"x": _with_special(62, 2, 3, 4, 5), "slope": Const(rand(*slope_shape, seed=63))}, opset=9)
+    check_op("PRelu", {"x": rand(2, 3, 4, 5, seed=64), "slope": rand(*slope_shape, seed=65)}, opset=16)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_mean(n):
+    check_op("Mean", {f"x{i}": rand(*((2, 1, 5) if i % 2 else (3, 5)), seed=66 + i) for i in range(n)}, opset=13)

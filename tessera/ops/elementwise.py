@@ -44,11 +44,15 @@ def pow_(ctx: OpCtx) -> list[str]:
     return [b.binary(Prim.POW, x, b.cast(ctx.input(1), b.dtype(x)))]
 
 
-@register(["Max", "Min", "Sum"], since=8)
+@register(["Max", "Min", "Sum", "Mean"], since=8)
 def variadic(ctx: OpCtx) -> list[str]:
-    prim = {"Max": Prim.MAX, "Min": Prim.MIN, "Sum": Prim.ADD}[ctx.node.op]
+    prim = {"Max": Prim.MAX, "Min": Prim.MIN, "Sum": Prim.ADD, "Mean": Prim.ADD}[ctx.node.op]
     xs = [ctx.input(i) for i in range(len(ctx.node.inputs))]
-    return [reduce(lambda acc, x: ctx.b.binary(prim, acc, x), xs)]
+    y = reduce(lambda acc, x: ctx.b.binary(prim, acc, x), xs)
+    if ctx.node.op == "Mean":  # the sum over the count (a float op in ONNX)
+        float_dtype_check(ctx, y)
+        y = ctx.b.emit(Prim.DIV, [y, ctx.b.scalar(len(xs), y)]) if len(xs) > 1 else y
+    return [y]
 
 
 @register("Where", since=9)
@@ -123,14 +127,129 @@ def hard_swish(ctx: OpCtx) -> list[str]:
     return [ctx.b.emit(Prim.MUL, [x, _hard_sigmoid(ctx, x, 1.0 / 6.0, 0.5)])]
 
 
-@register("Softplus", since=1)
-def softplus(ctx: OpCtx) -> list[str]:
+def _softplus(ctx: OpCtx, x: str) -> str:
     # log(1 + e^x) written as max(x, 0) + log(1 + e^-|x|), which cannot overflow.
-    b, x = ctx.b, ctx.input(0)
-    float_dtype_check(ctx, x)
+    b = ctx.b
     pos = b.emit(Prim.MAX, [x, b.scalar(0, x)])
     tail = b.unary(Prim.LOG, b.add_scalar(b.unary(Prim.EXP, b.unary(Prim.NEG, b.unary(Prim.ABS, x))), 1.0))
-    return [b.emit(Prim.ADD, [pos, tail])]
+    return b.emit(Prim.ADD, [pos, tail])
+
+
+@register("Softplus", since=1)
+def softplus(ctx: OpCtx) -> list[str]:
+    x = ctx.input(0)
+    float_dtype_check(ctx, x)
+    return [_softplus(ctx, x)]
+
+
+@register("Mish", since=18)
+def mish(ctx: OpCtx) -> list[str]:
+    """x tanh(softplus(x)) (YOLOv4's activation)."""
+    x = ctx.input(0)
+    float_dtype_check(ctx, x)
+    return [ctx.b.emit(Prim.MUL, [x, ctx.b.unary(Prim.TANH, _softplus(ctx, x))])]
+
+
+def _exp_minus_one(ctx: OpCtx, x: str, alpha: float) -> str:
+    """alpha (e^x - 1): the negative branch of Elu, Selu and Celu."""
+    b = ctx.b
+    return b.mul_scalar(b.add_scalar(b.unary(Prim.EXP, x), -1.0), alpha)
+
+
+def _positive_else(ctx: OpCtx, x: str, other: str) -> str:
+    """x where x > 0, else `other` (NaN takes `other`, as onnxruntime's Elu gives NaN from it)."""
+    b = ctx.b
+    return b.emit(Prim.WHERE, [b.emit(Prim.GREATER, [x, b.scalar(0, x)]), x, other])
+
+
+@register("Elu", since=6)
+def elu(ctx: OpCtx) -> list[str]:
+    x = ctx.input(0)
+    float_dtype_check(ctx, x)
+    return [_positive_else(ctx, x, _exp_minus_one(ctx, x, float(ctx.attr("alpha", 1.0))))]
+
+
+@register("Selu", since=6)
+def selu(ctx: OpCtx) -> list[str]:
+    x = ctx.input(0)
+    float_dtype_check(ctx, x)
+    alpha = float(ctx.attr("alpha", 1.67326319217681884765625))
+    gamma = float(ctx.attr("gamma", 1.05070102214813232421875))
+    return [ctx.b.mul_scalar(_positive_else(ctx, x, _exp_minus_one(ctx, x, alpha)), gamma)]
+
+
+@register("Celu", since=12)
+def celu(ctx: OpCtx) -> list[str]:
+    """max(0, x) + min(0, alpha (e^(x/alpha) - 1))."""
+    b, x = ctx.b, ctx.input(0)
+    float_dtype_check(ctx, x)
+    alpha = float(ctx.attr("alpha", 1.0))
+    neg = _exp_minus_one(ctx, b.mul_scalar(x, 1.0 / alpha), alpha)
+    return [b.emit(Prim.ADD, [b.emit(Prim.MAX, [x, b.scalar(0, x)]), b.emit(Prim.MIN, [neg, b.scalar(0, x)])])]
+
+
+@register("PRelu", since=7)
+def prelu(ctx: OpCtx) -> list[str]:
+    """x where x >= 0, else slope x; the slope broadcasts to x (one value per channel, say)."""
+    b, x, slope = ctx.b, ctx.input(0), ctx.input(1)
+    neg = b.emit(Prim.LESS, [x, b.scalar(0, x)])
+    return [b.where(neg, b.binary(Prim.MUL, x, b.cast(slope, b.dtype(x))), x)]
+
+
+@register("ThresholdedRelu", since=10)
+def thresholded_relu(ctx: OpCtx) -> list[str]:
+    b, x = ctx.b, ctx.input(0)
+    float_dtype_check(ctx, x)
+    over = b.emit(Prim.GREATER, [x, b.scalar(float(ctx.attr("alpha", 1.0)), x)])
+    return [b.emit(Prim.WHERE, [over, x, b.scalar(0, x)])]
+
+
+@register("Softsign", since=1)
+def softsign(ctx: OpCtx) -> list[str]:
+    b, x = ctx.b, ctx.input(0)
+    float_dtype_check(ctx, x)
+    return [b.emit(Prim.DIV, [x, b.add_scalar(b.unary(Prim.ABS, x), 1.0)])]
+
+
+@register("Shrink", since=9)
+def shrink(ctx: OpCtx) -> list[str]:
+    """x + bias below -lambd, x - bias above lambd, else 0 (NaN too, as in onnxruntime)."""
+    b, x = ctx.b, ctx.input(0)
+    bias, lambd = float(ctx.attr("bias", 0.0)), float(ctx.attr("lambd", 0.5))
+    below = b.emit(Prim.LESS, [x, b.scalar(-lambd, x)])
+    above = b.emit(Prim.GREATER, [x, b.scalar(lambd, x)])
+    inner = b.emit(Prim.WHERE, [above, b.add_scalar(x, -bias), b.scalar(0, x)])
+    return [b.emit(Prim.WHERE, [below, b.add_scalar(x, bias), inner])]
+
+
+@register("Sign", since=9)
+def sign(ctx: OpCtx) -> list[str]:
+    """1, -1 or 0; NaN stays NaN (onnxruntime's)."""
+    b, x = ctx.b, ctx.input(0)
+    zero = b.scalar(0, x)
+    y = b.emit(Prim.WHERE, [b.emit(Prim.LESS, [x, zero]), b.scalar(-1, x), zero])
+    y = b.emit(Prim.WHERE, [b.emit(Prim.GREATER, [x, zero]), b.scalar(1, x), y])
+    if b.dtype(x).is_float:
+        y = b.emit(Prim.WHERE, [b.unary(Prim.ISNAN, x), x, y])
+    return [y]
+
+
+@register("IsInf", since=10)
+def is_inf(ctx: OpCtx) -> list[str]:
+    b, x = ctx.b, ctx.input(0)
+    float_dtype_check(ctx, x)
+    tests = [b.emit(Prim.EQUAL, [x, b.scalar(v, x)]) for v, on in ((math.inf, ctx.attr("detect_positive", 1)),
+                                                                   (-math.inf, ctx.attr("detect_negative", 1))) if on]
+    if not tests:
+        return [b.fill(False, b.shape(x), DType.BOOL)]
+    return [reduce(lambda p, q: b.emit(Prim.OR, [p, q]), tests)]
+
+
+@register("Xor", since=7)
+def xor(ctx: OpCtx) -> list[str]:
+    """(x or y) and not (x and y)."""
+    b, x, y = ctx.b, ctx.input(0), ctx.input(1)
+    return [b.binary(Prim.AND, b.binary(Prim.OR, x, y), b.unary(Prim.NOT, b.binary(Prim.AND, x, y)))]
 
 
 @register("Gelu", since=20)
