@@ -71,7 +71,7 @@ def convert_precision(graph: Graph, precision: str, io: str = "model") -> Graph:
                 g.constants[w] = graph.constants[t]
                 g.types[w] = graph.types[t]
                 ins.append(w)
-            elif t in wide and f"{t}/{n.name}/fp32" in ins:  # the same input twice (Mean(x, x)): one cast
+            elif t in wide and f"{t}/{n.name}/fp32" in ins:  # the same input twice (Mean(x, x), Einsum(x, x)): one cast
                 ins.append(f"{t}/{n.name}/fp32")
             elif t in wide:
                 w = f"{t}/{n.name}/fp32"
