@@ -11,6 +11,7 @@ the same shapes reuses the compiled plan. Parameters and buffers are frozen into
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import fields
 from typing import Any, Callable, Mapping, Sequence
@@ -186,14 +187,19 @@ class PerShape:
     def __init__(self, gm: torch.fx.GraphModule, options: Any, frozen: set[int], name: str) -> None:
         self.gm, self.options, self.frozen, self.name = gm, options, frozen, name
         self.plans: dict[tuple, CompiledModule] = {}
+        self._compiling = threading.Lock()  # threads meeting one new shape at once: one compiles it
 
     def __call__(self, *args: Any) -> Any:
         key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
         plan = self.plans.get(key)
         if plan is None:
-            logger.info("%s: a new shape %s; compiling a plan for it", self.name,
-                        [k[0] if isinstance(k, tuple) else k for k in key])
-            plan = self.plans[key] = compile_module(self.gm, args, self.options, name=self.name, frozen=self.frozen)
+            with self._compiling:
+                plan = self.plans.get(key)
+                if plan is None:
+                    logger.info("%s: a new shape %s; compiling a plan for it", self.name,
+                                [k[0] if isinstance(k, tuple) else k for k in key])
+                    plan = self.plans[key] = compile_module(self.gm, args, self.options, name=self.name,
+                                                            frozen=self.frozen)
         return plan(*args)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -95,6 +96,8 @@ class BucketedModule:
         # output index -> [(axis, symbol)] to cut back after a padded call (from the padding checks)
         self.output_axes: dict[int, list[tuple[int, str]]] = {}
         self.checked: set[tuple[str, int]] = set()
+        # threads meeting one new bucket (or padding check) at once: one compiles, the others wait
+        self._compiling = threading.RLock()
 
     def sizes(self, args: Sequence[Any]) -> tuple[int, ...]:
         out = []
@@ -172,16 +175,20 @@ class BucketedModule:
         key = tuple(d.bucket_for(s) for d, s in zip(self.dims, sizes))
         for d, s, b in zip(self.dims, sizes, key):
             if b != s and (d.symbol, b) not in self.checked:
-                self._check(d, args, key)
+                with self._compiling:
+                    if (d.symbol, b) not in self.checked:
+                        self._check(d, args, key)
         return sizes, tuple(d.bucket_for(s) for d, s in zip(self.dims, sizes))
 
     def plan(self, key: tuple[int, ...], padded: Sequence[Any]) -> Callable[..., Any]:
         """The plan of bucket `key`, compiled now for `padded` (args of its shapes) if it is new."""
         full = key + tuple(padded[i].item() for i in self.scalars)
         if full not in self.plans:
-            logger.info("%s: compiling the bucket %s", self.name,
-                        ", ".join(f"{d.symbol}={b}" for d, b in zip(self.dims, key)) or "of its static shapes")
-            self.plans[full] = self.compile_plan(padded)
+            with self._compiling:
+                if full not in self.plans:
+                    logger.info("%s: compiling the bucket %s", self.name,
+                                ", ".join(f"{d.symbol}={b}" for d, b in zip(self.dims, key)) or "of its static shapes")
+                    self.plans[full] = self.compile_plan(padded)
         return self.plans[full]
 
     def __call__(self, *args: Any) -> Any:

@@ -111,3 +111,37 @@ def test_threads_on_their_own_streams_replay_one_graph_in_turn():
 
     assert max(_in_threads(work, 4)) < 1e-3
     assert exe.replay == "cuda graph"
+
+
+def test_threads_meeting_one_new_shape_compile_it_once(monkeypatch):
+    """The backend's per-shape plans and bucketed plans: two threads that call with one new shape at
+    once used to compile it twice (the result right, the time doubled). Now one compiles, the other
+    waits and uses that plan."""
+    from tessera import torch_backend
+    from tessera.torch_dynamic import BucketedModule
+
+    compiles: list[tuple] = []
+    started = threading.Event()
+
+    def slow_compile(*args, **kwargs):
+        compiles.append(args)
+        started.set()
+        threading.Event().wait(0.3)  # long enough that the other thread arrives meanwhile
+        return lambda *xs: xs[0] * 2
+
+    monkeypatch.setattr(torch_backend, "compile_module", slow_compile)
+    per_shape = torch_backend.PerShape(None, None, set(), "g")
+    bucketed = BucketedModule(None, [], "g", lambda padded: slow_compile(padded))
+    for module in (per_shape, bucketed):
+        compiles.clear()
+        started.clear()
+        x = torch.ones(3)
+        out: list[torch.Tensor] = []
+        threads = [threading.Thread(target=lambda: out.append(module(x))) for _ in range(2)]
+        threads[0].start()
+        started.wait(5)
+        threads[1].start()
+        for t in threads:
+            t.join(10)
+        assert len(compiles) == 1, type(module).__name__
+        assert len(out) == 2 and all(torch.equal(o, x * 2) for o in out)
