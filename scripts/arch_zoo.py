@@ -44,7 +44,7 @@ class First(torch.nn.Module):
         return out[0] if isinstance(out, (tuple, list)) else next(iter(out.values()))
 
 
-def _text(cls: str, cfg_cls: str, **over) -> Callable[[], tuple[torch.nn.Module, tuple]]:
+def _text(cls: str, cfg_cls: str, encoder: bool = False, **over) -> Callable[[], tuple[torch.nn.Module, tuple]]:
     def make():
         import transformers
 
@@ -52,6 +52,8 @@ def _text(cls: str, cfg_cls: str, **over) -> Callable[[], tuple[torch.nn.Module,
         if hasattr(cfg, "use_cache"):
             cfg.use_cache = False
         model = getattr(transformers, cls)(cfg)
+        if encoder:  # an encoder-decoder's encoder alone
+            model = model.get_encoder()
         ids = torch.randint(0, cfg.vocab_size, (2, SEQ))
         return First(model, ("input_ids",)), (ids,)
     return make
@@ -120,6 +122,33 @@ ARCHS: dict[str, Callable[[], tuple[torch.nn.Module, tuple]]] = {
                        num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
                        conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
                        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4),
+    # session 50, second batch
+    "bart_encoder": _text("BartModel", "BartConfig", encoder=True, d_model=64, encoder_layers=2, decoder_layers=1,
+                          encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                          decoder_ffn_dim=128),
+    "mpnet": _text("MPNetModel", "MPNetConfig"),
+    "squeezebert": _text("SqueezeBertModel", "SqueezeBertConfig", embedding_size=64, q_groups=2, k_groups=2,
+                         v_groups=2, post_attention_groups=2, intermediate_groups=4, output_groups=4),
+    "convbert": _text("ConvBertModel", "ConvBertConfig", embedding_size=64),
+    "clip_text": _text("CLIPTextModel", "CLIPTextConfig", pad_token_id=1, bos_token_id=0, eos_token_id=2),
+    "swinv2": _image("Swinv2Model", "Swinv2Config", embed_dim=32, depths=[2, 2], num_heads=[2, 4], window_size=4,
+                     image_size=64, patch_size=4),
+    "convnextv2": _image("ConvNextV2Model", "ConvNextV2Config", hidden_sizes=[16, 32], depths=[1, 1], num_stages=2),
+    "efficientnet": _image("EfficientNetModel", "EfficientNetConfig", image_size=64, width_coefficient=0.25,
+                           depth_coefficient=0.25, hidden_dim=320),
+    "mobilenet_v2": _image("MobileNetV2Model", "MobileNetV2Config", image_size=64, depth_multiplier=0.35),
+    "levit": _image("LevitModel", "LevitConfig", image_size=64, hidden_sizes=[32, 48, 64],
+                    num_attention_heads=[1, 2, 2], depths=[1, 1, 1], key_dim=[8, 8, 8]),
+    "poolformer": _image("PoolFormerModel", "PoolFormerConfig", hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1]),
+    "yolos": _image("YolosModel", "YolosConfig", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    intermediate_size=128, image_size=[64, 64], patch_size=16, num_detection_tokens=5),
+    "hubert": _audio("HubertModel", "HubertConfig", (1, 4000), "input_values", hidden_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, intermediate_size=128, conv_dim=(32, 32, 32), conv_stride=(5, 2, 2),
+                     conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4),
+    "videomae": _audio("VideoMAEModel", "VideoMAEConfig", (1, 4, 3, 32, 32), "pixel_values", hidden_size=64,
+                       num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32,
+                       patch_size=16, num_frames=4, tubelet_size=2),
+    "fnet": _text("FNetModel", "FNetConfig", use_tpu_fourier_optimizations=False),
 }
 
 
