@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from tessera.compiler import CompileOptions, CompileResult, compile_model, plan_document, rebuild_meta
-from tessera.errors import TesseraError
+from tessera.errors import TesseraError, UnsupportedError
 from tessera.frontend import load
 from tessera.frontend.fx import OnnxFromTorch, aten_graph, fold_static, to_onnx
 from tessera.log import logger
@@ -186,7 +186,7 @@ class PerShape:
 
     def __init__(self, gm: torch.fx.GraphModule, options: Any, frozen: set[int], name: str) -> None:
         self.gm, self.options, self.frozen, self.name = gm, options, frozen, name
-        self.plans: dict[tuple, CompiledModule] = {}
+        self.plans: dict[tuple, Callable[..., Any]] = {}
         self._compiling = threading.Lock()  # threads meeting one new shape at once: one compiles it
 
     def __call__(self, *args: Any) -> Any:
@@ -198,8 +198,7 @@ class PerShape:
                 if plan is None:
                     logger.info("%s: a new shape %s; compiling a plan for it", self.name,
                                 [k[0] if isinstance(k, tuple) else k for k in key])
-                    plan = self.plans[key] = compile_module(self.gm, args, self.options, name=self.name,
-                                                            frozen=self.frozen)
+                    plan = self.plans[key] = compile_or_eager(self.gm, args, self.options, self.name, self.frozen)
         return plan(*args)
 
 
@@ -219,9 +218,20 @@ def tessera_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                if isinstance(x, torch.Tensor) and x.dim() == 0 and not isinstance(x, torch.nn.Parameter)]
     if dims or scalars:
         opt = options_from(options)
-        return BucketedModule(gm, dims, name, lambda args: compile_module(gm, args, opt, name=name, frozen=frozen),
-                              scalars)
-    return compile_module(gm, example_inputs, options, name=name, frozen=frozen)
+        return BucketedModule(gm, dims, name, lambda args: compile_or_eager(gm, args, opt, name, frozen), scalars)
+    return compile_or_eager(gm, example_inputs, options, name, frozen)
+
+
+def compile_or_eager(gm: torch.fx.GraphModule, args: Sequence[Any], options: Any, name: str,
+                     frozen: set[int]) -> Callable[..., Any]:
+    """A dynamo graph's plan; or, where the graph holds what tessera cannot represent (complex
+    tensors from an FFT, a non-ATen call), the graph itself, run by PyTorch as dynamo captured it,
+    with a warning that says why. The user's torch.compile goes on rather than failing whole."""
+    try:
+        return compile_module(gm, args, options, name=name, frozen=frozen)
+    except UnsupportedError as e:
+        logger.warning("%s runs in PyTorch, not tessera: %s", name, e)
+        return gm.forward
 
 
 def register() -> None:

@@ -179,6 +179,34 @@ def test_graph_break_and_an_opaque_aten_op() -> None:
     assert [n.op_type for n in cum] == ["aten.cumsum.default"]
 
 
+class Spectrum(nn.Module):
+    """FNet's token mixing: the real part of a 2-D FFT, complex tensors in between."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.fft.fftn(self.a(x), dim=(-2, -1)).real
+
+
+def test_a_graph_tessera_cannot_represent_runs_in_pytorch_with_a_warning(caplog) -> None:
+    """Complex tensors have no tessera dtype: the graph runs as dynamo captured it, the call
+    succeeds, and a warning names the graph and the reason (the backend used to fail the whole
+    torch.compile with BackendCompilerFailed; found on FNet, session 50)."""
+    import logging
+
+    torch._dynamo.reset()
+    torch.manual_seed(3)
+    m = Spectrum().eval()
+    f = torch.compile(m, backend=tessera_backend)
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="tessera"):
+        close(f(x), m(x))
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any("runs in PyTorch, not tessera: tensors of torch.complex64 are not supported" in t for t in msgs), msgs
+
+
 def test_artifact_of_a_module_with_an_aten_call(tmp_path: Path) -> None:
     """Saved and loaded like any artifact; `run --check`'s reference runs the ATen call in torch."""
     torch.manual_seed(3)
