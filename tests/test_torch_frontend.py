@@ -153,7 +153,7 @@ def test_unknown_option_is_named() -> None:
 
 
 class Broken(nn.Module):
-    """A graph break between two graphs, and an op tessera has no converter for (cumsum)."""
+    """A graph break between two graphs, and an op tessera has no converter for (sin)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -162,7 +162,7 @@ class Broken(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.relu(self.a(x))
         torch._dynamo.graph_break()
-        return self.b(torch.cumsum(h, dim=1)).softmax(-1)
+        return self.b(torch.sin(h)).softmax(-1)
 
 
 def test_graph_break_and_an_opaque_aten_op() -> None:
@@ -174,9 +174,9 @@ def test_graph_break_and_an_opaque_aten_op() -> None:
         x = torch.randn(3, 8)
         close(f(x), m(x))
     assert len(rec.compiled) == 2
-    assert [c.bridge.opaque for c in rec.compiled] == [[], ["aten.cumsum.default"]]
+    assert [c.bridge.opaque for c in rec.compiled] == [[], ["aten.sin.default"]]
     cum = [n for n in rec.compiled[1].bridge.model.graph.node if n.domain == aten_call.ATEN_DOMAIN]
-    assert [n.op_type for n in cum] == ["aten.cumsum.default"]
+    assert [n.op_type for n in cum] == ["aten.sin.default"]
 
 
 class Spectrum(nn.Module):
@@ -207,13 +207,32 @@ def test_a_graph_tessera_cannot_represent_runs_in_pytorch_with_a_warning(caplog)
     assert any("runs in PyTorch, not tessera: tensors of torch.complex64 are not supported" in t for t in msgs), msgs
 
 
+def test_cumsum_bridges_to_onnx_cumsum() -> None:
+    """torch.cumsum (float, and int64 of a bool mask as position ids are made) lowers through ONNX
+    CumSum's rule rather than staying an ATen call."""
+    torch.manual_seed(4)
+    lin = nn.Linear(8, 8).eval()
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cumsum(lin(x), 1), torch.cumsum((x > 0).long(), dim=-1) * 2
+
+    x = torch.randn(3, 8)
+    c = tessera.compile(fn, {"cost": "analytical", "plan_cache": False}, example_inputs=(x,))
+    assert c.bridge.opaque == []
+    fresh = torch.randn(3, 8)
+    with torch.no_grad():
+        got, want = c(fresh), fn(fresh)
+    close(got[0], want[0])
+    assert torch.equal(got[1], want[1])
+
+
 def test_artifact_of_a_module_with_an_aten_call(tmp_path: Path) -> None:
     """Saved and loaded like any artifact; `run --check`'s reference runs the ATen call in torch."""
     torch.manual_seed(3)
     m = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
 
     def fn(x: torch.Tensor) -> torch.Tensor:
-        return torch.cumsum(m(x), 1).exp()
+        return torch.sin(m(x)).exp()
 
     x = torch.randn(3, 8)
     c = tessera.compile(fn, {"cost": "analytical", "plan_cache": False}, example_inputs=(x,))

@@ -298,6 +298,14 @@ def _index(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> A
     return em.op("Gather", [rows, em.const(flat)], axis=0)
 
 
+@convert("aten.cumsum.default")
+def _cumsum(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
+    x, dim = args[0], args[1]
+    if x.rank == 0:
+        return None
+    return em.op("CumSum", [em.tensor(x, out.dtype), em.ints([_axis(dim, x.rank)])])
+
+
 @convert("aten.gather.default")
 def _gather(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
     x, dim, index = args[0], args[1], args[2]
