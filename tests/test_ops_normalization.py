@@ -429,3 +429,9 @@ def test_a_long_or_computed_cumsum_axis_stays_opaque():
     assert [n.op for n in pg.nodes if n.op == "opaque"] == ["opaque"]
     pg = check_op("CumSum", {"x": rand(3, 4, seed=54), "axis": np.array(0, np.int64)}, opset=14, allow_opaque=True)
     assert any(n.op == "opaque" for n in pg.nodes)
+
+
+def test_a_cumsum_of_a_scalar_is_an_error_naming_the_node():
+    model = build_model("CumSum", {"x": np.array(3.0, np.float32), "axis": Const(np.array(0, np.int64))}, opset=14)
+    with pytest.raises(TesseraError, match="CumSum takes one axis of an input of rank 1 or more"):
+        fission(load(model).graph)

@@ -311,8 +311,8 @@ def cumsum(ctx: OpCtx) -> list[str]:
     b, x = ctx.b, ctx.input(0)
     shape = b.shape(x)
     axis = ctx.ints(1)
-    if axis is None or len(axis) != 1:
-        raise ctx.fail("CumSum takes one axis")
+    if not shape or axis is None or len(axis) != 1:
+        raise ctx.fail(f"CumSum takes one axis of an input of rank 1 or more, got {axis} and shape {list(shape)}")
     a = ctx.axis(axis[0], len(shape))
     n = shape[a]
     if n > CUMSUM_MAX:
