@@ -373,7 +373,7 @@ def resize(d: Draw, b: Builder) -> None:
 
 # ---- opaque (fallback) ------------------------------------------------------------------------
 def opaque(d: Draw, b: Builder) -> None:
-    # (CumSum and Mean have had fission rules since session 50; drawn here still, they test them)
+    # (CumSum, Mean and ArgMax have had fission rules since session 50; drawn here still, they test them)
     op = d.pick(["Sin", "Floor", "CumSum", "ArgMax", "Mean", "Cos", "Round", "TopK"])
     if op in ("Sin", "Cos"):
         x = b.float_in()

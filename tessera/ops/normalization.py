@@ -326,3 +326,35 @@ def cumsum(ctx: OpCtx) -> list[str]:
     xs = b.broadcast_to(b.reshape(x, [*shape[:a], 1, n, *shape[a + 1:]]), wide)
     picked = b.where(mask, xs, b.fill(0, [], b.dtype(x)))
     return [b.reduce(Prim.REDUCE_SUM, picked, [a + 1], keepdims=False)]
+
+
+@register(["ArgMax", "ArgMin"], since=1)
+def arg_extreme(ctx: OpCtx) -> list[str]:
+    """The index of the largest (smallest) value along an axis, as onnxruntime scans for it: the first
+    (with select_last_index, the last) of the values equal to the extreme of the non-NaN ones; NaN is
+    skipped unless it comes first, when the scan never moves off index 0. The indices are an int64
+    constant, reduced as integers (exact at any length and precision)."""
+    b, x = ctx.b, ctx.input(0)
+    shape = b.shape(x)
+    if not shape:
+        raise ctx.fail("needs an input of rank 1 or more")
+    a = ctx.axis(int(ctx.attr("axis", 0)), len(shape))
+    n = shape[a]
+    if not all(shape):
+        raise Unsupported(f"{ctx.node.op} of an empty tensor {list(shape)}")
+    biggest = ctx.node.op == "ArgMax"
+    last = bool(int(ctx.attr("select_last_index", 0)))
+    is_float = b.dtype(x).is_float
+    nan = b.unary(Prim.ISNAN, x) if is_float else None
+    xs = b.emit(Prim.WHERE, [nan, b.scalar(-math.inf if biggest else math.inf, x), x]) if is_float else x
+    extreme = b.reduce(Prim.REDUCE_MAX if biggest else Prim.REDUCE_MIN, xs, [a], keepdims=True)
+    hit = b.binary(Prim.EQUAL, x, extreme)  # NaN never equals
+    iota = b.const(np.arange(n, dtype=np.int64).reshape([n if i == a else 1 for i in range(len(shape))]), "index")
+    cand = b.where(hit, iota, b.fill(-1 if last else n, [], DType.INT64))
+    y = b.reduce(Prim.REDUCE_MAX if last else Prim.REDUCE_MIN, cand, [a], keepdims=True)
+    if is_float:  # a NaN first holds the scan at index 0
+        first = b.slice_axis(nan, a, 0, 1)
+        y = b.where(first, b.fill(0, [], DType.INT64), y)
+    if not int(ctx.attr("keepdims", 1)):
+        y = b.reshape(y, [d for i, d in enumerate(shape) if i != a])
+    return [y]
