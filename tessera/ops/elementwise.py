@@ -48,10 +48,11 @@ def pow_(ctx: OpCtx) -> list[str]:
 def variadic(ctx: OpCtx) -> list[str]:
     prim = {"Max": Prim.MAX, "Min": Prim.MIN, "Sum": Prim.ADD, "Mean": Prim.ADD}[ctx.node.op]
     xs = [ctx.input(i) for i in range(len(ctx.node.inputs))]
+    if ctx.node.op == "Mean":
+        float_dtype_check(ctx, xs[0])  # a float op in ONNX
     y = reduce(lambda acc, x: ctx.b.binary(prim, acc, x), xs)
-    if ctx.node.op == "Mean":  # the sum over the count (a float op in ONNX)
-        float_dtype_check(ctx, y)
-        y = ctx.b.emit(Prim.DIV, [y, ctx.b.scalar(len(xs), y)]) if len(xs) > 1 else y
+    if ctx.node.op == "Mean" and len(xs) > 1:  # the sum over the count
+        y = ctx.b.emit(Prim.DIV, [y, ctx.b.scalar(len(xs), y)])
     return [y]
 
 

@@ -486,9 +486,8 @@ def gather_nd(ctx: OpCtx) -> list[str]:
     for j, (d, st) in enumerate(zip(dims, strides)):
         c = b.reshape(b.slice_axis(idx, len(ishape) - 1, j, 1), ishape[:-1])
         # a negative index counts from the end of its axis, before the axes are combined
-        c = b.where(b.binary(Prim.LESS, c, b.const(np.zeros((), np.int64), "zero")),
-                    b.add(c, b.const(np.array(d, np.int64), "extent")), c)
-        term = b.mul(c, b.const(np.array(st, np.int64), "stride")) if st != 1 else c
+        c = b.emit(Prim.WHERE, [b.emit(Prim.LESS, [c, b.scalar(0, c)]), b.add_scalar(c, d), c])
+        term = b.mul_scalar(c, st) if st != 1 else c
         pos = term if pos is None else b.add(pos, term)
     if nb > 1:
         pos = b.add(pos, b.const(offset, "batch_offset"))
