@@ -1,0 +1,34 @@
+#!/bin/bash
+# Session 51's device calls: `bash scripts/results/bench/session51/next.sh N` from the repository root on one
+# nvidia-h200, carrying .whl (the highspy wheel; TESSERA_SOLVER=highs) and carry/e (gemm_g1, gpt2_tiny,
+# bert_tiny from ../shared/models). Each call works in a folder of its own under /tmp (a warm machine keeps
+# /tmp between calls: session 50's call 6 re-ran call 5's folder).
+# 1: session 50's fission rules compiled for the GPU: tests/test_codegen_kernels.py (every kernel form,
+#    among them GatherND, CumSum and the new activations, on CUDA) and tests/test_arch_zoo.py (llama, swin,
+#    wav2vec2, t5_encoder, roberta, falcon, llama through the backend, the dynamic llama); then the fuzzer
+#    on the GPU for the rest of the call (it draws GatherND and the new activations).
+# 2: the 21 architectures never checked through ONNX on the GPU (session 50's six unreached and the second
+#    batch of 15): export, compile and run --check in fp16 (analytical cost).
+# 3: the second batch through torch.compile(backend="tessera") in fp16 against float64 eager.
+source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
+unset TESSERA_LOG; export TESSERA_SOLVER=highs
+BATCH2=bart_encoder,mpnet,squeezebert,convbert,clip_text,swinv2,convnextv2,efficientnet,mobilenet_v2,levit,poolformer,yolos,hubert,videomae,fnet
+case $1 in
+    1)
+        mkdir -p ../shared/models && cp carry/e/*.onnx ../shared/models/ 2>/dev/null
+        timeout 330 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_codegen_kernels.py tests/test_arch_zoo.py \
+            > "$OUT/tests.txt" 2>&1; echo "tests rc=$?"
+        grep -E "^(FAILED|ERROR)|^E  " "$OUT/tests.txt" | cut -c1-200 | head -30; tail -n 1 "$OUT/tests.txt"
+        timeout 200 python3 scripts/fuzz.py --device cuda --minutes ${FUZZ_MIN:-2.5} --seed 5101 --big 0.3 \
+            --out "$OUT/fuzz_5101.json" > "$OUT/fuzz.txt" 2>&1; echo "fuzz rc=$?"; tail -n 6 "$OUT/fuzz.txt" ;;
+    2)
+        rm -rf /tmp/az2 && python3 scripts/arch_zoo.py /tmp/az2 --models mistral,qwen2,bloom,dinov2,swin,mobilevit,$BATCH2 \
+            > "$OUT/arch_export.txt" 2>&1; echo "export rc=$?"; grep -i "error\|fail" "$OUT/arch_export.txt" | head
+        timeout 450 python3 scripts/check_models.py /tmp/az2 --precision fp16 --cost analytical --timeout 120 --budget-s 420 \
+            --out "$OUT/arch_check_fp16.json" > "$OUT/arch_check_fp16.txt" 2>&1; echo "check rc=$?"
+        grep "^|" "$OUT/arch_check_fp16.txt" | grep -v " PASS " | head -20; grep -c " PASS " "$OUT/arch_check_fp16.txt" ;;
+    3)
+        timeout 500 python3 scripts/arch_zoo.py --backend --precision fp16 --device cuda --models ${MODELS:-$BATCH2} \
+            > "$OUT/arch_backend_fp16.txt" 2>&1; echo "backend rc=$?"; grep "^|" "$OUT/arch_backend_fp16.txt" ;;
+    *) echo "next.sh: calls 1-3"; exit 2 ;;
+esac
