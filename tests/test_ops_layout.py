@@ -425,3 +425,189 @@ DEPTH_TO_SPACE_CASES = [
 def test_depth_to_space(shape, bs, mode, opset):
     attrs = {"blocksize": bs} | ({"mode": mode} if opset >= 11 else {})
     check_op("DepthToSpace", {"x": rand(*shape, seed=35)}, attrs, opset=opset, expect_prims=["transpose"])
+
+
+# ---- ScatterND, ScatterElements (constant indices) ------------------------------------------------
+def _tuples(rng, dims, lead, distinct=True) -> np.ndarray:
+    """Index tuples into `dims`, shaped lead + [len(dims)], with negative indices mixed in; distinct
+    tuples unless not `distinct` (then tuple 0 is repeated at the end, so some position is hit twice)."""
+    n = int(np.prod(lead))
+    flat = rng.choice(int(np.prod(dims)), size=n, replace=not distinct)
+    if not distinct:
+        flat[-1] = flat[0]
+    cols = np.stack(np.unravel_index(flat, dims), axis=-1)
+    cols = np.where(rng.random(cols.shape) < 0.5, cols - np.array(dims), cols)  # same position, counted from the end
+    return cols.reshape(*lead, len(dims)).astype(I64)
+
+
+SCATTER_ND_CASES = [  # data shape, leading index shape, k
+    ((4, 5, 3), (7,), 3),  # single elements
+    ((4, 5, 3), (2, 3), 3),  # a batch of tuples
+    ((4, 5, 3), (3,), 2),  # vectors of 3
+    ((6, 5, 3), (2, 2), 1),  # rows
+    ((9,), (4,), 1),
+]
+# reductions and the opsets that have them; the reductions take duplicate tuples (they accumulate)
+SCATTER_REDUCTIONS = [("none", 11), ("none", 13), ("none", 18), ("add", 16), ("mul", 16), ("max", 18), ("min", 18)]
+
+
+@pytest.mark.parametrize("reduction,opset", SCATTER_REDUCTIONS)
+@pytest.mark.parametrize("dshape,lead,k", SCATTER_ND_CASES)
+def test_scatter_nd(dshape, lead, k, reduction, opset):
+    rng = np.random.default_rng(40)
+    i = _tuples(rng, dshape[:k], lead, distinct=reduction == "none")
+    u = rand(*lead, *dshape[k:], seed=41)
+    attrs = {} if reduction == "none" else {"reduction": reduction}
+    pg = check_op("ScatterND", {"x": rand(*dshape, seed=42), "i": Const(i), "u": u}, attrs, opset=opset)
+    assert "opaque" not in _ops(pg)
+
+
+# axis, indices shape; more indices along the axis than the data has (7 > 5) only with a reduction
+SCATTER_ELEMENTS_CASES = [
+    pytest.param(axis, ishape, reduction, opset, id=f"{axis}-{'x'.join(map(str, ishape))}-{reduction}-{opset}")
+    for (axis, ishape), (reduction, opset) in itertools.product(
+        [(0, (2, 5, 3)), (1, (3, 4, 2)), (-1, (4, 5, 3)), (2, (1, 2, 3)), (1, (2, 7, 3))], SCATTER_REDUCTIONS)
+    if not (reduction == "none" and ishape[1] == 7)
+]
+
+
+@pytest.mark.parametrize("axis,ishape,reduction,opset", SCATTER_ELEMENTS_CASES)
+def test_scatter_elements(axis, ishape, reduction, opset):
+    x = rand(4, 5, 3, seed=43)
+    a = axis % 3
+    d = x.shape[a]
+    rng = np.random.default_rng(44)
+    if reduction == "none":  # distinct positions along the axis on each line through it
+        lines = rng.random((*ishape[:a], d, *ishape[a + 1:]))
+        i = np.argsort(lines, axis=a).take(range(ishape[a]), axis=a)
+    else:
+        i = rng.integers(0, d, size=ishape)
+    i = np.where(rng.random(ishape) < 0.5, i - d, i).astype(I64)  # negative indices count from the end
+    attrs = {"axis": axis} | ({} if reduction == "none" else {"reduction": reduction})
+    check_op("ScatterElements", {"x": x, "i": Const(i), "u": rand(*ishape, seed=45)}, attrs, opset=opset)
+
+
+def test_scatter_slice_assignment_is_a_concat():
+    """x[:, 1] = y and x[1:3, 2:4] *= y, as exporters write them: the written box becomes the updates
+    CONCATenated with the data around it, without a position table."""
+    x = rand(4, 5, 3, seed=46)
+    i = np.array([[[r, 1]] for r in range(4)], I64)
+    pg = check_op("ScatterND", {"x": x, "i": Const(i), "u": rand(4, 1, 3, seed=47)}, opset=13)
+    assert set(_ops(pg)) <= {"slice", "concat", "reshape"} and "concat" in _ops(pg), _ops(pg)
+    i = np.array([[[r, c] for c in (2, 3)] for r in (1, 2)], I64)
+    pg = check_op("ScatterND", {"x": x, "i": Const(i), "u": rand(2, 2, 3, seed=48)}, {"reduction": "mul"}, opset=16)
+    assert set(_ops(pg)) <= {"slice", "concat", "reshape", "mul"} and "concat" in _ops(pg), _ops(pg)
+    # ScatterElements writing a permuted box (columns 1..3 of every row): the updates reordered, no mask
+    i = np.array([[[3], [1], [2]]] * 4, I64).repeat(3, axis=2)
+    pg = check_op("ScatterElements", {"x": x, "i": Const(i), "u": rand(4, 3, 3, seed=49)}, {"axis": 1}, opset=13)
+    assert "where" not in _ops(pg) and "concat" in _ops(pg), _ops(pg)
+
+
+def test_scatter_overwriting_everything_is_the_updates():
+    pg = check_op("ScatterND", {"x": rand(4, 3, seed=50), "i": Const(np.array([[0], [1], [2], [3]], I64)),
+                                "u": rand(4, 3, seed=51)}, opset=13)
+    assert set(_ops(pg)) <= {"reshape"}, _ops(pg)  # the output's own name for the updates
+
+
+def test_scatter_int_bool_and_half_data():
+    rng = np.random.default_rng(52)
+    xi = rng.integers(-9, 9, size=(5, 4)).astype(I64)
+    i = Const(np.array([[1, 2], [-1, 0], [1, 2]], I64))
+    check_op("ScatterND", {"x": xi, "i": i, "u": rng.integers(-9, 9, size=3).astype(I64)}, {"reduction": "add"}, opset=16)
+    x32 = xi.astype(np.int32)
+    i32 = Const(np.array([[0, 3, 1, 2], [-1, 0, 4, 3]], np.int32))  # int32 indices
+    check_op("ScatterElements", {"x": x32, "i": i32, "u": x32[:2] * 3}, {"axis": 0, "reduction": "max"}, opset=18)
+    xb = rng.random((5, 4)) < 0.5
+    check_op("ScatterElements", {"x": xb, "i": Const(np.array([[2, 0, -1]], I64)), "u": ~xb[:1, :3]}, {"axis": 1},
+             opset=13)
+    check_op("ScatterND", {"x": xb, "i": Const(np.array([[3], [0]], I64)), "u": ~xb[:2]}, opset=13)
+    check_op("ScatterND", {"x": rand(5, 4, seed=53).astype(np.float16), "i": Const(np.array([[4, 1], [0, 3]], I64)),
+                           "u": rand(2, seed=54).astype(np.float16)}, opset=13)
+
+
+@pytest.mark.parametrize("reduction", ["max", "min"])
+def test_scatter_max_and_min_treat_nan_as_onnxruntime_does(reduction):
+    """onnxruntime combines as std::max(update, data): NaN data takes the update, a NaN update stays NaN
+    (MAX and MIN would give NaN for both)."""
+    nan = np.nan
+    x = np.array([[nan, 1.0, 2.0, 3.0, nan, 0.5]], np.float32)
+    u = np.array([[5.0, nan, nan, -1.0, nan, 4.0]], np.float32)
+    i = Const(np.arange(6, dtype=I64).reshape(1, 6)[:, ::-1].copy() - 6)  # a reordered box, negative indices
+    check_op("ScatterElements", {"x": x, "i": i, "u": u[:, ::-1].copy()}, {"axis": 1, "reduction": reduction}, opset=18)
+    check_op("ScatterND", {"x": x.reshape(6, 1), "i": Const(np.array([[5], [0], [2], [3], [1], [4]], I64)),
+                           "u": u.reshape(6, 1)[[5, 0, 2, 3, 1, 4]]}, {"reduction": reduction}, opset=18)
+    check_op("ScatterND", {"x": x.reshape(6, 1), "i": Const(np.array([[5], [0], [5], [0]], I64)),  # duplicates
+                           "u": np.array([[nan], [2.0], [7.0], [nan]], np.float32)}, {"reduction": reduction}, opset=18)
+
+
+def test_scatter_bfloat16():
+    """onnxruntime takes no bfloat16 feeds: the data and updates are cast to it in the model."""
+    from onnx import TensorProto, helper
+    from opcheck import graph_model, run_ort
+
+    from tessera.ir import interp
+    nodes = [helper.make_node("Cast", ["x"], ["xb"], to=TensorProto.BFLOAT16),
+             helper.make_node("Cast", ["u"], ["ub"], to=TensorProto.BFLOAT16),
+             helper.make_node("ScatterElements", ["xb", "i", "ub"], ["yb"], axis=1),
+             helper.make_node("Cast", ["yb"], ["y"], to=TensorProto.FLOAT)]
+    x, u = rand(3, 6, seed=55), rand(3, 2, seed=56)
+    model = graph_model(nodes, {"x": x, "u": u, "i": Const(np.array([[5, 0], [1, -1], [2, 3]], I64))}, ["y"], opset=13)
+    pg = fission(load(model).graph).graph
+    assert "opaque" not in _ops(pg)
+    got = interp.run(pg, {"x": x, "u": u})[pg.outputs[0]]
+    np.testing.assert_array_equal(got, run_ort(model, {"x": x, "u": u})[0])
+
+
+def test_scatter_without_updates_is_the_data():
+    x = rand(4, 3, seed=57)
+    pg = check_op("ScatterND", {"x": x, "i": Const(np.zeros((0, 1), I64)), "u": Const(np.zeros((0, 3), np.float32))},
+                  opset=13)
+    assert set(_ops(pg)) <= {"reshape"}, _ops(pg)
+    check_op("ScatterElements", {"x": x, "i": Const(np.zeros((4, 0), I64)), "u": Const(np.zeros((4, 0), np.float32))},
+             {"axis": 1}, opset=13)
+
+
+def test_scatter_computed_indices_stay_opaque():
+    x, u = rand(4, 3, seed=58), rand(2, 3, seed=59)
+    reasons = _opaque_reasons("ScatterND", {"x": x, "i": np.array([[1], [3]], I64), "u": u}, opset=13)
+    assert len(reasons) == 1 and "not a constant" in reasons[0], reasons
+    reasons = _opaque_reasons("ScatterElements", {"x": x, "i": np.array([[1, 0, 2], [3, 1, 0]], I64), "u": u},
+                              {"axis": 0}, opset=13)
+    assert len(reasons) == 1 and "not a constant" in reasons[0], reasons
+    # ...and the opaque node still computes the scatter
+    check_op("ScatterND", {"x": x, "i": np.array([[1], [3]], I64), "u": u}, opset=13, allow_opaque=True)
+
+
+def test_scatter_duplicates_without_reduction_stay_opaque():
+    x = rand(4, 3, seed=60)
+    reasons = _opaque_reasons("ScatterND", {"x": x, "i": Const(np.array([[1], [-3]], I64)), "u": rand(2, 3, seed=61)},
+                              opset=13)
+    assert len(reasons) == 1 and "duplicate" in reasons[0], reasons
+    reasons = _opaque_reasons("ScatterElements", {"x": x, "i": Const(np.array([[2, 0, 1], [2, 1, 1]], I64)),
+                                                  "u": rand(2, 3, seed=62)}, {"axis": 0}, opset=13)
+    assert len(reasons) == 1 and "duplicate" in reasons[0], reasons
+
+
+def test_scatter_unsupported_cases_say_why(monkeypatch):
+    xb = np.ones((4, 3), bool)
+    reasons = _opaque_reasons("ScatterND", {"x": xb, "i": Const(np.array([[1]], I64)), "u": xb[:1]},
+                              {"reduction": "add"}, opset=16)
+    assert len(reasons) == 1 and "on bool" in reasons[0], reasons
+    import tessera.ops.layout as layout
+    monkeypatch.setattr(layout, "SCATTER_TABLE_LIMIT", 8)  # 12 elements need a table; a box would not
+    inputs = {"x": rand(4, 3, seed=63), "i": Const(np.array([[0, 0], [2, 1]], I64)), "u": rand(2, seed=64)}
+    reasons = _opaque_reasons("ScatterND", inputs, opset=13)
+    assert len(reasons) == 1 and "limit 8" in reasons[0], reasons
+    inputs["i"] = Const(np.array([[2, 0], [2, 1]], I64))
+    assert _opaque_reasons("ScatterND", inputs, opset=13) == []
+
+
+def test_scatter_out_of_range_constant_is_an_error():
+    model = build_model("ScatterND", {"x": rand(5, 4, seed=65), "i": Const(np.array([[1], [-6]], I64)),
+                                      "u": rand(2, 4, seed=66)}, opset=13)
+    with pytest.raises(TesseraError, match="indices out of range for extent 5"):
+        fission(load(model).graph)
+    model = build_model("ScatterElements", {"x": rand(5, 4, seed=65), "i": Const(np.array([[4]], I64)),
+                                            "u": rand(1, 1, seed=66)}, {"axis": 1}, opset=13)
+    with pytest.raises(TesseraError, match="indices out of range for extent 4"):
+        fission(load(model).graph)
