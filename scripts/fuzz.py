@@ -45,7 +45,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings  # n
 from hypothesis.errors import Flaky  # noqa: E402
 
 import fuzzcheck  # noqa: E402
-from fuzzgen import graph_specs  # noqa: E402
+from fuzzgen import FAMILIES, graph_specs  # noqa: E402
 from fuzzspec import PRECISIONS, GraphSpec  # noqa: E402
 
 
@@ -194,6 +194,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="run generated kernels at random schedules of their space (auto: on unless measured)")
     ap.add_argument("--chunk", type=int, default=100, help="graphs per Hypothesis run (one seed each)")
     ap.add_argument("--max-steps", type=int, default=6, help="op steps per graph at most")
+    ap.add_argument("--families", default=None,
+                    help=f"draw only these op families, comma-separated (of {', '.join(FAMILIES)}; default all)")
     ap.add_argument("--big", type=float, default=0.15, help="share of graphs drawn with boundary-crossing sizes")
     ap.add_argument("--stop-on-fail", action="store_true")
     ap.add_argument("--no-shrink", action="store_true")
@@ -203,6 +205,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.minutes is None and args.graphs is None:
         args.graphs = 200
     args.precisions = [p for p in args.precisions.split(",") if p]
+    if args.families is not None:
+        args.families = [f for f in args.families.split(",") if f]
+        if not args.families or any(f not in FAMILIES for f in args.families):
+            ap.error(f"--families takes {', '.join(FAMILIES)}")
     if any(p not in PRECISIONS for p in args.precisions):
         ap.error(f"--precisions takes {', '.join(PRECISIONS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -294,7 +300,7 @@ class Run:
                   suppress_health_check=list(HealthCheck), report_multiple_bugs=False, verbosity=Verbosity.quiet,
                   print_blob=False)
         @seed(chunk_seed)
-        @given(graph_specs(precisions=a.precisions, max_steps=a.max_steps, big=a.big))
+        @given(graph_specs(precisions=a.precisions, max_steps=a.max_steps, big=a.big, families=a.families))
         def run_one(spec: GraphSpec) -> None:
             self.check(spec)
 
@@ -342,7 +348,7 @@ class Run:
             "device_kind": a.device, "tuning": a.tuning, "random_schedules": a.random_schedules,
             "versions": versions(),
             "options": {"seed": a.seed, "precisions": a.precisions, "chunk": a.chunk, "max_steps": a.max_steps,
-                        "big": a.big, "minutes": a.minutes, "graphs": a.graphs, "shrink": not a.no_shrink},
+                        "big": a.big, "families": a.families, "minutes": a.minutes, "graphs": a.graphs, "shrink": not a.no_shrink},
             "seeds": self.chunks,
             "wall_s": round(wall, 1), "graphs": stats.graphs,
             "graphs_per_minute": round(stats.graphs / (wall / 60), 1) if wall else None,

@@ -646,8 +646,8 @@ def near_tie(spec: GraphSpec, x: Mapping[str, np.ndarray]) -> str:
     vals = None
     for n in spec.nodes:
         kind = n.op
-        if kind not in ("Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual", "Cast", "Floor", "Round",
-                        "ArgMax", "TopK"):
+        if kind not in ("Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual", "Cast", "Floor", "Ceil",
+                        "Round", "Mod", "ArgMax", "TopK"):
             continue
         if vals is None:
             vals = intermediates(spec, x)
@@ -667,11 +667,18 @@ def near_tie(spec: GraphSpec, x: Mapping[str, np.ndarray]) -> str:
                 gap = min(gap, float(np.minimum(frac, 1 - frac).min())) if a.size else gap
             else:
                 continue
-        elif kind == "Floor":
+        elif kind in ("Floor", "Ceil"):
             frac = a - np.floor(a)
             gap = float(np.minimum(frac, 1 - frac).min()) if a.size else math.inf
         elif kind == "Round":
             gap = float(np.abs(np.abs(a - np.floor(a)) - 0.5).min()) if a.size else math.inf
+        elif kind == "Mod":  # the remainder jumps where x / y crosses an integer
+            y = vals.get(n.inputs[1])
+            if y is None or not a.size:
+                continue
+            q = a / y.astype(np.float64)
+            frac = np.abs(q - np.round(q))
+            gap = float(frac.min())
         else:  # ArgMax / TopK: the closest two values along the axis
             axis = int(n.attrs.get("axis", -1))
             s = np.sort(a, axis=axis)

@@ -172,10 +172,15 @@ def integer(d: Draw, b: Builder) -> None:
         reduce_node(d, b, op, x)
         return
     y = b.operand_like(x.shape, x.dtype)
-    if op in ("Div", "Mod"):  # no division by zero; Mod (fallback) takes a positive divisor
+    attrs = {}
+    if op in ("Div", "Mod"):  # no division by zero (onnxruntime's integer Mod of zero fails)
         y = b.one("Abs", [y], [(y.shape, y.dtype)])
         y = b.one("Add", [y, b.const((), y.dtype, [1])], [(y.shape, y.dtype)])
-    b.one(op, [x, y], [(bcast(x.shape, y.shape), x.dtype)], family="opaque" if op == "Mod" else None)
+    if op == "Mod":  # both remainders (fmod=0: the divisor's sign, 1: the dividend's), divisors of both signs
+        if d.maybe(0.5):
+            y = b.one("Neg", [y], [(y.shape, y.dtype)])
+        attrs = {"fmod": d.pick([0, 1])}
+    b.one(op, [x, y], [(bcast(x.shape, y.shape), x.dtype)], attrs)
 
 
 def reduce_node(d: Draw, b: Builder, op: str, x: Tensor) -> None:
@@ -539,24 +544,32 @@ def gather_nd(d: Draw, b: Builder) -> None:
 
 
 def scatter(d: Draw, b: Builder) -> None:
-    """ScatterElements / ScatterND: no fission rule, so tessera's fallback runs them."""
+    """ScatterElements / ScatterND with constant indices (lowered since session 51: a CONCAT for a box
+    written once, else a GATHER of the updates and a WHERE), sometimes with a reduction, whose
+    duplicate indices accumulate."""
     x = any_tensor(b)
+    reductions = ["add", "mul"] + (["max", "min"] if b.opset >= 18 else []) if b.opset >= 16 else []
+    red = d.pick(reductions) if reductions and x.dtype != "bool" and d.maybe(0.3) else "none"
+    attrs = {} if red == "none" else {"reduction": red}
     if d.maybe(0.5):
         a = d.int(0, x.rank - 1)
         k = d.int(1, x.shape[a])
         ushape = tuple(k if i == a else s for i, s in enumerate(x.shape))
-        # Indices distinct along the axis (duplicates make the result order-dependent).
-        idx = b.const(ushape, "int64", data=False, distinct=(a, x.shape[a]))
+        if red == "none":  # indices distinct along the axis (duplicates make the result order-dependent)
+            idx = b.const(ushape, "int64", data=False, distinct=(a, x.shape[a]))
+        else:
+            idx = b.const(ushape, "int64", data=False, ints=(-x.shape[a], x.shape[a]))
         upd = b.const(ushape, FLOAT) if x.dtype == FLOAT else b.add_input(ushape, x.dtype, bounds=(-6, 6))
-        b.one("ScatterElements", [x, idx, upd], [(x.shape, x.dtype)], {"axis": a}, exact=x.exact, family="gather")
+        b.one("ScatterElements", [x, idx, upd], [(x.shape, x.dtype)], {"axis": a, **attrs}, exact=x.exact,
+              family="gather")
     else:
         n = x.shape[0]
         k = d.int(1, n)
         start = d.int(0, n - 1)
         rows = [(start + 2 * i) % n for i in range(k)]
-        if len(set(rows)) != k:
+        if len(set(rows)) != k and red == "none":
             rows = list(range(k))
         idx = b.const((k, 1), "int64", rows, data=False)
         ushape = (k,) + x.shape[1:]
         upd = b.const(ushape, FLOAT) if x.dtype == FLOAT else b.add_input(ushape, x.dtype, bounds=(-6, 6))
-        b.one("ScatterND", [x, idx, upd], [(x.shape, x.dtype)], exact=x.exact, family="gather")
+        b.one("ScatterND", [x, idx, upd], [(x.shape, x.dtype)], attrs, exact=x.exact, family="gather")

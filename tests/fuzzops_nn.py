@@ -373,14 +373,19 @@ def resize(d: Draw, b: Builder) -> None:
 
 # ---- opaque (fallback) ------------------------------------------------------------------------
 def opaque(d: Draw, b: Builder) -> None:
-    # (CumSum, Mean and ArgMax have had fission rules since session 50; drawn here still, they test them)
-    op = d.pick(["Sin", "Floor", "CumSum", "ArgMax", "Mean", "Cos", "Round", "TopK"])
-    if op in ("Sin", "Cos"):
+    # Most of these have fission rules now (CumSum, Mean and ArgMax since session 50; Sin, Cos, Tan, Floor,
+    # Ceil, Round and Mod since 51); drawn here still, they test them. TopK still runs through the fallback.
+    op = d.pick(["Sin", "Floor", "CumSum", "ArgMax", "Mean", "Cos", "Round", "TopK", "Tan", "Ceil", "Mod"])
+    if op in ("Sin", "Cos", "Tan"):
         x = b.float_in()
         b.one(op, [x], [(x.shape, FLOAT)])
-    elif op in ("Floor", "Round"):
+    elif op in ("Floor", "Round", "Ceil"):
         x = b.float_in(exact=True)
         b.one(op, [x], [(x.shape, FLOAT)], exact=True)
+    elif op == "Mod":  # C's remainder of floats by a constant of either sign
+        x = b.float_in(exact=True)
+        y = b.scalar(d.pick([0.75, -1.5, 2.0, -3.0, 0.5]))
+        b.one(op, [x, y], [(x.shape, FLOAT)], {"fmod": 1}, exact=True)
     elif op == "Mean":
         x = b.float_in()
         y = b.operand_like(x.shape)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from kernelcheck import check_kernel, one_kernel
+from kernelcheck import check_kernel, one_kernel, run_kernel
 from onnx import helper
 from opcheck import Const, build_model, graph_model, rand
 
@@ -19,6 +19,7 @@ from tessera.codegen.kernels import Schedule, schedules
 from tessera.codegen.triton_ops import Unsupported
 from tessera.fission import fission
 from tessera.frontend import load
+from tessera.ir import interp
 
 I64 = np.int64
 
@@ -50,6 +51,48 @@ def test_session_50_activations_in_one_kernel(op, attrs, opset):
     x = rand(3, 37, seed=5, lo=-30, hi=30)
     x[0, :4] = [np.nan, 0.0, -1e-7, 1e-7]
     check(op, {"x": x}, attrs, opset)
+
+
+@pytest.mark.parametrize("op", ["Sin", "Cos", "Tan"])
+def test_trigonometry_in_one_kernel(op):
+    """Near zero and far out: a rotary table's angles reach thousands of radians, where an
+    approximation made for small angles would be far off."""
+    x = np.concatenate([rand(2, 37, seed=6, lo=-4, hi=4), rand(2, 37, seed=7, lo=-1e4, hi=1e4)])
+    x[0, :3] = [0.0, 1e-7, np.pi / 2]
+    check(op, {"x": x}, opset=7)
+
+
+_EDGES = np.array([np.nan, -np.inf, np.inf, -0.0, 0.0, 0.5, -0.5, 2.5, -2.5, 0.49999997, -0.49999997,
+                   8388607.5, -8388607.5, 1e30, -0.3, 0.3, -1e-30, 7.0], np.float32)
+
+
+def _exact(model, feeds):
+    """The kernel's values equal the reference interpreter's exactly, zero signs and NaN included."""
+    graph = fission(load(model).graph).graph
+    ks = one_kernel(graph)
+    got = run_kernel(graph, ks, feeds)[graph.outputs[0]]
+    ref = interp.run(graph, dict(feeds))[graph.outputs[0]]
+    np.testing.assert_array_equal(got, ref, err_msg=ks.source)
+    assert (np.signbit(got) == np.signbit(ref)).all(), ks.source
+
+
+@pytest.mark.parametrize("op,opset", [("Floor", 13), ("Ceil", 13), ("Round", 11)])
+def test_rounding_in_one_kernel_is_exact(op, opset):
+    x = np.concatenate([_EDGES, rand(40, seed=8, lo=-6, hi=6)]).reshape(2, -1)
+    _exact(build_model(op, {"x": x}, opset=opset), {"x": x})
+
+
+@pytest.mark.parametrize("fmod,dtype", [(1, np.float32), (0, np.int64), (1, np.int64), (0, np.int32)])
+def test_mod_in_one_kernel_is_exact(fmod, dtype):
+    """C's remainder (fmod=1) and Python's (fmod=0, integers), against a broadcast divisor of both signs."""
+    rng = np.random.default_rng(9)
+    if dtype is np.float32:
+        x = np.concatenate([_EDGES, rand(22, seed=10, lo=-50, hi=50)]).reshape(5, 8)
+        y = np.array([3.0, -3.0, 0.7, -1e-3, 2.5, -0.5, 1e-30, 7.0], np.float32)
+    else:
+        x = rng.integers(-40, 40, (5, 8)).astype(dtype)
+        y = (rng.integers(1, 7, (8,)) * np.array([1, -1] * 4)).astype(dtype)
+    _exact(build_model("Mod", {"x": x, "y": y}, {"fmod": fmod}, opset=13), {"x": x, "y": y})
 
 
 @pytest.mark.parametrize("p", [3.0, 2.0, 0.5, -1.0, 2.5, 0.0, 4.0, -3.0])

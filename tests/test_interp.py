@@ -127,6 +127,7 @@ def test_cast_onnx_rules() -> None:
 @pytest.mark.parametrize("prim,lo,hi", [
     (Prim.NEG, -3, 3), (Prim.ABS, -3, 3), (Prim.EXP, -4, 4), (Prim.LOG, 0.1, 9), (Prim.SQRT, 0.1, 9),
     (Prim.RECIPROCAL, 0.5, 3), (Prim.TANH, -4, 4), (Prim.ERF, -3, 3), (Prim.SIGMOID, -40, 40),
+    (Prim.SIN, -20, 20), (Prim.COS, -20, 20), (Prim.FLOOR, -6, 6),
 ])
 def test_unary_float(prim: Prim, lo: float, hi: float) -> None:
     x = rand(np.random.default_rng(2), 3, 11, 5, lo=lo, hi=hi)
@@ -163,6 +164,17 @@ def test_pow() -> None:
     n = rng.integers(-4, 5, size=(31,)).astype(np.int64)
     e = rng.integers(0, 4, size=(31,)).astype(np.int64)
     np.testing.assert_array_equal(one(Prim.POW, {"x": n, "y": e})[0], n ** e)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.int32, np.int64])
+def test_mod_is_c_remainder(dt: type) -> None:
+    """MOD takes the dividend's sign (C's fmod), for floats and integers alike."""
+    x = np.array([7, -7, 7, -7, 6, 0], dt)
+    y = np.array([3, 3, -3, -3, 3, 5], dt)
+    got, _ = one(Prim.MOD, {"x": x, "y": y})
+    np.testing.assert_array_equal(got, np.array([1, -1, 1, -1, 0, 0], dt))
+    f, _ = one(Prim.MOD, {"x": np.array([5.5, -5.5], np.float32), "y": np.array([-2.0, 2.0], np.float32)})
+    np.testing.assert_array_equal(f, [1.5, -1.5])
 
 
 @pytest.mark.parametrize("dt", [np.int32, np.int64])

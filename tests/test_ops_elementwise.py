@@ -170,3 +170,80 @@ def test_prelu_broadcasts_its_slope(slope_shape):
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_mean(n):
     check_op("Mean", {f"x{i}": rand(*((2, 1, 5) if i % 2 else (3, 5)), seed=66 + i) for i in range(n)}, opset=13)
+
+
+# ---- trigonometry, rounding and Mod (session 51) -----------------------------------------------
+# Ties, values one float32 step from a tie (0.49999997 + 0.5 rounds to 1 in float32), the last
+# fractional float32s (2**23 - 0.5), integers past 2**23, signed zeros and tiny values whose result is
+# a signed zero, infinities, NaN, a subnormal.
+ROUNDING = np.array([np.nan, -np.inf, np.inf, -0.0, 0.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 0.49999997,
+                     -0.49999997, 0.50000006, 8388607.5, -8388607.5, 8388609.0, 1e30, -1e-30, 3e-39, 0.3,
+                     -0.3, 0.7, -0.7, 7.0, -7.0], np.float32)
+
+
+def _exactly_as_onnxruntime(op: str, inputs: dict, attrs: dict | None = None, opset: int = 20) -> None:
+    """check_op's comparison, then every element equal to onnxruntime's, NaN where its NaN and zeros
+    signed as its (rel L2 sees neither a zero's sign nor one integer off in a million)."""
+    from opcheck import build_model, run_ort
+    from tessera.fission import fission
+    from tessera.frontend import load
+    from tessera.ir import interp
+
+    pg = check_op(op, inputs, attrs, opset=opset)
+    feeds = {k: v for k, v in inputs.items() if not isinstance(v, Const)}
+    ref = run_ort(build_model(op, inputs, attrs, opset=opset), feeds)[0]
+    got = interp.run(fission(load(build_model(op, inputs, attrs, opset=opset)).graph).graph, feeds)[pg.outputs[0]]
+    np.testing.assert_array_equal(got, ref)
+    assert (np.signbit(got) == np.signbit(ref)).all(), (op, inputs, got, ref)
+
+
+@pytest.mark.parametrize("op,opset", [("Floor", 13), ("Ceil", 13), ("Round", 11)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_rounding_is_exact(op, opset, dtype):
+    x = np.concatenate([ROUNDING, rand(40, seed=70, lo=-6, hi=6), np.round(rand(10, seed=71, lo=-9, hi=9)) + 0.5])
+    if dtype is np.float16:  # float16's last fractional values (1023.5) and its largest finite
+        x = np.concatenate([x[~(np.isfinite(x) & (np.abs(x) > 6e4))], [1023.5, -1022.5, 2047.0, 65504.0, -0.25, 6e-8]])
+    _exactly_as_onnxruntime(op, {"x": x.astype(dtype).reshape(1, -1)}, opset=opset)
+
+
+@pytest.mark.parametrize("op", ["Sin", "Cos", "Tan"])
+def test_trigonometry(op):
+    """Near zero, around the poles of tan, and far out (rotary tables reach thousands of radians)."""
+    x = np.concatenate([rand(60, seed=72, lo=-4, hi=4), rand(30, seed=73, lo=-1e4, hi=1e4),
+                        np.array([0.0, -0.0, 1e-7, np.pi / 2, -np.pi / 2, np.nan, np.inf, -np.inf])]).astype(np.float32)
+    check_op(op, {"x": x.reshape(2, -1)}, opset=7)
+    check_op(op, {"x": x[np.isfinite(x)].astype(np.float16)}, opset=7, tol=2e-3)
+
+
+def test_float_mod_is_fmod():
+    """fmod=1: the remainder is exact and takes the dividend's sign, whatever the divisor's; broadcast."""
+    x = np.concatenate([rand(30, seed=74, lo=-50, hi=50), ROUNDING]).astype(np.float32).reshape(4, -1)
+    y = np.array([3.0, -3.0, 0.7, -1e-3] * (x.shape[1] // 4) + [2.5] * (x.shape[1] % 4), np.float32)
+    _exactly_as_onnxruntime("Mod", {"x": x, "y": y}, {"fmod": 1}, opset=13)
+    with np.errstate(over="ignore"):  # 1e30 becomes inf in float16, as meant
+        x16 = x.astype(np.float16)
+    _exactly_as_onnxruntime("Mod", {"x": x16, "y": Const(np.float16(0.75))}, {"fmod": 1}, opset=13)
+
+
+@pytest.mark.parametrize("fmod", [0, 1])
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_integer_mod(fmod, dtype):
+    """fmod=0 is Python's remainder (the divisor's sign), fmod=1 C's (the dividend's): every sign pair,
+    exact multiples among them."""
+    rng = np.random.default_rng(75)
+    x = np.concatenate([rng.integers(-40, 40, 34), [12, -12, 0, 7]]).astype(dtype).reshape(2, -1)
+    y = (rng.integers(1, 7, (19,)) * rng.choice([-1, 1], (19,))).astype(dtype)
+    y[:2] = [3, -3]
+    _exactly_as_onnxruntime("Mod", {"x": x, "y": y}, {"fmod": fmod}, opset=13)
+
+
+def test_float_mod_with_fmod_0_stays_opaque():
+    """ONNX allows fmod=0 for integers only (onnxruntime refuses floats): no rule for it."""
+    from tessera.fission import fission
+    from tessera.frontend import load
+    from opcheck import build_model
+
+    x = rand(3, 4, seed=76)
+    m = build_model("Mod", {"x": x, "y": Const(np.float32(2.0))}, {"fmod": 0}, opset=13)
+    res = fission(load(m).graph)
+    assert [o.op_type for o in res.opaque] == ["Mod"] and "fmod=0" in str(res.opaque[0].reason)

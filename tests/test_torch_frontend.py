@@ -162,7 +162,7 @@ class Broken(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.relu(self.a(x))
         torch._dynamo.graph_break()
-        return self.b(torch.sin(h)).softmax(-1)
+        return self.b(torch.atan(h)).softmax(-1)
 
 
 def test_graph_break_and_an_opaque_aten_op() -> None:
@@ -174,9 +174,9 @@ def test_graph_break_and_an_opaque_aten_op() -> None:
         x = torch.randn(3, 8)
         close(f(x), m(x))
     assert len(rec.compiled) == 2
-    assert [c.bridge.opaque for c in rec.compiled] == [[], ["aten.sin.default"]]
+    assert [c.bridge.opaque for c in rec.compiled] == [[], ["aten.atan.default"]]
     cum = [n for n in rec.compiled[1].bridge.model.graph.node if n.domain == aten_call.ATEN_DOMAIN]
-    assert [n.op_type for n in cum] == ["aten.sin.default"]
+    assert [n.op_type for n in cum] == ["aten.atan.default"]
 
 
 class Spectrum(nn.Module):
@@ -226,13 +226,36 @@ def test_cumsum_bridges_to_onnx_cumsum() -> None:
     assert torch.equal(got[1], want[1])
 
 
+def test_trigonometry_rounding_and_remainders_bridge() -> None:
+    """A rotary table's sin and cos, rounding, and remainders lower through their ONNX rules; only a float
+    remainder (Python's, which ONNX Mod lacks for floats) stays an ATen call."""
+    torch.manual_seed(5)
+    lin = nn.Linear(8, 8).eval()
+
+    def fn(x: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = lin(x) * 40
+        return (torch.sin(h) + torch.cos(h) * torch.tan(x), torch.floor(h) + torch.ceil(h) - torch.round(h),
+                torch.fmod(h, 3.0), torch.remainder(i, -3), torch.fmod(i, 4), torch.remainder(h, 2.5))
+
+    x, i = torch.randn(3, 8), torch.randint(-20, 20, (3, 8))
+    c = tessera.compile(fn, {"cost": "analytical", "plan_cache": False}, example_inputs=(x, i))
+    assert c.bridge.opaque == ["aten.remainder.Scalar"]
+    fresh, fi = torch.randn(3, 8), torch.randint(-20, 20, (3, 8))
+    with torch.no_grad():
+        got, want = c(fresh, fi), fn(fresh, fi)
+    for g, w in zip(got[:3], want[:3]):
+        close(g, w)
+    assert torch.equal(got[3], want[3]) and torch.equal(got[4], want[4])
+    close(got[5], want[5])
+
+
 def test_artifact_of_a_module_with_an_aten_call(tmp_path: Path) -> None:
     """Saved and loaded like any artifact; `run --check`'s reference runs the ATen call in torch."""
     torch.manual_seed(3)
     m = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
 
     def fn(x: torch.Tensor) -> torch.Tensor:
-        return torch.sin(m(x)).exp()
+        return torch.atan(m(x)).exp()
 
     x = torch.randn(3, 8)
     c = tessera.compile(fn, {"cost": "analytical", "plan_cache": False}, example_inputs=(x,))

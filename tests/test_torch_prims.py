@@ -141,6 +141,7 @@ def test_cast_onnx_rules(dev: str) -> None:
 @pytest.mark.parametrize("prim,lo,hi", [
     (Prim.NEG, -3, 3), (Prim.ABS, -3, 3), (Prim.EXP, -4, 4), (Prim.LOG, 0.1, 9), (Prim.SQRT, 0.1, 9),
     (Prim.RECIPROCAL, 0.5, 3), (Prim.TANH, -4, 4), (Prim.ERF, -3, 3), (Prim.SIGMOID, -40, 40),
+    (Prim.SIN, -20, 20), (Prim.COS, -20, 20), (Prim.FLOOR, -6, 6),
 ])
 def test_unary_float(prim: Prim, lo: float, hi: float, dev: str) -> None:
     one(prim, {"x": rand(np.random.default_rng(2), 3, 11, 5, lo=lo, hi=hi)}, None, dev)
@@ -154,7 +155,7 @@ def test_isnan_and_not(dev: str) -> None:
     np.testing.assert_array_equal(one(Prim.NOT, {"k": k}, None, dev), ~k)
 
 
-@pytest.mark.parametrize("prim", [Prim.ADD, Prim.SUB, Prim.MUL, Prim.DIV, Prim.MAX, Prim.MIN,
+@pytest.mark.parametrize("prim", [Prim.ADD, Prim.SUB, Prim.MUL, Prim.DIV, Prim.MOD, Prim.MAX, Prim.MIN,
                                   Prim.EQUAL, Prim.GREATER, Prim.LESS])
 def test_binary_float(prim: Prim, dev: str) -> None:
     rng = np.random.default_rng(5)

@@ -169,7 +169,8 @@ def _pow(x: Val, y: Val, emit: Emit, deps: frozenset[str]) -> str:
 _INFIX = {Prim.ADD: "+", Prim.SUB: "-", Prim.MUL: "*", Prim.EQUAL: "==", Prim.GREATER: ">",
           Prim.LESS: "<", Prim.AND: "&", Prim.OR: "|"}
 _UNARY_FN = {Prim.ABS: "tl.abs", Prim.EXP: "tl.exp", Prim.LOG: "tl.log", Prim.SQRT: "tl.sqrt",
-             Prim.ERF: "tl.erf", Prim.SIGMOID: "tl.sigmoid"}
+             Prim.ERF: "tl.erf", Prim.SIGMOID: "tl.sigmoid", Prim.SIN: "tl.sin", Prim.COS: "tl.cos",
+             Prim.FLOOR: "tl.floor"}
 
 
 def _cast(x: Val, to: DType) -> str:
@@ -219,6 +220,11 @@ def elementwise(prim: Prim, args: Sequence[Val], out: DType, attrs: Any, emit: E
         return _divide(x, args[1], emit)
     if prim is Prim.POW:
         return _pow(x, args[1], emit, deps)
+    if prim is Prim.MOD:
+        # Triton's % is C's remainder (frem, srem), as MOD is. Two Python literals would fold in Python,
+        # whose % takes the divisor's sign: the dividend becomes a tensor first.
+        lhs = f"tl.full([], {x.expr}, {COMPUTE[x.dtype]})" if x.is_literal else x.expr
+        return f"{lhs} % {args[1].expr}"
     if prim in (Prim.MAX, Prim.MIN):
         fn = "tl.maximum" if prim is Prim.MAX else "tl.minimum"
         nan = ", propagate_nan=tl.PropagateNan.ALL" if x.dtype.is_float else ""

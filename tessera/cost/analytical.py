@@ -22,7 +22,7 @@ from tessera.orchestrate.graphview import OGraph, bits, free_concat, is_view
 # Relative cost of one element of an elementwise primitive, in fp32 FLOPs:
 # transcendental and division units run at a fraction of the FMA rate.
 _ELEMENT_FLOPS = {Prim.EXP: 4, Prim.LOG: 4, Prim.TANH: 6, Prim.ERF: 6, Prim.SIGMOID: 5, Prim.SQRT: 4,
-                  Prim.RECIPROCAL: 4, Prim.DIV: 4, Prim.POW: 8}
+                  Prim.RECIPROCAL: 4, Prim.DIV: 4, Prim.POW: 8, Prim.SIN: 6, Prim.COS: 6, Prim.MOD: 8}
 
 
 class AnalyticalCost:

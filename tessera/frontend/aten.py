@@ -53,7 +53,8 @@ _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "maximum": "M
 _COMPARE = {"eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater", "ge": "GreaterOrEqual"}
 _LOGICAL = {"logical_and": "And", "logical_or": "Or", "bitwise_and": "And", "bitwise_or": "Or"}
 _UNARY = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid", "exp": "Exp", "log": "Log", "sqrt": "Sqrt",
-          "neg": "Neg", "abs": "Abs", "erf": "Erf", "reciprocal": "Reciprocal", "isnan": "IsNaN"}
+          "neg": "Neg", "abs": "Abs", "erf": "Erf", "reciprocal": "Reciprocal", "isnan": "IsNaN",
+          "sin": "Sin", "cos": "Cos", "tan": "Tan", "floor": "Floor", "ceil": "Ceil", "round": "Round"}
 
 
 def _binary(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
@@ -76,6 +77,16 @@ def _binary(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> 
 for _op in _BINARY:
     convert(f"aten.{_op}.Tensor", f"aten.{_op}.Scalar", f"aten.{_op}.default", f"aten.{_op}.Tensor_Scalar",
             f"aten.{_op}.Tensor_Tensor", f"aten.{_op}.Tensor_mode")(_binary)
+
+
+@convert("aten.fmod.Tensor", "aten.fmod.Scalar", "aten.remainder.Tensor", "aten.remainder.Scalar")
+def _mod(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
+    """fmod is C's remainder (ONNX Mod fmod=1); remainder is Python's, which ONNX has for integers only
+    (fmod=0): a float remainder stays an ATen call."""
+    fmod = int(str(node.target).split(".")[1] == "fmod")
+    if out.dtype == torch.bool or (not fmod and out.dtype.is_floating_point):
+        return None
+    return em.op("Mod", [em.tensor(args[0], out.dtype), em.tensor(args[1], out.dtype)], fmod=fmod)
 
 
 @convert("aten.rsub.Scalar", "aten.rsub.Tensor")

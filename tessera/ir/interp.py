@@ -242,11 +242,12 @@ def _pow(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 _UNARY: dict[Prim, Callable[[np.ndarray], np.ndarray]] = {
     Prim.NEG: np.negative, Prim.ABS: np.abs, Prim.EXP: np.exp, Prim.LOG: np.log, Prim.SQRT: np.sqrt,
     Prim.RECIPROCAL: lambda x: np.divide(np.ones((), x.dtype), x), Prim.TANH: np.tanh,
-    Prim.ERF: _erf, Prim.SIGMOID: _sigmoid, Prim.ISNAN: np.isnan, Prim.NOT: np.logical_not,
+    Prim.ERF: _erf, Prim.SIGMOID: _sigmoid, Prim.SIN: np.sin, Prim.COS: np.cos, Prim.FLOOR: np.floor,
+    Prim.ISNAN: np.isnan, Prim.NOT: np.logical_not,
 }
 _BINARY: dict[Prim, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     Prim.ADD: np.add, Prim.SUB: np.subtract, Prim.MUL: np.multiply, Prim.DIV: _div, Prim.POW: _pow,
-    Prim.MAX: np.maximum, Prim.MIN: np.minimum,  # both propagate NaN
+    Prim.MOD: np.fmod, Prim.MAX: np.maximum, Prim.MIN: np.minimum,  # both propagate NaN
     Prim.EQUAL: np.equal, Prim.GREATER: np.greater, Prim.LESS: np.less,
     Prim.AND: np.logical_and, Prim.OR: np.logical_or,
 }

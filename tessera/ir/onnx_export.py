@@ -227,7 +227,7 @@ def _model(graph: Graph, ex: _Exporter) -> onnx.ModelProto:
 _SIMPLE: dict[Prim, str] = {
     Prim.NEG: "Neg", Prim.ABS: "Abs", Prim.EXP: "Exp", Prim.LOG: "Log", Prim.SQRT: "Sqrt",
     Prim.RECIPROCAL: "Reciprocal", Prim.TANH: "Tanh", Prim.ERF: "Erf", Prim.SIGMOID: "Sigmoid",
-    Prim.ISNAN: "IsNaN", Prim.NOT: "Not",
+    Prim.SIN: "Sin", Prim.COS: "Cos", Prim.FLOOR: "Floor", Prim.ISNAN: "IsNaN", Prim.NOT: "Not",
     Prim.ADD: "Add", Prim.SUB: "Sub", Prim.MUL: "Mul", Prim.DIV: "Div", Prim.POW: "Pow",
     Prim.MAX: "Max", Prim.MIN: "Min", Prim.EQUAL: "Equal", Prim.GREATER: "Greater", Prim.LESS: "Less",
     Prim.AND: "And", Prim.OR: "Or", Prim.WHERE: "Where",
@@ -242,6 +242,10 @@ _SIMPLE_ATTRS: dict[Prim, tuple[str, ...]] = {
 def _simple(ex: _Exporter, n: Node) -> None:
     attrs = {k: n.attrs[k] for k in _SIMPLE_ATTRS.get(n.prim, ())}
     ex.add(_SIMPLE[n.prim], n.inputs, n.outputs, n.name, _doc(n, n.op), **attrs)
+
+
+def _mod(ex: _Exporter, n: Node) -> None:
+    ex.add("Mod", n.inputs, n.outputs, n.name, _doc(n, n.op), fmod=1)  # C's fmod, for floats and integers
 
 
 def _fill(ex: _Exporter, n: Node) -> None:
@@ -443,7 +447,7 @@ def _opaque(ex: _Exporter, n: Node) -> None:
 
 _EXPORTERS: dict[Prim, Callable[[_Exporter, Node], None]] = {
     **{p: _simple for p in _SIMPLE},
-    Prim.FILL: _fill, Prim.CAST: _cast,
+    Prim.FILL: _fill, Prim.CAST: _cast, Prim.MOD: _mod,
     Prim.REDUCE_SUM: _reduce, Prim.REDUCE_MAX: _reduce, Prim.REDUCE_MIN: _reduce,
     Prim.BROADCAST: _broadcast, Prim.WINDOW_REDUCE: _window_reduce,
     Prim.RESHAPE: _reshape, Prim.SLICE: _slice, Prim.PAD: _pad,

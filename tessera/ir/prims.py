@@ -40,6 +40,9 @@ class Prim(str, enum.Enum):
     TANH = "tanh"  # hyperbolic tangent
     ERF = "erf"  # Gauss error function
     SIGMOID = "sigmoid"  # 1/(1+e**-x)
+    SIN = "sin"  # sine (radians)
+    COS = "cos"  # cosine (radians)
+    FLOOR = "floor"  # largest integer <= x, floats only (Ceil and Round are built from it)
     ISNAN = "isnan"  # bool: x is NaN
     NOT = "not"  # bool: logical not
     ADD = "add"  # x + y
@@ -47,6 +50,7 @@ class Prim(str, enum.Enum):
     MUL = "mul"  # x * y
     DIV = "div"  # x / y; integer operands truncate toward zero (ONNX Div)
     POW = "pow"  # x ** y
+    MOD = "mod"  # x - trunc(x / y) * y, exactly: C's fmod, the sign of x (ONNX Mod with fmod=1)
     MAX = "max"  # max(x, y); NaN if either is NaN
     MIN = "min"  # min(x, y); NaN if either is NaN
     EQUAL = "equal"  # bool: x == y
@@ -112,10 +116,10 @@ class Prim(str, enum.Enum):
 
 UNARY = frozenset({
     Prim.CAST, Prim.NEG, Prim.ABS, Prim.EXP, Prim.LOG, Prim.SQRT, Prim.RECIPROCAL,
-    Prim.TANH, Prim.ERF, Prim.SIGMOID, Prim.ISNAN, Prim.NOT,
+    Prim.TANH, Prim.ERF, Prim.SIGMOID, Prim.SIN, Prim.COS, Prim.FLOOR, Prim.ISNAN, Prim.NOT,
 })
 BINARY = frozenset({
-    Prim.ADD, Prim.SUB, Prim.MUL, Prim.DIV, Prim.POW, Prim.MAX, Prim.MIN,
+    Prim.ADD, Prim.SUB, Prim.MUL, Prim.DIV, Prim.POW, Prim.MOD, Prim.MAX, Prim.MIN,
     Prim.EQUAL, Prim.GREATER, Prim.LESS, Prim.AND, Prim.OR,
 })
 COMPARISONS = frozenset({Prim.EQUAL, Prim.GREATER, Prim.LESS, Prim.ISNAN})

@@ -17,7 +17,7 @@ _BINARY = {"Add": Prim.ADD, "Sub": Prim.SUB, "Mul": Prim.MUL, "Div": Prim.DIV,
            "And": Prim.AND, "Or": Prim.OR}
 _UNARY = {"Neg": Prim.NEG, "Abs": Prim.ABS, "Exp": Prim.EXP, "Log": Prim.LOG, "Sqrt": Prim.SQRT,
           "Reciprocal": Prim.RECIPROCAL, "Tanh": Prim.TANH, "Erf": Prim.ERF, "Sigmoid": Prim.SIGMOID,
-          "IsNaN": Prim.ISNAN, "Not": Prim.NOT}
+          "Sin": Prim.SIN, "Cos": Prim.COS, "Floor": Prim.FLOOR, "IsNaN": Prim.ISNAN, "Not": Prim.NOT}
 
 
 @register(list(_BINARY), since=7)
@@ -251,6 +251,57 @@ def xor(ctx: OpCtx) -> list[str]:
     """(x or y) and not (x and y)."""
     b, x, y = ctx.b, ctx.input(0), ctx.input(1)
     return [b.binary(Prim.AND, b.binary(Prim.OR, x, y), b.unary(Prim.NOT, b.binary(Prim.AND, x, y)))]
+
+
+@register("Tan", since=7)
+def tan(ctx: OpCtx) -> list[str]:
+    b, x = ctx.b, ctx.input(0)
+    float_dtype_check(ctx, x)
+    return [b.emit(Prim.DIV, [b.unary(Prim.SIN, x), b.unary(Prim.COS, x)])]
+
+
+@register("Ceil", since=6)
+def ceil(ctx: OpCtx) -> list[str]:
+    """-floor(-x): exact, and ceil(-0.3) is -0.0 as in onnxruntime."""
+    b, x = ctx.b, ctx.input(0)
+    float_dtype_check(ctx, x)
+    return [b.unary(Prim.NEG, b.unary(Prim.FLOOR, b.unary(Prim.NEG, x)))]
+
+
+@register("Round", since=11)
+def round_(ctx: OpCtx) -> list[str]:
+    """Half to even, from floor alone: r = floor(x) and d = x - r are exact in any binary float (d is x's
+    fraction bits), so r + 1 above a half, r below, and at a half whichever of r, r + 1 is even. Adding
+    0.5 first would not be exact (0.49999997 + 0.5 rounds up to 1 in float32). A zero result takes x's
+    sign (round(-0.3) is -0.0), as onnxruntime's does."""
+    b, x = ctx.b, ctx.input(0)
+    float_dtype_check(ctx, x)
+    r = b.unary(Prim.FLOOR, x)
+    d = b.emit(Prim.SUB, [x, r])
+    up = b.add_scalar(r, 1.0)
+    odd = b.emit(Prim.EQUAL, [b.emit(Prim.SUB, [r, b.mul_scalar(b.unary(Prim.FLOOR, b.mul_scalar(r, 0.5)), 2.0)]),
+                              b.scalar(1, x)])
+    half = b.emit(Prim.AND, [b.emit(Prim.EQUAL, [d, b.scalar(0.5, x)]), odd])
+    y = b.emit(Prim.WHERE, [b.emit(Prim.OR, [b.emit(Prim.GREATER, [d, b.scalar(0.5, x)]), half]), up, r])
+    return [b.emit(Prim.WHERE, [b.emit(Prim.EQUAL, [y, b.scalar(0, x)]), b.mul_scalar(x, 0.0), y])]
+
+
+@register("Mod", since=10)
+def mod(ctx: OpCtx) -> list[str]:
+    """fmod=1: C's remainder (MOD), the sign of x. fmod=0 (integers only, in ONNX): Python's, the sign of y,
+    so a nonzero remainder whose sign differs from y's moves by y."""
+    b, x, y = ctx.b, ctx.input(0), ctx.input(1)
+    fmod = int(ctx.attr("fmod", 0))
+    if fmod == 0 and b.dtype(x).is_float:
+        raise Unsupported(f"Mod of {b.dtype(x).value} with fmod=0 (ONNX allows fmod=0 for integers only)")
+    r = b.binary(Prim.MOD, x, y)
+    if fmod == 1:
+        return [r]
+    zero = b.scalar(0, r)
+    yb = b.broadcast_to(y, b.shape(r))
+    neg_pos = b.emit(Prim.AND, [b.emit(Prim.LESS, [r, zero]), b.emit(Prim.GREATER, [yb, zero])])
+    pos_neg = b.emit(Prim.AND, [b.emit(Prim.GREATER, [r, zero]), b.emit(Prim.LESS, [yb, zero])])
+    return [b.emit(Prim.WHERE, [b.emit(Prim.OR, [neg_pos, pos_neg]), b.emit(Prim.ADD, [r, yb]), r])]
 
 
 @register("Gelu", since=20)

@@ -129,11 +129,12 @@ def _pow(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 _UNARY: dict[Prim, Callable[[torch.Tensor], torch.Tensor]] = {
     Prim.NEG: torch.neg, Prim.ABS: torch.abs, Prim.EXP: torch.exp, Prim.LOG: torch.log, Prim.SQRT: torch.sqrt,
     Prim.RECIPROCAL: torch.reciprocal, Prim.TANH: torch.tanh, Prim.ERF: torch.erf,
-    Prim.SIGMOID: torch.sigmoid, Prim.ISNAN: torch.isnan, Prim.NOT: torch.logical_not,
+    Prim.SIGMOID: torch.sigmoid, Prim.SIN: torch.sin, Prim.COS: torch.cos, Prim.FLOOR: torch.floor,
+    Prim.ISNAN: torch.isnan, Prim.NOT: torch.logical_not,
 }
 _BINARY: dict[Prim, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     Prim.ADD: torch.add, Prim.SUB: torch.sub, Prim.MUL: torch.mul, Prim.DIV: _div, Prim.POW: _pow,
-    Prim.MAX: torch.maximum, Prim.MIN: torch.minimum,  # both propagate NaN
+    Prim.MOD: torch.fmod, Prim.MAX: torch.maximum, Prim.MIN: torch.minimum,  # both propagate NaN
     Prim.EQUAL: torch.eq, Prim.GREATER: torch.gt, Prim.LESS: torch.lt,
     Prim.AND: torch.logical_and, Prim.OR: torch.logical_or,
 }
