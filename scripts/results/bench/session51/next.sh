@@ -10,6 +10,11 @@
 # 2: the 21 architectures never checked through ONNX on the GPU (session 50's six unreached and the second
 #    batch of 15): export, compile and run --check in fp16 (analytical cost).
 # 3: the second batch through torch.compile(backend="tessera") in fp16 against float64 eager.
+# 4: session 51's rules on the GPU: Sin, Cos, Tan, Floor, Ceil, Round and Mod (tests/test_codegen_kernels.py
+#    compiles each for the GPU and compares it with the float64 interpreter: trigonometry far from zero,
+#    rounding and remainders exactly), ScatterND/ScatterElements with constant indices
+#    (tests/test_codegen_scatter.py), the bridge's aten ops; the GPU tests whose host step became Atan
+#    (tests/test_graphs.py, tests/test_fuzz.py's GPU regressions, tests/test_threads.py); then the fuzzer.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 unset TESSERA_LOG; export TESSERA_SOLVER=highs
 BATCH2=bart_encoder,mpnet,squeezebert,convbert,clip_text,swinv2,convnextv2,efficientnet,mobilenet_v2,levit,poolformer,yolos,hubert,videomae,fnet
@@ -30,5 +35,13 @@ case $1 in
     3)
         timeout 500 python3 scripts/arch_zoo.py --backend --precision fp16 --device cuda --models ${MODELS:-$BATCH2} \
             > "$OUT/arch_backend_fp16.txt" 2>&1; echo "backend rc=$?"; grep "^|" "$OUT/arch_backend_fp16.txt" ;;
-    *) echo "next.sh: calls 1-3"; exit 2 ;;
+    4)
+        mkdir -p ../shared/models && cp carry/e/*.onnx ../shared/models/ 2>/dev/null
+        timeout 330 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_codegen_kernels.py tests/test_codegen_scatter.py \
+            tests/test_graphs.py tests/test_threads.py tests/test_fuzz.py tests/test_torch_frontend.py \
+            > "$OUT/tests.txt" 2>&1; echo "tests rc=$?"
+        grep -E "^(FAILED|ERROR)|^E  " "$OUT/tests.txt" | cut -c1-200 | head -30; tail -n 1 "$OUT/tests.txt"
+        timeout 220 python3 scripts/fuzz.py --device cuda --minutes ${FUZZ_MIN:-3} --seed 5121 --big 0.3 \
+            --out "$OUT/fuzz_5121.json" > "$OUT/fuzz.txt" 2>&1; echo "fuzz rc=$?"; tail -n 3 "$OUT/fuzz.txt" ;;
+    *) echo "next.sh: calls 1-4"; exit 2 ;;
 esac
