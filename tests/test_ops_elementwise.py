@@ -194,7 +194,8 @@ def _exactly_as_onnxruntime(op: str, inputs: dict, attrs: dict | None = None, op
     ref = run_ort(build_model(op, inputs, attrs, opset=opset), feeds)[0]
     got = interp.run(fission(load(build_model(op, inputs, attrs, opset=opset)).graph).graph, feeds)[pg.outputs[0]]
     np.testing.assert_array_equal(got, ref)
-    assert (np.signbit(got) == np.signbit(ref)).all(), (op, inputs, got, ref)
+    num = ~np.isnan(ref) if ref.dtype.kind == "f" else np.ones(ref.shape, bool)  # a NaN's sign means nothing
+    assert (np.signbit(got) == np.signbit(ref))[num].all(), (op, inputs, got, ref)
 
 
 @pytest.mark.parametrize("op,opset", [("Floor", 13), ("Ceil", 13), ("Round", 11)])
