@@ -158,11 +158,11 @@ def _pow(x: Val, y: Val, emit: Emit, deps: frozenset[str]) -> str:
     if y.is_literal:  # a finite literal: the sign rule decided here
         k = float(y.literal)
         if k.is_integer():
-            return f"tl.where({x.expr} < 0, -{r}, {r})" if int(k) % 2 else r
+            return f"tl.where({x.expr} < 0, ({r}) * -1.0, {r})" if int(k) % 2 else r
         return f"tl.where({x.expr} < 0, float(\"nan\"), {r})"
     yi = emit(f"({y.expr}).to(tl.int64)", deps)
     whole = emit(f"({yi}).to(tl.float32) == {y.expr}", deps)
-    signed = f"tl.where({whole}, tl.where({yi} % 2 != 0, -{r}, {r}), float(\"nan\"))"
+    signed = f"tl.where({whole}, tl.where({yi} % 2 != 0, ({r}) * -1.0, {r}), float(\"nan\"))"
     return f"tl.where({y.expr} == 0, 1.0, tl.where({x.expr} < 0, {signed}, {r}))"
 
 
@@ -203,7 +203,9 @@ def elementwise(prim: Prim, args: Sequence[Val], out: DType, attrs: Any, emit: E
         return f"{_UNARY_FN[prim]}({args[0].expr})"
     x = args[0]
     if prim is Prim.NEG:
-        return f"-{x.expr}"
+        # Triton 3.6 negates a float as 0 - x, which makes -(0.0) +0.0 (ceil(-0.3) came out +0.0 on the
+        # GPU); a product by -1 is exact and flips the sign of zero in every version.
+        return f"{x.expr} * -1.0" if x.dtype.is_float else f"-{x.expr}"
     if prim is Prim.RECIPROCAL:
         if not x.dtype.is_float:
             raise Unsupported("integer reciprocal")
@@ -221,8 +223,12 @@ def elementwise(prim: Prim, args: Sequence[Val], out: DType, attrs: Any, emit: E
     if prim is Prim.POW:
         return _pow(x, args[1], emit, deps)
     if prim is Prim.MOD:
-        # Triton's % is C's remainder (frem, srem), as MOD is. Two Python literals would fold in Python,
-        # whose % takes the divisor's sign: the dividend becomes a tensor first.
+        if x.dtype.is_float:
+            # frem compiles to x - trunc(x / y) * y on the GPU, off once the quotient passes float32's
+            # precision (8388607.5 % -1e-3 gave 0.1256 for 5.6e-4 on the H200): torch.fmod runs it, exactly.
+            raise Unsupported("float remainder (the GPU's frem is inexact for large quotients)")
+        # Triton's % on integers is C's remainder (srem), as MOD is. Two Python literals would fold in
+        # Python, whose % takes the divisor's sign: the dividend becomes a tensor first.
         lhs = f"tl.full([], {x.expr}, {COMPUTE[x.dtype]})" if x.is_literal else x.expr
         return f"{lhs} % {args[1].expr}"
     if prim in (Prim.MAX, Prim.MIN):
