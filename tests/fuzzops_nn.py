@@ -338,6 +338,8 @@ def resize(d: Draw, b: Builder) -> None:
     attrs: dict = {"mode": mode, "coordinate_transformation_mode": d.pick(coords)}
     if mode == "nearest":
         attrs["nearest_mode"] = d.pick(_NEAREST)
+    if mode == "cubic" and d.maybe(0.5):  # TensorFlow's bicubic; PyTorch's is the default (-0.75, 0)
+        attrs |= {"cubic_coeff_a": -0.5, "exclude_outside": d.pick([0, 1])}
     # Which axes change: the last two of an image (linear / cubic), any for nearest.
     movable = list(range(r - 2, r)) if mode != "nearest" or r < 2 else list(range(r))
     axes = [a for a in movable if d.maybe(0.7)] or [movable[-1]]

@@ -224,6 +224,8 @@ def test_gather_nd_computed_indices(bd):
     {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
     {"mode": "linear", "coordinate_transformation_mode": "half_pixel"},
     {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
+    {"mode": "cubic", "coordinate_transformation_mode": "half_pixel"},
+    {"mode": "cubic", "coordinate_transformation_mode": "align_corners", "cubic_coeff_a": -0.5, "exclude_outside": 1},
 ])
 def test_resize(attrs):
     x = rand(1, 3, 5, 7, seed=11)

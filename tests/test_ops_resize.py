@@ -230,9 +230,38 @@ def test_upsample7(mode):
     check_op("Upsample", {"x": rand(1, 3, 5, 7, seed=19)}, {"mode": mode, "scales": [1.0, 1.0, 2.0, 1.5]}, opset=7)
 
 
+# ---- cubic ----------------------------------------------------------------------------------------
+CUBIC_SCALES = [(1, 1, 2.0, 2.0), (1, 1, 1.7, 0.6), (1, 1, 0.5, 0.43), (1, 1, 2.5, 1.0), (1, 1, 0.5, 0.5)]
+
+
+@pytest.mark.parametrize("scales", CUBIC_SCALES)
+@pytest.mark.parametrize("coord", COORD_MODES)
+def test_cubic_scales(coord, scales):
+    """Four taps a position, the edge repeated where they leave the axis (Keys, a = -0.75)."""
+    check_op("Resize", _inputs(rand(1, 2, 5, 7, seed=21), scales=_scales(*scales)), {"mode": "cubic",
+             "coordinate_transformation_mode": coord}, opset=19)
+
+
+@pytest.mark.parametrize("a,exclude", [(-0.5, 0), (-0.75, 1), (-0.5, 1)])
+@pytest.mark.parametrize("coord", ["half_pixel", "align_corners", "asymmetric"])
+def test_cubic_coefficient_and_exclude_outside(coord, a, exclude):
+    """exclude_outside: taps off the axis weigh 0 and the rest are renormalised (PyTorch's bicubic
+    exports a = -0.75 with exclude_outside 0; TensorFlow's a = -0.5 with 1)."""
+    check_op("Resize", _inputs(rand(1, 2, 6, 5, seed=22), sizes=_sizes(1, 2, 11, 3)), {"mode": "cubic",
+             "coordinate_transformation_mode": coord, "cubic_coeff_a": a, "exclude_outside": exclude}, opset=13)
+
+
+def test_cubic_at_whole_coordinates_is_a_pick_and_fp16_blends():
+    """Halving with asymmetric coordinates reads every other element at weight 1: no blend."""
+    pg = check_op("Resize", _inputs(rand(1, 2, 8, 6, seed=23), scales=_scales(1, 1, 0.5, 0.5)),
+                  {"mode": "cubic", "coordinate_transformation_mode": "asymmetric"}, opset=13)
+    assert "mul" not in _ops(pg), _ops(pg)
+    check_op("Resize", _inputs(rand(1, 3, 5, 4, seed=24).astype(np.float16), scales=_scales(1, 1, 1.6, 2.5)),
+             {"mode": "cubic"}, opset=13, tol=2e-3)
+
+
 # ---- unsupported ------------------------------------------------------------------------------
 @pytest.mark.parametrize("attrs,why", [
-    ({"mode": "cubic"}, "cubic"),
     ({"mode": "linear", "antialias": 1}, "antialias"),
     ({"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize"}, "tf_crop_and_resize"),
 ])

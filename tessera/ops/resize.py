@@ -7,7 +7,10 @@ shapes and attributes, so fission computes them with NumPy:
   BROADCAST where the indices have that form);
 - linear: per resized axis, the two neighbours lo and hi are selected and
   blended with constant weights, lo*w_lo + hi*w_hi (N-linear interpolation is
-  separable, so axis by axis gives the same value).
+  separable, so axis by axis gives the same value);
+- cubic: likewise with four taps, floor(x) - 1 .. floor(x) + 2 (clamped into the
+  axis), weighted by Keys' cubic convolution of parameter `cubic_coeff_a`; with
+  `exclude_outside` the taps off the axis weigh 0 and the rest are renormalised.
 
 Coordinates are computed in float32 in onnxruntime's order of operations, so
 ties of the nearest modes round the way the reference does.
@@ -26,6 +29,7 @@ _F = np.float32
 _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
                 "asymmetric", "tf_half_pixel_for_nn")
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+_ONE_TAP = {"linear": 0, "cubic": 1}  # the tap that takes all the weight at a whole coordinate
 
 
 def _coords(mode: str, n_out: int, n_in: int, scale: np.float32) -> np.ndarray:
@@ -86,27 +90,49 @@ def _linear(xo: np.ndarray, n_in: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return lo, hi, w_lo, w_hi
 
 
-def _blend(ctx: OpCtx, x: str, axis: int, lo: np.ndarray, hi: np.ndarray, w_lo: np.ndarray,
-           w_hi: np.ndarray) -> str:
-    """lo*w_lo + hi*w_hi along one axis, the weights broadcast over the other axes."""
+def _cubic(xo: np.ndarray, n_in: int, a: float, exclude_outside: bool) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(indices, weights) of the four taps of every output position, in onnxruntime's float32
+    arithmetic: the coordinate is not clamped, the taps' indices are (the edge repeats)."""
+    a = _F(a)
+    fl = np.floor(xo)
+    s = (xo - fl).astype(_F)
+    one, two = _F(1), _F(2)
+    t0, t3 = s + one, two - s
+    w = [((a * t0 - _F(5) * a) * t0 + _F(8) * a) * t0 - _F(4) * a,
+         ((a + two) * s - (a + _F(3))) * s * s + one,
+         ((a + two) * (one - s) - (a + _F(3))) * (one - s) * (one - s) + one,
+         ((a * t3 - _F(5) * a) * t3 + _F(8) * a) * t3 - _F(4) * a]
+    taps = [fl.astype(np.int64) - 1 + k for k in range(4)]
+    if exclude_outside:
+        w = [np.where((t >= 0) & (t < n_in), wk, _F(0)).astype(_F) for t, wk in zip(taps, w)]
+        total = w[0] + w[1] + w[2] + w[3]
+        w = [wk / total for wk in w]
+    return [np.clip(t, 0, n_in - 1) for t in taps], [wk.astype(_F) for wk in w]
+
+
+def _blend(ctx: OpCtx, x: str, axis: int, taps: Sequence[np.ndarray], weights: Sequence[np.ndarray]) -> str:
+    """The sum of tap k times weight k along one axis, the weights broadcast over the other axes (a
+    tap whose weight is 0 everywhere is left out)."""
     b = ctx.b
     shape = [1] * b.rank(x)
-    shape[axis] = len(lo)
+    shape[axis] = len(taps[0])
     dt = b.dtype(x)
-    lo_w = b.mul(select(b, x, {axis: lo}), b.const(w_lo.reshape(shape), "w_lo", dtype=dt))
-    hi_w = b.mul(select(b, x, {axis: hi}), b.const(w_hi.reshape(shape), "w_hi", dtype=dt))
-    return b.add(lo_w, hi_w)
+    terms = [b.mul(select(b, x, {axis: t}), b.const(w.reshape(shape), "w_tap", dtype=dt))
+             for t, w in zip(taps, weights) if w.any()]
+    y = terms[0]
+    for t in terms[1:]:
+        y = b.add(y, t)
+    return y
 
 
 def _resize(ctx: OpCtx, scales: Sequence[float] | None, sizes: Sequence[int] | None,
-            axes: Sequence[int] | None, mode: str, coord: str, nearest: str, policy: str) -> str:
+            axes: Sequence[int] | None, mode: str, coord: str, nearest: str, policy: str,
+            cubic_a: float = -0.75, exclude_outside: bool = False) -> str:
     """Resize input 0 by `scales` or to `sizes`, both listed for `axes` (default: all)."""
     b, x = ctx.b, ctx.input(0)
     shape = b.shape(x)
     r = len(shape)
-    if mode == "cubic":
-        raise Unsupported("Resize mode 'cubic'")
-    if mode not in ("nearest", "linear"):
+    if mode not in ("nearest", "linear", "cubic"):
         raise ctx.fail(f"unknown mode '{mode}'")
     if coord == "tf_crop_and_resize":
         raise Unsupported("coordinate_transformation_mode 'tf_crop_and_resize'")
@@ -114,8 +140,8 @@ def _resize(ctx: OpCtx, scales: Sequence[float] | None, sizes: Sequence[int] | N
         raise ctx.fail(f"unknown coordinate_transformation_mode '{coord}'")
     if mode == "nearest" and nearest not in _NEAREST_MODES + ("simple",):
         raise ctx.fail(f"unknown nearest_mode '{nearest}'")
-    if mode == "linear" and not b.dtype(x).is_float:
-        raise Unsupported(f"linear Resize of {b.dtype(x).value}")
+    if mode != "nearest" and not b.dtype(x).is_float:
+        raise Unsupported(f"{mode} Resize of {b.dtype(x).value}")
     if any(d == 0 for d in shape):
         raise Unsupported("Resize of an empty tensor")
     axes = list(range(r)) if axes is None else [ctx.axis(int(a), r) for a in axes]
@@ -159,11 +185,16 @@ def _resize(ctx: OpCtx, scales: Sequence[float] | None, sizes: Sequence[int] | N
     # for all of them first (they never grow), then the blends, shrinking first.
     picks, blends = {}, []
     for a in sorted(resized, key=lambda a: out[a] / shape[a]):
-        lo, hi, w_lo, w_hi = _linear(_coords(coord, out[a], shape[a], scale[a]), shape[a])
-        if w_hi.any():
-            blends.append((a, lo, hi, w_lo, w_hi))
+        xo = _coords(coord, out[a], shape[a], scale[a])
+        if mode == "linear":
+            lo, hi, w_lo, w_hi = _linear(xo, shape[a])
+            taps, weights = [lo, hi], [w_lo, w_hi]
         else:
-            picks[a] = lo
+            taps, weights = _cubic(xo, shape[a], cubic_a, exclude_outside)
+        if any((w != (1 if k == _ONE_TAP[mode] else 0)).any() for k, w in enumerate(weights)):
+            blends.append((a, taps, weights))
+        else:  # every position reads one tap at weight 1
+            picks[a] = taps[_ONE_TAP[mode]]
     y = select(b, x, picks)
     for blend in blends:
         y = _blend(ctx, y, *blend)
@@ -209,7 +240,8 @@ def _resize_inputs(ctx: OpCtx, with_axes: bool) -> list[str]:
     policy = ctx.attr("keep_aspect_ratio_policy", "stretch") if with_axes and sizes else "stretch"
     return [_resize(ctx, _floats(ctx.const(2)), sizes, None if axes is None else [int(a) for a in axes],
                     ctx.attr("mode", "nearest"), ctx.attr("coordinate_transformation_mode", "half_pixel"),
-                    ctx.attr("nearest_mode", "round_prefer_floor"), policy)]
+                    ctx.attr("nearest_mode", "round_prefer_floor"), policy, float(ctx.attr("cubic_coeff_a", -0.75)),
+                    bool(int(ctx.attr("exclude_outside", 0))))]
 
 
 @register("Resize", since=11)
