@@ -203,11 +203,35 @@ def test_gather_elements():
 
 @pytest.mark.parametrize("reverse", [0, 1])
 def test_cumsum_one_kernel(reverse):
-    """The running sum's mask, broadcast and reduction in one kernel. (An integer one, RoBERTa's, has its
-    reduction run by torch: generated kernels reduce floats only; tests/test_arch_zoo.py runs it.)"""
+    """The running sum's mask, broadcast and reduction in one kernel; an integer one too (RoBERTa's
+    position ids: a running sum of the int64 padding mask)."""
     check("CumSum", {"x": rand(3, 9, 5, seed=12), "axis": Const(np.array(1, I64))}, {"reverse": reverse}, opset=14)
     check("CumSum", {"x": rand(2, 11, seed=13), "axis": Const(np.array(-1, I64))}, {"exclusive": 1, "reverse": reverse},
           opset=14)
+    xi = np.random.default_rng(14).integers(-3, 9, (2, 37)).astype(I64)
+    _exact(build_model("CumSum", {"x": xi, "axis": Const(np.array(1, I64))}, {"reverse": reverse}, opset=14), {"x": xi})
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8])
+def test_integer_reductions_in_one_kernel(op, dtype):
+    """Integers accumulate in int64 from their type's extremes: rows holding the type's least and greatest
+    values (an identity of -inf cast to int64 would be wrong there), a row longer than a block."""
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(15)
+    x = rng.integers(max(info.min, -50), min(info.max, 50), (3, 1100)).astype(dtype)
+    x[0, :] = info.min if op == "ReduceMax" else info.max if op == "ReduceMin" else x[0, :]
+    x[1, 5] = info.max if op == "ReduceMax" else info.min if op == "ReduceMin" else x[1, 5]
+    axes = {"axes": [1]} if op != "ReduceSum" else {}
+    inputs = {"x": x, **({"axes": Const(np.array([1], I64))} if op == "ReduceSum" else {})}
+    _exact(build_model(op, inputs, axes, opset=13), {"x": x})
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+def test_argmax_in_one_kernel(op):
+    """The extreme, then the least index that holds it, an int64 reduction, in one kernel (ties first)."""
+    x = np.round(rand(4, 301, seed=16, lo=-9, hi=9))
+    _exact(build_model(op, {"x": x}, {"axis": 1, "keepdims": 0}, opset=13), {"x": x})
 
 
 @pytest.mark.parametrize("bd", [0, 1])

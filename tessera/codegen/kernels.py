@@ -27,10 +27,13 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import Sequence
 
+import numpy as np
+
 from tessera.codegen import index as ix
 from tessera.codegen.emitter import Emitter, Scope
 from tessera.codegen.index import Ix
 from tessera.codegen.triton_ops import COMPUTE, STORAGE, TF32_ROUND, Unsupported, Val, module_source
+from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import REDUCTIONS, Prim
 
@@ -475,17 +478,18 @@ def _reduction(k: KernelBody, sched: Schedule) -> tuple[list[str], int, int]:
         if not sched.persistent:
             for n in group:
                 accs[n.name] = em.fresh("acc")
-                em.stmt(f"{accs[n.name]} = tl.full([XBLOCK, RBLOCK], {_IDENT[n.op]}, tl.float32)")
+                ident, acc_type = _identity(n.op, g.types[n.inputs[0]].dtype)
+                em.stmt(f"{accs[n.name]} = tl.full([XBLOCK, RBLOCK], {ident}, {acc_type})")
         coords, rmask = persistent_coords if persistent_coords else walk()
         mask = frozenset({"xmask", rmask})
         for n in group:
             v = em.value(n.inputs[0], coords, mask)
-            if not g.types[n.inputs[0]].dtype.is_float:
-                raise Unsupported(f"{n.name}: integer reduction")
+            if not v.dtype.is_float and not v.is_literal:  # a closed-form index table is int32 arithmetic
+                v = Val(f"({v.expr}).to(tl.int64)", v.dtype, v.deps)
             m = em.mask_expr(mask)
             if sched.persistent:
-                term = f"tl.where({m}, {v.expr}, {_IDENT[n.op]})"
-                res = em.emit(f"{_REDUCE_FN[n.op]}({term}, 1)[:, None]", xdep, "row")
+                term = f"tl.where({m}, {v.expr}, {_identity(n.op, g.types[n.inputs[0]].dtype)[0]})"
+                res = em.emit(f"{_REDUCE_FN[n.op]}({term}, 1)[:, None]{_narrow(g, n)}", xdep, "row")
             else:
                 acc = accs[n.name]
                 em.stmt(f"{acc} = tl.where({m}, {_COMBINE[n.op].format(acc=acc, v=v.expr)}, {acc})")
@@ -494,7 +498,7 @@ def _reduction(k: KernelBody, sched: Schedule) -> tuple[list[str], int, int]:
         if not sched.persistent:
             em.pop()
             for n in group:
-                res = em.emit(f"{_REDUCE_FN[n.op]}({accs[n.name]}, 1)[:, None]", xdep, "row")
+                res = em.emit(f"{_REDUCE_FN[n.op]}({accs[n.name]}, 1)[:, None]{_narrow(g, n)}", xdep, "row")
                 em.rows[(n.outputs[0], natural)] = Val(res, g.types[n.outputs[0]].dtype, xdep)
     per_element = [o for o in k.outputs if g.types[o].numel != xnumel and o not in planes]
     if per_element:
@@ -563,6 +567,24 @@ def _reduce_ancestors(n: Node, k: KernelBody, by_out: dict[str, Node]) -> list[s
 
 _REDUCE_OPS = {p.value for p in REDUCTIONS}
 _IDENT = {Prim.REDUCE_SUM.value: "0.0", Prim.REDUCE_MAX.value: '-float("inf")', Prim.REDUCE_MIN.value: 'float("inf")'}
+def _identity(op: str, dtype: DType) -> tuple[str, str]:
+    """(identity literal, accumulator type) of a reduction over `dtype`. Integers accumulate in int64
+    (a narrower sum wraps the same once cast back), from their type's extreme for max and min; int64's
+    least is written as a difference, since 9223372036854775808 alone is no int64 literal."""
+    if dtype.is_float:
+        return _IDENT[op], "tl.float32"
+    info = np.iinfo(dtype.to_numpy())
+    least = "(-9223372036854775807 - 1)" if info.min == -2 ** 63 else str(info.min)
+    return {Prim.REDUCE_SUM.value: "0", Prim.REDUCE_MAX.value: least, Prim.REDUCE_MIN.value: str(info.max)}[op], \
+        "tl.int64"
+
+
+def _narrow(g: Graph, n: Node) -> str:
+    """The cast of an integer reduction's int64 result to its narrower output type ('' if none)."""
+    dt = g.types[n.outputs[0]].dtype
+    return "" if dt.is_float or dt is DType.INT64 else f".to({COMPUTE[dt]})"
+
+
 _REDUCE_FN = {Prim.REDUCE_SUM.value: "tl.sum", Prim.REDUCE_MAX.value: "tl.max", Prim.REDUCE_MIN.value: "tl.min"}
 _COMBINE = {Prim.REDUCE_SUM.value: "{acc} + {v}", Prim.REDUCE_MAX.value: "tl.maximum({acc}, {v})",
             Prim.REDUCE_MIN.value: "tl.minimum({acc}, {v})"}
