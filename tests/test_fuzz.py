@@ -288,6 +288,19 @@ REGRESSIONS = {
         nodes=[N("Greater", ["in1", "c2"], ["t3"], family="compare"),
                N("And", ["t3", "in4"], ["t5"], family="compare")],
         outputs=["t5"]),
+    # rewrite/precision.py (`_narrow_constant`): bfloat16 constants were held as unrounded float32, so a
+    # one-element one, written into a kernel's source, kept float32's precision while larger ones were
+    # rounded on their way to the GPU; a one-channel BatchNorm cancelled to 1.7% off the reference with
+    # rounded constants (session 51, scripts/results/fuzz/session51/fuzz_5115.fail1.json).
+    "bf16_one_element_constants_round": GraphSpec(
+        opset=13, precision="bf16", layout="auto", strategy="optimal", seed=15078, schedule_seed=0,
+        inputs=[T("in1", (1, 1), "float32")],
+        consts=[C("c3", (1,), "float32"), C("c4", (1,), "float32", scale=0.5), C("c5", (1,), "float32", scale=0.5),
+                C("c6", (1,), "float32", positive=True)],
+        nodes=[N("Relu", ["in1"], ["t2"], family="elementwise"),
+               N("BatchNormalization", ["t2", "c3", "c4", "c5", "c6"], ["t7"], {"epsilon": 1e-05},
+                 family="normalization")],
+        outputs=["t7"]),
 }
 
 
