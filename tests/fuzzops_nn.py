@@ -376,7 +376,7 @@ def resize(d: Draw, b: Builder) -> None:
 # ---- opaque (fallback) ------------------------------------------------------------------------
 def opaque(d: Draw, b: Builder) -> None:
     # Most of these have fission rules now (CumSum, Mean and ArgMax since session 50; Sin, Cos, Tan, Floor,
-    # Ceil, Round and Mod since 51); drawn here still, they test them. TopK still runs through the fallback.
+    # Ceil, Round, Mod and TopK (k up to 16) since 51); drawn here still, they test them.
     op = d.pick(["Sin", "Floor", "CumSum", "ArgMax", "Mean", "Cos", "Round", "TopK", "Tan", "Ceil", "Mod"])
     if op in ("Sin", "Cos", "Tan"):
         x = b.float_in()

@@ -476,3 +476,101 @@ def test_arg_max_compiles_and_runs(tmp_path, precision):
         assert y[0].item() == 2999
     else:
         assert y.tolist() == want.tolist()
+
+
+# ---- TopK (session 51) -------------------------------------------------------------------------------
+def _top_k_exactly(x: np.ndarray, k: int, attrs: dict | None = None, opset: int = 11) -> Graph:
+    """Values and indices equal onnxruntime's element for element (NaN where its NaN, zeros signed as its,
+    infinities), from the reference interpreter and from the primitive graph exported back to ONNX."""
+    from tessera.ir.onnx_export import to_onnx
+
+    inputs = {"x": x, "k": Const(np.array([k], np.int64))} if opset >= 10 else {"x": x}
+    attrs = dict(attrs or {}) | ({} if opset >= 10 else {"k": k})
+    model = build_model("TopK", inputs, attrs, n_outputs=2, opset=opset)
+    ref = run_ort(model, {"x": x})
+    pg = fission(load(model).graph).graph
+    assert all(n.op != "opaque" for n in pg.nodes)
+    got = interp.run(pg, {"x": x})
+    exported = run_ort(to_onnx(pg), {"x": x})
+    for j, r in enumerate(ref):
+        for g in (got[pg.outputs[j]], exported[j]):
+            assert g.dtype == r.dtype and g.shape == r.shape
+            np.testing.assert_array_equal(g, r)
+            assert (np.signbit(g) == np.signbit(r)).all() if r.dtype.kind == "f" else True
+    return pg
+
+
+NAN, INF = np.nan, np.inf
+TOPK_EDGES = [[1, 3, 3, 2, 3, 0], [1, NAN, 3, 2, NAN, 0], [NAN, 1, 2], [-INF, -INF, 1, -INF], [0.0, -0.0, -0.0, 0.0],
+              [NAN, NAN, INF, -INF, NAN]]
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+@pytest.mark.parametrize("row", TOPK_EDGES)
+def test_top_k_orders_as_onnxruntime(row, largest):
+    """Ties by index; NaN above every number (first when largest, last when smallest); infinities; the
+    value picked is the element itself (-0.0 stays -0.0): every k."""
+    x = np.array([row], np.float32)
+    for k in range(1, x.shape[1] + 1):
+        _top_k_exactly(x, k, {"largest": largest})
+
+
+@pytest.mark.parametrize("axis,k,largest", [(-1, 1, 1), (-1, 2, 1), (1, 4, 0), (0, 3, 1), (2, 16, 0)])
+def test_top_k_axes_and_ties(axis, k, largest):
+    x = np.round(rand(5, 7, 19, seed=80, lo=-4, hi=4))  # whole numbers: many ties
+    _top_k_exactly(x, k, {"axis": axis, "largest": largest})
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.float16])
+def test_top_k_of_integers_and_half(dtype):
+    """Integers keep the type's extremes (int64's least among them); float16 values and NaN."""
+    if dtype is np.float16:
+        x = rand(3, 40, seed=81).astype(np.float16)
+        x[0, 3] = x[2, 5] = np.nan
+    else:
+        info = np.iinfo(dtype)
+        x = np.random.default_rng(82).integers(-20, 20, (3, 12)).astype(dtype)
+        x[0, :4] = info.min
+        x[1, 2] = info.max
+    for largest in (1, 0):
+        _top_k_exactly(x, 5, {"largest": largest})
+
+
+def test_top_k_with_k_as_an_attribute():
+    _top_k_exactly(rand(3, 9, seed=85), 2, opset=1)  # opset 1 to 9: floats only
+
+
+def test_top_k_that_stays_opaque_says_why():
+    x = rand(2, 40, seed=83)
+
+    def reasons(k, attrs=None, k_const=True):
+        inputs = {"x": x, "k": Const(np.array([k], np.int64)) if k_const else np.array([k], np.int64)}
+        model = build_model("TopK", inputs, attrs, n_outputs=2, opset=11)
+        return [o.reason for o in fission(load(model).graph).opaque]
+
+    assert "sorted=0" in reasons(3, {"sorted": 0})[0]
+    assert "17 > 16" in reasons(17)[0]
+    # a computed k leaves the output's shape unknown: the load says so, naming the node
+    with pytest.raises(TesseraError, match="'topk_0' \\(TopK\\).*output shapes are unknown"):
+        reasons(3, k_const=False)
+
+
+def test_top_k_compiles_and_runs_exactly():
+    """A router's softmax, then its top 2 of 8 experts: compiled (analytical cost), run, exact."""
+    import tessera
+    from onnx import TensorProto
+
+    nodes = [helper.make_node("Softmax", ["x"], ["p"], axis=-1),
+             helper.make_node("TopK", ["p", "k"], ["v", "i"], axis=-1)]
+    g = helper.make_graph(nodes, "router", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 8])],
+                          [helper.make_tensor_value_info("v", TensorProto.FLOAT, [6, 2]),
+                           helper.make_tensor_value_info("i", TensorProto.INT64, [6, 2])],
+                          initializer=[helper.make_tensor("k", TensorProto.INT64, [1], [2])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    run = tessera.compile(model, tessera.CompileOptions(cost="analytical"))
+    assert all(n.op != "opaque" for n in run.graph.nodes)
+    x = rand(6, 8, seed=84)
+    out = run.run(x=x)
+    ref = run_ort(model, {"x": x})
+    np.testing.assert_array_equal(out["i"].cpu().numpy(), ref[1])
+    assert rel_l2(out["v"].cpu().numpy(), ref[0]) < 1e-6

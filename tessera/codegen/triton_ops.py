@@ -102,7 +102,8 @@ def literal(value: Any, dtype: DType) -> Val:
             src = repr(v)
         return Val(src, dtype, literal=v)
     v = int(value)
-    return Val(str(v), dtype, literal=v)
+    # int64's least: 9223372036854775808 alone is no int64 literal, so it is written as a difference
+    return Val("(-9223372036854775807 - 1)" if v == -2 ** 63 else str(v), dtype, literal=v)
 
 
 def _np_cast(value: Any, to: DType) -> Any:

@@ -358,3 +358,64 @@ def arg_extreme(ctx: OpCtx) -> list[str]:
     if not int(ctx.attr("keepdims", 1)):
         y = b.reshape(y, [d for i, d in enumerate(shape) if i != a])
     return [y]
+
+
+TOPK_STEPS = 16  # a TopK picks its k elements one after another: up to this many (MoE routers pick 1-8)
+
+
+@register("TopK", since=1)
+def top_k(ctx: OpCtx) -> list[str]:
+    """The k largest (smallest) values along an axis and their int64 indices, sorted, as onnxruntime
+    orders them: NaN above every number (first when largest, last when smallest), ties by index.
+    k steps, each one pick: the first untaken NaN where NaN comes first, else the extreme of the
+    untaken numbers and the least untaken index that holds it; the values are then gathered by index
+    (so -0.0 stays -0.0). Stays opaque: a k that is not a constant, k over TOPK_STEPS, sorted=0
+    (onnxruntime's order is then its own)."""
+    b, x = ctx.b, ctx.input(0)
+    shape = b.shape(x)
+    if not shape:
+        raise ctx.fail("needs an input of rank 1 or more")
+    a = ctx.axis(int(ctx.attr("axis", -1)), len(shape))
+    n = shape[a]
+    k = int(ctx.attr("k")) if ctx.opset < 10 else ctx.ints(1)[0]
+    if not 0 <= k <= n:
+        raise ctx.fail(f"k = {k} is not within the axis' {n} elements")
+    if not int(ctx.attr("sorted", 1)):
+        raise Unsupported("TopK with sorted=0 (onnxruntime returns its own order)")
+    if k > TOPK_STEPS:
+        raise Unsupported(f"TopK of k = {k} > {TOPK_STEPS} (it picks one element a step)")
+    if k == 0 or not all(shape):
+        raise Unsupported(f"TopK of an empty result (k = {k}, input {list(shape)})")
+    largest = bool(int(ctx.attr("largest", 1)))
+    dt = b.dtype(x)
+    nan = b.unary(Prim.ISNAN, x) if dt.is_float else None
+    iota = b.const(np.arange(n, dtype=np.int64).reshape([n if i == a else 1 for i in range(len(shape))]), "index")
+    none = b.fill(n, [], DType.INT64)  # "no index": past the axis
+    # the value that can never win: -inf (+inf) for floats, the type's least (greatest) integer
+    worst = (-math.inf if largest else math.inf) if dt.is_float else \
+        int(np.iinfo(dt.to_numpy()).min if largest else np.iinfo(dt.to_numpy()).max)
+    extreme = Prim.REDUCE_MAX if largest else Prim.REDUCE_MIN
+    taken: str | None = None
+    picks = []
+    for _ in range(k):
+        free = None if taken is None else b.unary(Prim.NOT, taken)
+        # out of the running for the extreme: taken, or NaN
+        out = taken if nan is None else nan if taken is None else b.binary(Prim.OR, nan, taken)
+        keyed = x if out is None else b.where(out, b.scalar(worst, x), x)
+        m = b.reduce(extreme, keyed, [a], keepdims=True)
+        hit = b.binary(Prim.EQUAL, x, m)  # NaN never equals
+        if free is not None:
+            hit = b.binary(Prim.AND, hit, free)
+        i = b.reduce(Prim.REDUCE_MIN, b.where(hit, iota, none), [a], keepdims=True)
+        if nan is not None:  # NaN ranks above every number
+            free_nan = nan if free is None else b.binary(Prim.AND, nan, free)
+            i_nan = b.reduce(Prim.REDUCE_MIN, b.where(free_nan, iota, none), [a], keepdims=True)
+            if largest:  # the first untaken NaN, if any, before any number
+                i = b.where(b.binary(Prim.LESS, i_nan, none), i_nan, i)
+            else:  # a NaN only once the numbers are spent
+                i = b.where(b.binary(Prim.LESS, i, none), i, i_nan)
+        picks.append(i)
+        chosen = b.binary(Prim.EQUAL, iota, i)
+        taken = chosen if taken is None else b.binary(Prim.OR, taken, chosen)
+    idx = b.concat(picks, a) if k > 1 else picks[0]
+    return [b.emit(Prim.GATHER_ELEMENTS, [x, idx], {"axis": a}), idx]
