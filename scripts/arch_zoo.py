@@ -84,6 +84,7 @@ def _audio(cls: str, cfg_cls: str, shape: tuple[int, ...], name: str, **over) ->
 VIT = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=64,
            patch_size=16)
 DECODER = dict(num_key_value_heads=2)  # grouped-query attention, as the released models use
+MOE = dict(num_experts_per_tok=2, experts_implementation="batched_mm", **DECODER)
 ARCHS: dict[str, Callable[[], tuple[torch.nn.Module, tuple]]] = {
     "bert": _text("BertModel", "BertConfig"),
     "roberta": _text("RobertaModel", "RobertaConfig"),
@@ -150,6 +151,13 @@ ARCHS: dict[str, Callable[[], tuple[torch.nn.Module, tuple]]] = {
                        num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32,
                        patch_size=16, num_frames=4, tubelet_size=2),
     "fnet": _text("FNetModel", "FNetConfig", use_tpu_fourier_optimizations=False),
+    # session 51: mixture-of-experts decoders, the router's TopK (k = 2 of 4 experts) among their ops. The
+    # experts run batched (every expert on every token, weighted by the router; MOE): transformers' default,
+    # grouped_mm, is a custom op the ONNX exporter cannot translate, and its "eager" loop over the experts
+    # the router hit has a data-dependent trip count that torch.export refuses.
+    "mixtral": _text("MixtralModel", "MixtralConfig", num_local_experts=4, **MOE),
+    "qwen2_moe": _text("Qwen2MoeModel", "Qwen2MoeConfig", num_experts=4, moe_intermediate_size=64,
+                       shared_expert_intermediate_size=64, **MOE),
 }
 
 

@@ -2,10 +2,11 @@
 models lack: grouped-query attention with rotary embeddings and RMSNorm (llama), shifted-window attention
 with padding (swin), a convolutional feature extractor with a grouped positional convolution and instance
 norm (wav2vec2), relative position buckets (t5_encoder), position ids from a running sum of the padding
-mask (roberta: an integer CumSum), rotary tables read by GatherND (falcon). Each is exported to ONNX,
-compiled (analytical cost), run and compared with onnxruntime on fresh random inputs, with no node left to
-the fallback; llama also goes through `torch.compile(backend="tessera")`. The whole sweep (28
-architectures, fp32 and fp16) is in docs/testing.md, "Architecture breadth"."""
+mask (roberta: an integer CumSum), rotary tables read by GatherND (falcon), a mixture-of-experts router's
+TopK (mixtral). Each is exported to ONNX, compiled (analytical cost), run and compared with onnxruntime on
+fresh random inputs, with no node left to the fallback; llama also goes through
+`torch.compile(backend="tessera")`. The whole sweep (45 architectures, fp32 and fp16) is in
+docs/testing.md, "Architecture breadth"."""
 from __future__ import annotations
 
 import sys
@@ -27,7 +28,8 @@ from tessera.verify import random_inputs, run_onnxruntime  # noqa: E402
 
 
 @pytest.mark.parametrize("name,precision", [("llama", "fp32"), ("swin", "fp32"), ("wav2vec2", "fp16"),
-                                            ("t5_encoder", "fp16"), ("roberta", "fp32"), ("falcon", "fp16")])
+                                            ("t5_encoder", "fp16"), ("roberta", "fp32"), ("falcon", "fp16"),
+                                            ("mixtral", "fp16")])
 def test_an_architecture_compiles_and_matches_onnxruntime(tmp_path, name, precision):
     path, std = arch_zoo.export(name, tmp_path)
     assert 1e-2 < std < 1e3, f"{name}'s output vanishes or explodes (std {std}): the check would show little"

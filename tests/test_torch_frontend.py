@@ -249,6 +249,29 @@ def test_trigonometry_rounding_and_remainders_bridge() -> None:
     close(got[5], want[5])
 
 
+def test_topk_bridges_to_onnx_topk() -> None:
+    """A mixture-of-experts router: softmax, then the top 2 experts' weights and indices (largest) and
+    the 3 smallest along another axis, lowered through ONNX TopK's rule, not left an ATen call."""
+    torch.manual_seed(6)
+    lin = nn.Linear(8, 6).eval()
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        p = torch.softmax(lin(x), -1)
+        w, i = torch.topk(p, 2)
+        v, j = torch.topk(p, 3, dim=0, largest=False)
+        return w / w.sum(-1, keepdim=True), i, v, j
+
+    x = torch.randn(5, 8)
+    c = tessera.compile(fn, {"cost": "analytical", "plan_cache": False}, example_inputs=(x,))
+    assert c.bridge.opaque == []
+    fresh = torch.randn(5, 8)
+    with torch.no_grad():
+        got, want = c(fresh), fn(fresh)
+    close(got[0], want[0])
+    close(got[2], want[2])
+    assert torch.equal(got[1], want[1]) and torch.equal(got[3], want[3])
+
+
 def test_artifact_of_a_module_with_an_aten_call(tmp_path: Path) -> None:
     """Saved and loaded like any artifact; `run --check`'s reference runs the ATen call in torch."""
     torch.manual_seed(3)

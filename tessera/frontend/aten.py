@@ -325,6 +325,17 @@ def _gather(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> 
     return em.op("GatherElements", [em.ref(x), em.ref(index)], axis=_axis(dim, x.rank))
 
 
+@convert("aten.topk.default")
+def _topk(em: Emitter, node: fx.Node, args: tuple, kwargs: dict, out: Any) -> Any:
+    """torch.topk(x, k, dim, largest, sorted) is ONNX TopK with k as an input (a MoE router's top experts)."""
+    x, k = args[0], int(args[1])
+    dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
+    largest = args[3] if len(args) > 3 else kwargs.get("largest", True)
+    sort = args[4] if len(args) > 4 else kwargs.get("sorted", True)
+    return em.op("TopK", [em.ref(x), em.ints([k])], outputs=2, axis=_axis(dim, x.rank), largest=int(largest),
+                 sorted=int(sort))
+
+
 # ---- reductions ----------------------------------------------------------------------------
 _REDUCE = {"sum": "ReduceSum", "mean": "ReduceMean", "amax": "ReduceMax", "amin": "ReduceMin"}
 
