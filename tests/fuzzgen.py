@@ -53,6 +53,7 @@ GENERATORS: list[Gen] = [
     Gen("scatter", "gather", ops.scatter),
     Gen("matmul", "linear", nn.matmul),
     Gen("gemm", "linear", nn.gemm),
+    Gen("einsum", "linear", nn.einsum, 12),
     Gen("conv", "conv", lambda d, b: (nn.conv(d, b), None)[1]),
     Gen("conv_transpose", "conv", nn.conv_transpose),
     Gen("conv_stack", "conv", nn.conv_stack),

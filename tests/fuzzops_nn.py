@@ -42,6 +42,24 @@ def matmul(d: Draw, b: Builder) -> None:
     b.one("MatMul", [x, w], [(out, FLOAT)])
 
 
+def einsum(d: Draw, b: Builder) -> None:
+    """x contracted with a constant matrix over one of its axes, the result's axes in a drawn order
+    (since session 51 Einsum lowers to a batched MATMUL between transposes)."""
+    x = b.float_in()
+    lx = "abcd"[:x.rank]
+    c = d.int(0, x.rank - 1)
+    n = b.dim(1, max(1, b.cap // max(1, x.numel // x.shape[c])))
+    w = b.const((x.shape[c], n), FLOAT, scale=1 / math.sqrt(x.shape[c]))
+    kept = [label for i, label in enumerate(lx) if i != c] + ["z"]
+    turn = d.int(0, len(kept) - 1)
+    out_labels = kept[turn:] + kept[:turn]
+    size = dict(zip(lx, x.shape)) | {"z": n}
+    out = tuple(size[label] for label in out_labels)
+    if math.prod(out) > 2 * b.cap:
+        return
+    b.one("Einsum", [x, w], [(out, FLOAT)], {"equation": f"{lx},{lx[c]}z->{''.join(out_labels)}"})
+
+
 def gemm(d: Draw, b: Builder) -> None:
     ta, tb = d.maybe(0.3), d.maybe(0.4)
     a = b.float_in(lambda t: t.rank == 2, rank=2)

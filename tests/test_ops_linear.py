@@ -331,3 +331,41 @@ def test_split_matmul_runs_through_generated_kernels():
     (got,) = exe(torch.from_numpy(x), torch.from_numpy(w))
     (ref,) = run_ort(m, {"x": x, "w": w})
     assert rel_l2(got.numpy(), ref) < 1e-5
+
+
+# ---- Einsum (session 51) ------------------------------------------------------------------------------
+EINSUM_CASES = [
+    ("ij,jk->ik", [(3, 4), (4, 5)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+    ("bhqd,bhkd->bhqk", [(2, 3, 5, 8), (2, 3, 7, 8)]),  # attention scores, K not transposed first
+    ("bhqk,bhkd->bqhd", [(2, 3, 5, 7), (2, 3, 7, 8)]),  # and the output in another order
+    ("i,i->", [(7,), (7,)]), ("i,j->ij", [(3,), (4,)]), ("ij->ji", [(3, 4)]), ("ij->", [(3, 4)]),
+    ("ij->j", [(3, 4)]), ("abcd->dcba", [(2, 3, 4, 5)]), ("ij,ij->i", [(3, 4), (3, 4)]), ("i,ij->j", [(4,), (4, 5)]),
+    ("...ij,...jk->...ik", [(2, 3, 4, 5), (2, 3, 5, 6)]), ("...i,...i->...", [(2, 1, 4), (2, 3, 4)]),
+    ("...ij,jk", [(2, 3, 4, 5), (5, 6)]), ("bij,jk", [(2, 3, 4), (4, 5)]), ("ba", [(3, 4)]),  # implicit outputs
+    ("abc,abc->abc", [(1, 1, 4), (1, 1, 4)]), ("ab,bc,cd->ad", [(2, 3), (3, 4), (4, 5)]),
+    ("bn,anm,bm->ba", [(2, 3), (4, 3, 5), (2, 5)]), ("nchw,kc->nkhw", [(2, 3, 4, 5), (6, 3)]),
+    ("ab,cd->", [(2, 3), (4, 5)]), ("b i d, b j d -> b i j", [(2, 3, 4), (2, 5, 4)]),
+]
+
+
+@pytest.mark.parametrize("equation,shapes", EINSUM_CASES, ids=[c[0] for c in EINSUM_CASES])
+def test_einsum(equation, shapes):
+    """Pairwise contractions as batched MATMULs, sums of labels nothing keeps, outer and elementwise
+    products, transposes, ellipses (a size-1 dim broadcast), implicit outputs, three operands."""
+    inputs = {f"x{i}": rand(*s, seed=90 + i) for i, s in enumerate(shapes)}
+    check_op("Einsum", inputs, {"equation": equation}, opset=12)
+
+
+def test_einsum_contractions_are_matmuls():
+    pg = check_op("Einsum", {"q": rand(2, 3, 5, 8, seed=95), "k": rand(2, 3, 7, 8, seed=96)},
+                  {"equation": "bhqd,bhkd->bhqk"}, opset=12)
+    assert [n.op for n in pg.nodes].count("matmul") == 1
+
+
+def test_einsum_half_and_what_stays_opaque():
+    check_op("Einsum", {"a": rand(4, 6, seed=97).astype(np.float16), "b": rand(6, 3, seed=98).astype(np.float16)},
+             {"equation": "ij,jk->ik"}, opset=12, tol=2e-3)
+    for eq, shape in (("ii->i", (4, 4)), ("ii", (4, 4))):  # a diagonal, a trace
+        model = build_model("Einsum", {"x": rand(*shape, seed=99)}, {"equation": eq}, opset=12)
+        reasons = [o.reason for o in fission(load(model).graph).opaque]
+        assert len(reasons) == 1 and "label twice" in reasons[0], reasons

@@ -294,3 +294,104 @@ def conv_transpose(ctx: OpCtx) -> list[str]:
                                              "dilations": tuple(dils), "group": group,
                                              "output_padding": tuple(out_pad)})
     return [_bias(ctx, y, 2)]
+
+
+# ---- Einsum ---------------------------------------------------------------------
+# An operand as its labels (one per axis) and its tensor; "..." becomes labels of their own ("…0", ...).
+_Term = tuple[list[str], str]
+
+
+def _einsum_terms(ctx: OpCtx, equation: str) -> tuple[list[list[str]], list[str] | None]:
+    """The labels of every operand, and of the output (None: implicit, "->" absent)."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ctx.node.inputs):
+        raise ctx.fail(f"equation '{equation}' names {len(terms)} operands for {len(ctx.node.inputs)} inputs")
+    ranks = [ctx.b.rank(ctx.input(i)) for i in range(len(terms))]
+    ell = max((r - len(t.replace("...", "")) for t, r in zip(terms, ranks) if "..." in t), default=0)
+
+    def labels(term: str, rank: int | None) -> list[str]:
+        head, dots, tail = term.partition("...")
+        if not all(c.isalpha() for c in head + tail) or "." in tail:
+            raise ctx.fail(f"equation '{equation}': '{term}' is not a term of letters")
+        n = (rank - len(head) - len(tail)) if dots and rank is not None else ell if dots else 0
+        if n < 0 or (rank is not None and len(head) + n + len(tail) != rank):
+            raise ctx.fail(f"equation '{equation}': '{term}' does not fit an operand of rank {rank}")
+        return list(head) + [f"…{ell - n + i}" for i in range(n)] + list(tail)
+
+    ins = [labels(t, r) for t, r in zip(terms, ranks)]
+    return ins, labels(rhs, None) if arrow else None
+
+
+@register("Einsum", since=12)
+def einsum(ctx: OpCtx) -> list[str]:
+    """Operands contracted pairwise, left to right, each pair one batched MATMUL: its shared labels that
+    the output or a later operand keeps are the batch, the others the contraction, the rest the rows and
+    columns (transposed and reshaped into place; a pair with nothing to contract is a broadcast product).
+    Labels in one operand alone that nothing keeps are summed first; the result is transposed to the
+    output's order. An ellipsis is labels of its own (size-1 dims broadcast). Stays opaque: a label twice
+    in one operand (a diagonal or trace), integer operands."""
+    b = ctx.b
+    ins, out = _einsum_terms(ctx, str(ctx.attr("equation")))
+    xs = [ctx.input(i) for i in range(len(ins))]
+    for x in xs:
+        float_dtype_check(ctx, x)
+    if any(len(set(t)) != len(t) for t in ins):
+        raise Unsupported("Einsum with a label twice in one operand (a diagonal or a trace)")
+    sizes: dict[str, int] = {}
+    for t, x in zip(ins, xs):
+        for label, d in zip(t, b.shape(x)):
+            if sizes.get(label, 1) not in (1, d) and d != 1:
+                raise ctx.fail(f"label '{label}' has sizes {sizes[label]} and {d}")
+            sizes[label] = max(sizes.get(label, 1), d)
+    if out is None:  # implicit: the ellipsis, then the letters used once, in alphabetical order
+        counts = {label: sum(t.count(label) for t in ins) for label in sizes}
+        out = sorted(label for label in sizes if label.startswith("…")) + \
+            sorted(label for label in sizes if not label.startswith("…") and counts[label] == 1)
+    if len(set(out)) != len(out) or any(label not in sizes for label in out):
+        raise ctx.fail(f"output labels {out} repeat or are not among the operands'")
+    terms: list[_Term] = [(t, b.broadcast_to(x, [sizes[label] for label in t])) for t, x in zip(ins, xs)]
+    for i in range(len(terms)):  # labels only this operand has and nothing keeps: summed now
+        t, x = terms[i]
+        elsewhere = set(out).union(*(terms[j][0] for j in range(len(terms)) if j != i))
+        terms[i] = _sum_out(b, t, x, [label for label in t if label not in elsewhere])
+    acc = terms[0]
+    for i in range(1, len(terms)):
+        keep = set(out).union(*(t for t, _ in terms[i + 1:]))
+        acc = _contract(b, acc, terms[i], keep)
+    t, y = _sum_out(b, *acc, [label for label in acc[0] if label not in out])
+    return [b.transpose(y, [t.index(label) for label in out])]
+
+
+def _sum_out(b, labels: list[str], x: str, gone: list[str]) -> _Term:
+    if not gone:
+        return labels, x
+    y = b.reduce(Prim.REDUCE_SUM, x, [labels.index(label) for label in gone], keepdims=False)
+    return [label for label in labels if label not in gone], y
+
+
+def _contract(b, left: _Term, right: _Term, keep: set[str]) -> _Term:
+    """left * right summed over the labels both have and `keep` lacks."""
+    (la, a), (lb, w) = left, right
+    shared = [label for label in la if label in lb]
+    batch = [label for label in shared if label in keep]
+    inner = [label for label in shared if label not in keep]
+    rows = [label for label in la if label not in lb]
+    cols = [label for label in lb if label not in la]
+    size = dict(zip(la, b.shape(a))) | dict(zip(lb, b.shape(w)))
+
+    def n(labels: list[str]) -> int:
+        return math.prod(size[label] for label in labels)
+
+    if not inner:  # nothing to sum: a broadcast product over the union of labels
+        union = batch + rows + cols
+        xa = b.reshape(b.transpose(a, [la.index(label) for label in batch + rows]),
+                       [size[label] if label in la else 1 for label in union])
+        xb = b.reshape(b.transpose(w, [lb.index(label) for label in batch + cols]),
+                       [size[label] if label in lb else 1 for label in union])
+        return union, b.binary(Prim.MUL, xa, xb)
+    xa = b.reshape(b.transpose(a, [la.index(label) for label in batch + rows + inner]), [n(batch), n(rows), n(inner)])
+    xb = b.reshape(b.transpose(w, [lb.index(label) for label in batch + inner + cols]), [n(batch), n(inner), n(cols)])
+    y = b.matmul(xa, xb)
+    return batch + rows + cols, b.reshape(y, [size[label] for label in batch + rows + cols])
