@@ -234,6 +234,17 @@ def test_argmax_in_one_kernel(op):
     _exact(build_model(op, {"x": x}, {"axis": 1, "keepdims": 0}, opset=13), {"x": x})
 
 
+@pytest.mark.parametrize("block,strides,pads", [([2, 2], [2, 2], [0, 0, 0, 0]), ([3, 3], [2, 1], [1, 0, 1, 1])])
+def test_col2im_one_kernel(block, strides, pads):
+    """Blocks folded back into an image: a transpose where they tile it, else planes spread by the stride,
+    moved to their offsets and added, all in one kernel."""
+    image = [6, 8]
+    blocks = [(image[i] + pads[i] + pads[2 + i] - block[i]) // strides[i] + 1 for i in range(2)]
+    x = rand(1, 2 * block[0] * block[1], blocks[0] * blocks[1], seed=17)
+    check("Col2Im", {"x": x, "img": Const(np.array(image, I64)), "blk": Const(np.array(block, I64))},
+          {"strides": strides, "pads": pads}, opset=18)
+
+
 @pytest.mark.parametrize("bd", [0, 1])
 def test_gather_nd_computed_indices(bd):
     """GatherND's index tuples combined into positions (negatives wrapped first), then one gather: all

@@ -611,3 +611,26 @@ def test_scatter_out_of_range_constant_is_an_error():
                                             "u": rand(1, 1, seed=66)}, {"axis": 1}, opset=13)
     with pytest.raises(TesseraError, match="indices out of range for extent 4"):
         fission(load(model).graph)
+
+
+# ---- Col2Im (session 51) -------------------------------------------------------------------------------
+COL2IM_CASES = [  # channels, image, block, strides, pads, dilations
+    (3, [6, 8], [2, 2], [2, 2], None, None),  # patches that tile the image (MobileViTv2): a transpose
+    (2, [5, 5], [3, 3], None, None, None),  # overlapping blocks, summed
+    (2, [7, 6], [3, 2], [2, 1], [1, 0, 1, 1], None),
+    (1, [9, 9], [2, 3], [2, 2], None, [2, 1]),
+    (2, [8], [3], [2], [1, 1], None),  # one spatial axis
+    (2, [4, 4, 4], [2, 2, 2], [2, 2, 2], None, None),  # three
+]
+
+
+@pytest.mark.parametrize("c,image,block,strides,pads,dil", COL2IM_CASES)
+def test_col2im(c, image, block, strides, pads, dil):
+    r = len(image)
+    strides, pads, dil = strides or [1] * r, pads or [0] * 2 * r, dil or [1] * r
+    blocks = [(image[i] + pads[i] + pads[r + i] - dil[i] * (block[i] - 1) - 1) // strides[i] + 1 for i in range(r)]
+    x = rand(2, c * int(np.prod(block)), int(np.prod(blocks)), seed=100)
+    pg = check_op("Col2Im", {"x": x, "img": Const(np.array(image, I64)), "blk": Const(np.array(block, I64))},
+                  {"strides": strides, "pads": pads, "dilations": dil}, opset=18)
+    if strides == block and not any(pads):
+        assert set(_ops(pg)) <= {"reshape", "transpose"}, _ops(pg)

@@ -653,6 +653,71 @@ def scatter_elements(ctx: OpCtx) -> list[str]:
     return [_scatter(ctx, x, upd, shape, targets, red)]
 
 
+# ---- Col2Im (F.fold) -------------------------------------------------------------------------
+def _place(b: PrimBuilder, x: str, axis: int, offset: int, size: int) -> str | None:
+    """x's elements along `axis` moved to start at `offset` in an axis of `size` (zeros around them;
+    what falls outside is cut off), or None where nothing of x lands inside."""
+    n = b.shape(x)[axis]
+    lo, hi = max(0, -offset), min(n, size - offset)
+    if hi <= lo:
+        return None
+    part = b.slice_axis(x, axis, lo, hi - lo)
+    pads = [0] * (2 * b.rank(x))
+    pads[axis], pads[b.rank(x) + axis] = offset + lo, size - offset - hi
+    return b.pad(part, pads)
+
+
+@register("Col2Im", since=18)
+def col2im(ctx: OpCtx) -> list[str]:
+    """Sliding blocks summed back into an image (torch's fold): column (c, k...) of block l holds the
+    pixel at l * stride + k * dilation - pad. Blocks that tile the image exactly (stride = block, no
+    dilation or padding: MobileViTv2's patches) are a reshape and a transpose; otherwise each kernel
+    offset's plane is spread by the stride (a zero-padded axis reshaped), moved to its offset, and the
+    planes are added."""
+    b, x = ctx.b, ctx.input(0)
+    image, block = ctx.ints(1), ctx.ints(2)
+    if image is None or block is None or len(block) != len(image):
+        raise ctx.fail("image_shape and block_shape must be constants of one length")
+    r = len(image)
+    dil = [int(v) for v in ctx.attr("dilations", [1] * r)]
+    stride = [int(v) for v in ctx.attr("strides", [1] * r)]
+    pads = [int(v) for v in ctx.attr("pads", [0] * 2 * r)]
+    n, ck, length = b.shape(x)
+    kn = math.prod(block)
+    if ck % kn:
+        raise ctx.fail(f"input's {ck} columns are not a multiple of the block's {kn} elements")
+    c = ck // kn
+    blocks = [(image[i] + pads[i] + pads[r + i] - dil[i] * (block[i] - 1) - 1) // stride[i] + 1 for i in range(r)]
+    if math.prod(blocks) != length or min(blocks) < 1:
+        raise ctx.fail(f"{length} blocks do not fit image {image} (block {block}, strides {stride}, pads {pads}, "
+                       f"dilations {dil}: {blocks})")
+    planes = b.reshape(x, [n, c, *block, *blocks])  # [N, C, k..., L...]
+    if stride == block and dil == [1] * r and not any(pads) and all(blocks[i] * block[i] == image[i] for i in range(r)):
+        perm = [0, 1] + [a for i in range(r) for a in (2 + r + i, 2 + i)]  # [N, C, L0, k0, L1, k1, ...]
+        return [b.reshape(b.transpose(planes, perm), [n, c, *image])]
+    total = None
+    for k in np.ndindex(*block):  # this offset's plane [N, C, L...]
+        p = b.reshape(b.slice(planes, [0, 0, *k, *([0] * r)], [1] * (2 + 2 * r), [n, c, *([1] * r), *blocks]),
+                      [n, c, *blocks])
+        for i in range(r):
+            a = 2 + i
+            if stride[i] > 1:  # spread: every block's value, then stride - 1 zeros
+                shape = b.shape(p)
+                q = b.reshape(p, [*shape[:a + 1], 1, *shape[a + 1:]])
+                q = b.pad(q, [0] * (a + 1) + [0] * (b.rank(q) - a - 1) + [0] * (a + 1) + [stride[i] - 1] +
+                          [0] * (b.rank(q) - a - 2))
+                p = b.reshape(q, [*shape[:a], shape[a] * stride[i], *shape[a + 1:]])
+            placed = _place(b, p, a, k[i] * dil[i] - pads[i], image[i])
+            if placed is None:
+                break
+            p = placed
+        else:
+            total = p if total is None else b.add(total, p)
+    if total is None:
+        return [b.fill(0, [n, c, *image], b.dtype(x))]
+    return [total]
+
+
 # ---- space <-> depth ------------------------------------------------------------------
 def _nchw_blocks(ctx: OpCtx, x: str) -> tuple[int, int, int, int, int]:
     shape = ctx.b.shape(x)
