@@ -647,7 +647,7 @@ def near_tie(spec: GraphSpec, x: Mapping[str, np.ndarray]) -> str:
     for n in spec.nodes:
         kind = n.op
         if kind not in ("Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual", "Cast", "Floor", "Ceil",
-                        "Round", "Mod", "ArgMax", "TopK"):
+                        "Round", "Mod", "ArgMax", "TopK", "Hardmax"):
             continue
         if vals is None:
             vals = intermediates(spec, x)
@@ -679,7 +679,7 @@ def near_tie(spec: GraphSpec, x: Mapping[str, np.ndarray]) -> str:
             q = a / y.astype(np.float64)
             frac = np.abs(q - np.round(q))
             gap = float(frac.min())
-        else:  # ArgMax / TopK: the closest two values along the axis
+        else:  # ArgMax / TopK / Hardmax: the closest two values along the axis
             axis = int(n.attrs.get("axis", -1))
             s = np.sort(a, axis=axis)
             d = np.abs(np.diff(s, axis=axis)) / (np.abs(s).max() + 1e-30)

@@ -394,8 +394,23 @@ def resize(d: Draw, b: Builder) -> None:
 # ---- opaque (fallback) ------------------------------------------------------------------------
 def opaque(d: Draw, b: Builder) -> None:
     # Most of these have fission rules now (CumSum, Mean and ArgMax since session 50; Sin, Cos, Tan, Floor,
-    # Ceil, Round, Mod and TopK (k up to 16) since 51); drawn here still, they test them.
-    op = d.pick(["Sin", "Floor", "CumSum", "ArgMax", "Mean", "Cos", "Round", "TopK", "Tan", "Ceil", "Mod"])
+    # Ceil, Round, Mod, TopK (k up to 16), Hardmax, Trilu and LpNormalization since 51); drawn here still,
+    # they test them.
+    op = d.pick(["Sin", "Floor", "CumSum", "ArgMax", "Mean", "Cos", "Round", "TopK", "Tan", "Ceil", "Mod",
+                 "Hardmax", "Trilu", "LpNormalization"])
+    if op in ("Hardmax", "LpNormalization"):
+        x = b.float_in(exact=op == "Hardmax")
+        attrs = {"axis": d.int(-1, x.rank - 1)} | ({"p": d.pick([1, 2])} if op == "LpNormalization" else {})
+        b.one(op, [x], [(x.shape, FLOAT)], attrs, exact=op == "Hardmax")
+        return
+    if op == "Trilu" and b.opset >= 14:
+        x = b.float_in(lambda t: t.rank >= 2)
+        if x.rank >= 2:
+            b.one(op, [x, b.const((), "int64", [d.int(-3, 3)], data=False)], [(x.shape, FLOAT)],
+                  {"upper": int(d.maybe(0.5))}, exact=x.exact)
+        return
+    if op == "Trilu":
+        op = "Sin"
     if op in ("Sin", "Cos", "Tan"):
         x = b.float_in()
         b.one(op, [x], [(x.shape, FLOAT)])

@@ -245,6 +245,25 @@ def test_col2im_one_kernel(block, strides, pads):
           {"strides": strides, "pads": pads}, opset=18)
 
 
+@pytest.mark.parametrize("op,inputs,attrs,opset", [
+    ("RMSNormalization", {"x": rand(4, 37, seed=18), "s": Const(rand(37, seed=19))}, {}, 23),
+    ("LRN", {"x": rand(2, 6, 3, 5, seed=20)}, {"size": 5}, 13),
+    ("Trilu", {"x": rand(3, 7, 6, seed=21), "k": Const(np.array(-1, I64))}, {"upper": 0}, 14),
+    ("Hardmax", {"x": np.round(rand(5, 33, seed=22))}, {}, 13),
+    ("MeanVarianceNormalization", {"x": rand(2, 3, 5, 4, seed=23)}, {"axes": [2, 3]}, 13),
+    ("Swish", {"x": rand(3, 37, seed=24, lo=-8, hi=8)}, {"alpha": 1.5}, 24),
+])
+def test_session_51_normalizations_in_one_kernel(op, inputs, attrs, opset):
+    check(op, inputs, attrs, opset=opset)
+
+
+def test_one_hot_one_kernel():
+    idx = np.array([[1, 3, -1], [0, 5, -5]], I64)
+    model = build_model("OneHot", {"i": idx, "d": Const(np.array(4, I64)), "v": Const(np.array([0.5, 2.0], np.float32))},
+                        {"axis": 1}, opset=11)
+    check_kernel(model, {"i": idx})
+
+
 @pytest.mark.parametrize("bd", [0, 1])
 def test_gather_nd_computed_indices(bd):
     """GatherND's index tuples combined into positions (negatives wrapped first), then one gather: all

@@ -248,3 +248,8 @@ def test_float_mod_with_fmod_0_stays_opaque():
     m = build_model("Mod", {"x": x, "y": Const(np.float32(2.0))}, {"fmod": 0}, opset=13)
     res = fission(load(m).graph)
     assert [o.op_type for o in res.opaque] == ["Mod"] and "fmod=0" in str(res.opaque[0].reason)
+
+
+@pytest.mark.parametrize("alpha", [None, 1.7, -0.5])
+def test_swish(alpha):
+    check_op("Swish", {"x": _with_special(118, 4, 9)}, {} if alpha is None else {"alpha": alpha}, opset=24)

@@ -634,3 +634,36 @@ def test_col2im(c, image, block, strides, pads, dil):
                   {"strides": strides, "pads": pads, "dilations": dil}, opset=18)
     if strides == block and not any(pads):
         assert set(_ops(pg)) <= {"reshape", "transpose"}, _ops(pg)
+
+
+# ---- Trilu, OneHot (session 51) ------------------------------------------------------------------------
+@pytest.mark.parametrize("upper,k,shape", [(1, None, (4, 5)), (0, 1, (2, 4, 5)), (1, -2, (2, 5, 4)), (0, 9, (3, 4)),
+                                           (1, 7, (3, 4))])
+def test_trilu(upper, k, shape):
+    """A constant triangle over the last two axes, any diagonal (k past the matrix: all or nothing)."""
+    inputs = {"x": rand(*shape, seed=120)} | ({} if k is None else {"k": Const(np.array(k, I64))})
+    pg = check_op("Trilu", inputs, {"upper": upper}, opset=14)
+    assert "matmul" not in _ops(pg)
+    check_op("Trilu", {"x": np.arange(12, dtype=I64).reshape(3, 4)}, {"upper": upper}, opset=14)
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_one_hot(axis):
+    """Negative indices count from the end; out of range (5, -5 of depth 4) gives a row of the off value;
+    the values may be computed."""
+    idx = np.array([[1, 3, -1], [0, 5, -5]], I64)
+    check_op("OneHot", {"i": idx, "d": Const(np.array(4, I64)), "v": Const(np.array([0.0, 1.0], np.float32))},
+             {"axis": axis}, opset=11)
+    check_op("OneHot", {"i": idx, "d": Const(np.array([4], I64)), "v": np.array([-2.0, 3.0], np.float32)},
+             {"axis": axis}, opset=11)
+
+
+def test_one_hot_of_float_and_int32_indices():
+    """Float indices truncate (1.7 -> 1, -1.2 -> -1 -> the last); int32 indices; int64 values (the type
+    combinations onnxruntime implements)."""
+    check_op("OneHot", {"i": np.array([1.7, -1.2, 2.0], np.float32), "d": Const(np.array(3.0, np.float32)),
+                        "v": Const(np.array([0, 7], np.float32))}, opset=11)
+    check_op("OneHot", {"i": np.array([1, -1, 2], np.int32), "d": Const(np.array(3, np.int32)),
+                        "v": Const(np.array([0, 7], np.float32))}, opset=11)
+    check_op("OneHot", {"i": np.array([1, -1, 2], I64), "d": Const(np.array(3, I64)),
+                        "v": Const(np.array([0, 7], I64))}, opset=11)

@@ -574,3 +574,48 @@ def test_top_k_compiles_and_runs_exactly():
     ref = run_ort(model, {"x": x})
     np.testing.assert_array_equal(out["i"].cpu().numpy(), ref[1])
     assert rel_l2(out["v"].cpu().numpy(), ref[0]) < 1e-6
+
+
+# ---- RMSNormalization, MeanVarianceNormalization, LpNormalization, LRN, Hardmax (session 51) ----------
+@pytest.mark.parametrize("attrs,scale_shape", [({}, (8,)), ({"axis": 1, "epsilon": 1e-3}, (3, 8)),
+                                               ({"stash_type": 1}, (1, 8))])
+def test_rms_normalization(attrs, scale_shape):
+    check_op("RMSNormalization", {"x": rand(2, 3, 8, seed=110), "s": Const(rand(*scale_shape, seed=111))}, attrs,
+             opset=23)
+    check_op("RMSNormalization", {"x": rand(2, 3, 8, seed=112).astype(np.float16),
+                                  "s": Const(rand(*scale_shape, seed=113).astype(np.float16))}, attrs, opset=23,
+             tol=2e-3)
+
+
+@pytest.mark.parametrize("axes", [None, [1, -1], [0, 1, 2, 3]])
+def test_mean_variance_normalization(axes):
+    check_op("MeanVarianceNormalization", {"x": rand(2, 3, 4, 5, seed=114)}, {} if axes is None else {"axes": axes},
+             opset=13)
+
+
+@pytest.mark.parametrize("p,axis", [(2, -1), (1, 0), (2, 1)])
+def test_lp_normalization_keeps_a_zero_vector(p, axis):
+    x = rand(4, 3, seed=115)
+    x[0, :] = 0
+    x[:, 2] = 0
+    x[1, 1] = np.nan
+    check_op("LpNormalization", {"x": x}, {"p": p, "axis": axis}, opset=1)
+
+
+@pytest.mark.parametrize("attrs", [{"size": 3}, {"size": 5, "alpha": 0.01, "beta": 0.5, "bias": 2.0}, {"size": 7},
+                                   {"size": 1}])
+def test_lrn(attrs):
+    """onnxruntime takes odd sizes of 4-D inputs only; the window is sum of shifted slices of the
+    zero-padded squares."""
+    check_op("LRN", {"x": rand(2, 6, 3, 4, seed=116)}, attrs, opset=13)
+
+
+@pytest.mark.parametrize("opset,attrs", [(13, {}), (13, {"axis": 1}), (11, {}), (11, {"axis": 2})])
+def test_hardmax(opset, attrs):
+    """The first greatest value wins; NaN is skipped, but a NaN first leaves the row all zeros (as
+    onnxruntime scans); opset 11 views the input as 2-D at the axis."""
+    x = np.round(rand(3, 4, 5, seed=117))
+    x[0, 0, :] = [np.nan, 1, 2, 2, 0]
+    x[1, 2, :] = [1, np.nan, 3, 3, -np.inf]
+    x[2, 1, :] = -np.inf
+    check_op("Hardmax", {"x": x}, attrs, opset=opset)

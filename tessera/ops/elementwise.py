@@ -304,6 +304,15 @@ def mod(ctx: OpCtx) -> list[str]:
     return [b.emit(Prim.WHERE, [b.emit(Prim.OR, [neg_pos, pos_neg]), b.emit(Prim.ADD, [r, yb]), r])]
 
 
+@register("Swish", since=24)
+def swish(ctx: OpCtx) -> list[str]:
+    """x * sigmoid(alpha * x) (SiLU at alpha 1)."""
+    b, x = ctx.b, ctx.input(0)
+    float_dtype_check(ctx, x)
+    alpha = float(ctx.attr("alpha", 1.0))
+    return [b.emit(Prim.MUL, [x, b.unary(Prim.SIGMOID, x if alpha == 1.0 else b.mul_scalar(x, alpha))])]
+
+
 @register("Gelu", since=20)
 def gelu(ctx: OpCtx) -> list[str]:
     b, x = ctx.b, ctx.input(0)

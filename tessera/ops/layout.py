@@ -718,6 +718,51 @@ def col2im(ctx: OpCtx) -> list[str]:
     return [total]
 
 
+# ---- Trilu, OneHot ---------------------------------------------------------------------------
+@register("Trilu", since=14)
+def trilu(ctx: OpCtx) -> list[str]:
+    """The upper (lower) triangle of the last two axes from diagonal k: a WHERE over a constant mask,
+    col - row >= k (<= k), zeros elsewhere."""
+    b, x = ctx.b, ctx.input(0)
+    shape = b.shape(x)
+    if len(shape) < 2:
+        raise ctx.fail(f"needs rank 2 or more, got {list(shape)}")
+    k = ctx.ints(1, [0])
+    if len(k) != 1:
+        raise ctx.fail(f"k must be one integer, got {k}")
+    rows, cols = shape[-2:]
+    diff = np.arange(cols)[None, :] - np.arange(rows)[:, None]
+    keep = diff >= k[0] if int(ctx.attr("upper", 1)) else diff <= k[0]
+    return [b.where(b.const(keep, "triangle"), x, b.scalar(0, x))]
+
+
+@register("OneHot", since=9)
+def one_hot(ctx: OpCtx) -> list[str]:
+    """values[1] where the index (negative ones counted from the end, floats truncated) equals the
+    position along the new axis, values[0] elsewhere; an index out of range gives a row of values[0].
+    The depth must be a constant (it is the output's extent)."""
+    b, idx, vals = ctx.b, ctx.input(0), ctx.input(2)
+    depth_v = ctx.const(1)
+    if depth_v is None or depth_v.size != 1:
+        raise ctx.fail("depth must be a one-element constant")
+    depth = int(np.asarray(depth_v).reshape(-1)[0])
+    if depth < 1:
+        raise ctx.fail(f"depth {depth} is not positive")
+    if b.shape(vals) != (2,):
+        raise ctx.fail(f"values must be [off, on], got shape {list(b.shape(vals))}")
+    shape = b.shape(idx)
+    a = ctx.axis(int(ctx.attr("axis", -1)), len(shape) + 1)
+    i = b.cast(idx, DType.INT64) if b.dtype(idx) is not DType.INT64 else idx
+    neg = b.binary(Prim.LESS, i, b.scalar(0, i))
+    i = b.where(neg, b.add_scalar(i, depth), i)
+    i = b.reshape(i, [*shape[:a], 1, *shape[a:]])
+    pos = b.const(np.arange(depth, dtype=np.int64).reshape([depth if d == a else 1 for d in range(len(shape) + 1)]),
+                  "position")
+    hit = b.binary(Prim.EQUAL, i, pos)
+    off, on = b.slice_axis(vals, 0, 0, 1), b.slice_axis(vals, 0, 1, 1)
+    return [b.where(hit, b.reshape(on, []), b.reshape(off, []))]
+
+
 # ---- space <-> depth ------------------------------------------------------------------
 def _nchw_blocks(ctx: OpCtx, x: str) -> tuple[int, int, int, int, int]:
     shape = ctx.b.shape(x)

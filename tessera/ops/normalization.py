@@ -419,3 +419,109 @@ def top_k(ctx: OpCtx) -> list[str]:
         taken = chosen if taken is None else b.binary(Prim.OR, taken, chosen)
     idx = b.concat(picks, a) if k > 1 else picks[0]
     return [b.emit(Prim.GATHER_ELEMENTS, [x, idx], {"axis": a}), idx]
+
+
+# ---- RMSNormalization, MeanVarianceNormalization, LpNormalization, LRN, Hardmax (session 51) ----------
+@register("RMSNormalization", since=23)
+def rms_norm(ctx: OpCtx) -> list[str]:
+    """x / sqrt(mean(x^2) + epsilon) over the axes from `axis` on, in stash_type, then times the scale
+    in x's type (as LayerNormalization's function orders it)."""
+    b, x = ctx.b, ctx.input(0)
+    t = float_dtype_check(ctx, x)
+    rank = b.rank(x)
+    axes = list(range(ctx.axis(ctx.attr("axis", -1), rank), rank))
+    xs = b.cast(x, _stash_dtype(ctx, DType.FLOAT32))
+    ms = _mean(b, b.emit(Prim.MUL, [xs, xs]), axes)
+    inv = b.unary(Prim.RECIPROCAL, b.unary(Prim.SQRT, b.add_scalar(ms, float(ctx.attr("epsilon", 1e-5)))))
+    return [_unidirectional(ctx, b.cast(b.mul(xs, inv), t), Prim.MUL, ctx.input(1))]
+
+
+@register("MeanVarianceNormalization", since=9)
+def mean_variance_norm(ctx: OpCtx) -> list[str]:
+    """(x - E[x]) / (sqrt(E[x^2] - E[x]^2) + 1e-9) over `axes` (default N, H, W), by ONNX's function,
+    one-pass variance included, as onnxruntime computes it."""
+    b, x = ctx.b, ctx.input(0)
+    float_dtype_check(ctx, x)
+    rank = b.rank(x)
+    axes = sorted({ctx.axis(int(a), rank) for a in ctx.attr("axes", [0, 2, 3])})
+    mean = _mean(b, x, axes)
+    var = b.sub(_mean(b, b.emit(Prim.MUL, [x, x]), axes), b.emit(Prim.MUL, [mean, mean]))
+    return [b.div(b.sub(x, mean), b.add_scalar(b.unary(Prim.SQRT, var), 1e-9))]
+
+
+@register("LpNormalization", since=1)
+def lp_norm(ctx: OpCtx) -> list[str]:
+    """x / ||x||_p along `axis` (p 1 or 2); a zero vector stays zero, as in onnxruntime."""
+    b, x = ctx.b, ctx.input(0)
+    float_dtype_check(ctx, x)
+    a = ctx.axis(int(ctx.attr("axis", -1)), b.rank(x))
+    p = int(ctx.attr("p", 2))
+    if p == 1:
+        norm = b.reduce(Prim.REDUCE_SUM, b.unary(Prim.ABS, x), [a])
+    elif p == 2:
+        norm = b.unary(Prim.SQRT, b.reduce(Prim.REDUCE_SUM, b.emit(Prim.MUL, [x, x]), [a]))
+    else:
+        raise ctx.fail(f"p = {p}: LpNormalization takes 1 or 2")
+    zero = b.binary(Prim.EQUAL, norm, b.scalar(0, norm))
+    return [b.where(zero, b.scalar(0, x), b.div(x, norm))]
+
+
+LRN_SIZE_MAX = 32  # a channel window is a sum of this many shifted slices at most
+
+
+@register("LRN", since=1)
+def lrn(ctx: OpCtx) -> list[str]:
+    """x / (bias + alpha / size * sum of x^2 over a window of `size` channels)^beta; the window runs
+    floor((size - 1) / 2) channels back and ceil((size - 1) / 2) forward: the squares padded with zeros
+    on the channel axis, summed over `size` shifted slices."""
+    b, x = ctx.b, ctx.input(0)
+    float_dtype_check(ctx, x)
+    shape = b.shape(x)
+    if len(shape) < 3:
+        raise ctx.fail(f"needs an input [N, C, D...], got {list(shape)}")
+    size = int(ctx.attr("size"))
+    if not 1 <= size <= LRN_SIZE_MAX:
+        raise Unsupported(f"LRN of size {size} (1 to {LRN_SIZE_MAX})")
+    alpha, beta, bias = (float(ctx.attr(k, d)) for k, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+    back, ahead = (size - 1) // 2, size - 1 - (size - 1) // 2
+    c = shape[1]
+    pads = [0] * (2 * len(shape))
+    pads[1], pads[len(shape) + 1] = back, ahead
+    sq = b.pad(b.emit(Prim.MUL, [x, x]), pads)
+    total = None
+    for i in range(size):
+        part = b.slice_axis(sq, 1, i, c)
+        total = part if total is None else b.add(total, part)
+    base = b.add_scalar(b.mul_scalar(total, alpha / size), bias)
+    return [b.mul(x, b.binary(Prim.POW, base, b.scalar(-beta, base)))]
+
+
+@register("Hardmax", since=1)
+def hardmax_2d(ctx: OpCtx) -> list[str]:
+    """Opsets 1-12 view the input as 2-D at `axis` (default 1): one row per leading index."""
+    b, x = ctx.b, ctx.input(0)
+    float_dtype_check(ctx, x)
+    shape = b.shape(x)
+    a = ctx.axis(int(ctx.attr("axis", 1)), len(shape))
+    flat = b.reshape(x, [math.prod(shape[:a]), math.prod(shape[a:])])
+    return [b.reshape(_hardmax(b, flat, 1), shape)]
+
+
+@register("Hardmax", since=13)
+def hardmax(ctx: OpCtx) -> list[str]:
+    b, x = ctx.b, ctx.input(0)
+    float_dtype_check(ctx, x)
+    return [_hardmax(b, x, ctx.axis(int(ctx.attr("axis", -1)), b.rank(x)))]
+
+
+def _hardmax(b: PrimBuilder, x: str, a: int) -> str:
+    """1 at the first greatest value along axis a, 0 elsewhere, as onnxruntime scans: NaN is skipped,
+    but a row whose first value is NaN has no greatest value (all zeros)."""
+    shape = b.shape(x)
+    n = shape[a]
+    nan = b.unary(Prim.ISNAN, x)
+    m = b.reduce(Prim.REDUCE_MAX, b.emit(Prim.WHERE, [nan, b.scalar(-math.inf, x), x]), [a])
+    m = b.where(b.slice_axis(nan, a, 0, 1), b.scalar(math.nan, m), m)  # a NaN first holds the scan
+    iota = b.const(np.arange(n, dtype=np.int64).reshape([n if i == a else 1 for i in range(len(shape))]), "index")
+    first = b.reduce(Prim.REDUCE_MIN, b.where(b.binary(Prim.EQUAL, x, m), iota, b.fill(n, [], DType.INT64)), [a])
+    return b.cast(b.binary(Prim.EQUAL, iota, first), b.dtype(x))
