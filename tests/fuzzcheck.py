@@ -626,18 +626,30 @@ def narrow_step(spec: GraphSpec, ref: Mapping[str, np.ndarray], got: Mapping[str
     element in a hundred (and one), by one step of its type. A value computed in float32 that lies
     within float32 noise of the narrow type's rounding boundary lands on either side of it: a
     float32 ConvTranspose cast to float16 missed 1e-5 by one element one step off (session 35).
-    A kernel that computed in the narrow type where float32 was asked would be off in most elements."""
+    A kernel that computed in the narrow type where float32 was asked would be off in most elements.
+    The same holds for a float32 output of a graph that casts to fp16/bf16 inside (session 51, fuzz_5119:
+    a Conv, a Relu, a cast to fp16 and back; one conv value within 3 float32 steps of an fp16 midpoint):
+    there the step is the narrow type's at the output's magnitude, and an element counts as off when it
+    is further off than float32 noise."""
     tol = TOLERANCE[spec.precision]
+    cast_to = {n.attrs.get("to") for n in spec.nodes if n.op == "Cast"}
+    inner = ml_dtypes.bfloat16 if TensorProto.BFLOAT16 in cast_to else np.float16 if TensorProto.FLOAT16 in cast_to \
+        else None
     for o in spec.outputs:
         r, g = ref[o], got[o]
         if rel_l2(g, r) < tol:
             continue
-        if r.dtype not in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
-            return ""
         off = np.abs(g.astype(np.float64) - r.astype(np.float64))
-        if not np.all(off <= np.spacing(np.abs(r)).astype(np.float64)) or (off > 0).sum() > 1 + r.size // 100:
+        if r.dtype in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+            step, noise = np.spacing(np.abs(r)).astype(np.float64), np.zeros(r.shape)
+        elif r.dtype == np.float32 and inner is not None and spec.precision == "fp32":
+            step = np.abs(np.spacing(np.abs(r).astype(inner)).astype(np.float64)) * (1 + 1e-3)
+            noise = 16 * np.spacing(np.abs(r)).astype(np.float64)
+        else:
             return ""
-    return "outputs in a narrow type one step off in at most 1% of their elements"
+        if not np.all(off <= step + noise) or (off > noise).sum() > 1 + r.size // 100:
+            return ""
+    return "outputs in (or cast through) a narrow type one step off in at most 1% of their elements"
 
 
 def near_tie(spec: GraphSpec, x: Mapping[str, np.ndarray]) -> str:

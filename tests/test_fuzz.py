@@ -605,6 +605,36 @@ def test_a_float16_output_one_step_off_in_one_element_is_a_counted_skip():
     assert (out.status, out.reason) == ("mismatch", "values"), out
 
 
+def test_a_cast_through_float16_one_step_off_in_one_element_is_a_counted_skip():
+    """The same through a cast to float16 and back to float32 (session 51, fuzz_5119: a Conv, a Relu,
+    Cast to fp16, Cast to fp32): one element one float16 step off is the cast's rounding; two steps, or
+    one step in most elements, stay mismatches."""
+    spec = fuzzcheck.complete_types(GraphSpec(
+        opset=17, precision="fp32", layout="auto", strategy="optimal", seed=0, schedule_seed=0,
+        inputs=[T("x", (1, 4, 7, 16), "float32")],
+        consts=[C("w", (4, 1, 1, 2), "float32", scale=0.5), C("b", (1,), "float32", scale=0.5)],
+        nodes=[N("ConvTranspose", ["x", "w", "b"], ["t"], {"strides": [1, 1], "pads": [0, 0, 0, 0]}, family="conv"),
+               N("Cast", ["t"], ["h"], {"to": 10}, family="cast"), N("Cast", ["h"], ["y"], {"to": 1}, family="cast")],
+        outputs=["y"]))
+    x = fuzzcheck.feeds(spec)
+    _, ref = fuzzcheck.reference(spec, x)
+    y = ref["y"]
+    assert y.dtype == np.float32 and y.size == 119
+    k = int(np.argmax(np.abs(y)))
+
+    def moved(steps: int, where: slice | int) -> np.ndarray:
+        h = y.astype(np.float16).ravel()
+        for _ in range(steps):
+            h[where] = np.nextafter(h[where], np.float16(np.inf))
+        return h.astype(np.float32).reshape(y.shape)
+
+    out = fuzzcheck.judge(spec, x, ref, {"y": moved(1, k)})
+    assert (out.status, out.reason) == ("skip", "narrow-output-step"), out
+    for got in (moved(2, k), moved(1, slice(None))):
+        out = fuzzcheck.judge(spec, x, ref, {"y": got})
+        assert (out.status, out.reason) == ("mismatch", "values"), out
+
+
 def test_the_saved_float16_one_step_case_is_onnxruntimes_rounding():
     """Session 35's fuzz_19f90ba.fail2 (fp32 ConvTranspose, Cast to float16): one element's float64
     value lies 8e-8 below a float16 rounding midpoint; onnxruntime's float32 sum lands two float32
