@@ -261,6 +261,44 @@ def test_fp16_clamps_out_of_range_constants_without_a_warning():
     assert m.tolist() == [-65504.0, 1.0, 65504.0, -np.inf]
 
 
+def test_bf16_constants_round_and_clamp() -> None:
+    """bf16 constants are held as float32 rounded to bfloat16's values (a one-element one is written into
+    a kernel's source as that value); float32's extremes round up past bfloat16's largest finite value,
+    so they are clamped to it, as float16 clamps (a mask of finfo(float32).min was -inf, and 0 * -inf
+    NaN); infinities and NaN stay."""
+    import ml_dtypes
+
+    from tessera.ir.dtype import DType
+    from tessera.rewrite.precision import _narrow_constant
+
+    lo, top = np.finfo(np.float32).min, float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+    v = np.array([lo, -lo, 1.0 + 2**-9, 0.1, -np.inf, np.nan, 3.3e38, 1e-40], np.float32)
+    got = _narrow_constant(v, DType.BFLOAT16)
+    assert got.dtype == np.float32
+    want = np.where(np.isfinite(v), np.clip(v.astype(ml_dtypes.bfloat16).astype(np.float32), -top, top), v)
+    want[:2] = [-top, top]
+    assert np.array_equal(got, want, equal_nan=True), (got, want)
+    assert got[2] == 1.0 and got[3] == float(np.float32(0.1).astype(ml_dtypes.bfloat16))
+
+
+def test_a_bf16_mask_of_float32s_lowest_value_stays_finite() -> None:
+    """(1 - mask) * finfo(float32).min added to scores before a softmax, compiled in bf16: the constant
+    clamps to bfloat16's largest finite value, so unmasked positions get 0 * -3.39e38 = 0, not NaN
+    (found in review, session 51, after bf16 constants began to be rounded)."""
+    from tessera.verify import run_onnxruntime
+
+    nodes = [helper.make_node("Sub", ["one", "m"], ["inv"]), helper.make_node("Mul", ["inv", "lowest"], ["bias"]),
+             helper.make_node("Add", ["x", "bias"], ["s"]), helper.make_node("Softmax", ["s"], ["y"], axis=-1)]
+    model = graph_model(nodes, {"x": rand(2, 8, seed=1), "m": rand(2, 8, seed=2), "one": Const(np.array(1.0, np.float32)),
+                                "lowest": Const(np.array(np.finfo(np.float32).min, np.float32))}, ["y"], opset=13)
+    run = tessera.compile(model, tessera.CompileOptions(cost="analytical", precision="bf16"))
+    x, m = rand(2, 8, seed=3), np.ones((2, 8), np.float32)
+    m[0, 5:] = 0
+    got = run.run(x=x, m=m)["y"].float().cpu().numpy()
+    assert np.isfinite(got).all(), got
+    assert rel_l2(got, run_onnxruntime(model, {"x": x, "m": m})["y"]) < 1e-2
+
+
 def test_fp16_constants_round_as_numpy_does() -> None:
     """The narrowing converts through torch (faster on large weights): bit for bit what NumPy's
     round-to-nearest-even gives, at every magnitude (subnormals, the overflow edge at 65520, signed

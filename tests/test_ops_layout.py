@@ -645,6 +645,7 @@ def test_trilu(upper, k, shape):
     pg = check_op("Trilu", inputs, {"upper": upper}, opset=14)
     assert "matmul" not in _ops(pg)
     check_op("Trilu", {"x": np.arange(12, dtype=I64).reshape(3, 4)}, {"upper": upper}, opset=14)
+    check_op("Trilu", {"x": np.random.default_rng(121).random((3, 4)) > 0.3}, {"upper": upper}, opset=14)  # an AND
 
 
 @pytest.mark.parametrize("axis", [-1, 0, 1])

@@ -133,6 +133,8 @@ def chain_problem(graph: Graph, nodes: Sequence[Node]) -> ChainProblem:
     for n in middle:
         if n.op in _REDUCE_OPS:
             xt = graph.types[n.inputs[0]]
+            if not xt.dtype.is_float:  # the chain accumulates its row values in float32
+                raise Unsupported(f"{n.name}: an integer reduction between a chain's products")
             if not _row_view(xt.shape, ts.shape) or tuple(n.attrs["axes"]) != (xt.rank - 1,) \
                     or graph.types[n.outputs[0]].rank != xt.rank:
                 raise Unsupported(f"{n.name}: a chain's reductions run over the rows of {first.name}'s result "

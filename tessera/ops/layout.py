@@ -732,8 +732,10 @@ def trilu(ctx: OpCtx) -> list[str]:
         raise ctx.fail(f"k must be one integer, got {k}")
     rows, cols = shape[-2:]
     diff = np.arange(cols)[None, :] - np.arange(rows)[:, None]
-    keep = diff >= k[0] if int(ctx.attr("upper", 1)) else diff <= k[0]
-    return [b.where(b.const(keep, "triangle"), x, b.scalar(0, x))]
+    keep = b.const(diff >= k[0] if int(ctx.attr("upper", 1)) else diff <= k[0], "triangle")
+    if b.dtype(x) is DType.BOOL:  # an AND: onnxruntime, which runs exported primitive graphs, has no bool Where
+        return [b.binary(Prim.AND, x, keep)]
+    return [b.where(keep, x, b.scalar(0, x))]
 
 
 @register("OneHot", since=9)

@@ -347,7 +347,7 @@ def einsum(ctx: OpCtx) -> list[str]:
             sizes[label] = max(sizes.get(label, 1), d)
     if out is None:  # implicit: the ellipsis, then the letters used once, in alphabetical order
         counts = {label: sum(t.count(label) for t in ins) for label in sizes}
-        out = sorted(label for label in sizes if label.startswith("…")) + \
+        out = sorted((label for label in sizes if label.startswith("…")), key=lambda label: int(label[1:])) + \
             sorted(label for label in sizes if not label.startswith("…") and counts[label] == 1)
     if len(set(out)) != len(out) or any(label not in sizes for label in out):
         raise ctx.fail(f"output labels {out} repeat or are not among the operands'")

@@ -439,7 +439,9 @@ def rms_norm(ctx: OpCtx) -> list[str]:
 @register("MeanVarianceNormalization", since=9)
 def mean_variance_norm(ctx: OpCtx) -> list[str]:
     """(x - E[x]) / (sqrt(E[x^2] - E[x]^2) + 1e-9) over `axes` (default N, H, W), by ONNX's function,
-    one-pass variance included, as onnxruntime computes it."""
+    one-pass variance included, as onnxruntime computes it. Where the values along the axes (nearly)
+    coincide that variance cancels, and summation order decides between 0 and a tiny negative one
+    (NaN): onnxruntime and tessera may differ there."""
     b, x = ctx.b, ctx.input(0)
     float_dtype_check(ctx, x)
     rank = b.rank(x)
@@ -519,6 +521,8 @@ def _hardmax(b: PrimBuilder, x: str, a: int) -> str:
     but a row whose first value is NaN has no greatest value (all zeros)."""
     shape = b.shape(x)
     n = shape[a]
+    if not all(shape):
+        raise Unsupported(f"Hardmax of an empty tensor {list(shape)}")
     nan = b.unary(Prim.ISNAN, x)
     m = b.reduce(Prim.REDUCE_MAX, b.emit(Prim.WHERE, [nan, b.scalar(-math.inf, x), x]), [a])
     m = b.where(b.slice_axis(nan, a, 0, 1), b.scalar(math.nan, m), m)  # a NaN first holds the scan

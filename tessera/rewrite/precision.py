@@ -115,17 +115,20 @@ def _narrow_constant(v: np.ndarray, to: DType) -> np.ndarray:
     if to not in (DType.FLOAT16, DType.BFLOAT16):
         return v.astype(to.to_numpy())
     # torch converts with the same round-to-nearest-even as NumPy, several times faster (GPT-2's
-    # weights: 0.2 s against 1.6 s); then only the values that overflowed are clamped.
+    # weights: 0.2 s against 1.6 s); then only the values that overflowed are clamped. bfloat16 has
+    # float32's exponents, but float32's extremes (a mask's finfo(float32).min) round up past its
+    # largest finite value, to infinity: clamped too (a bf16 mask of -inf made 0 * -inf = NaN).
     with warnings.catch_warnings():  # a read-only array (a weight as the frontend read it) is only read
         warnings.simplefilter("ignore", UserWarning)
         wide = torch.from_numpy(np.require(v, np.float32, "C"))
-        if to is DType.BFLOAT16:  # float32's range: nothing overflows
-            return wide.to(torch.bfloat16).to(torch.float32).numpy()
-        out = wide.to(torch.float16).numpy()
+        if to is DType.BFLOAT16:
+            out, top = wide.to(torch.bfloat16).to(torch.float32).numpy(), float(torch.finfo(torch.bfloat16).max)
+        else:
+            out, top = wide.to(torch.float16).numpy(), float(np.finfo(np.float16).max)
     over = np.isinf(out)
     if over.any():
         over &= np.isfinite(v)  # infinities and NaN stay what they are
-        out = np.where(over, np.copysign(np.finfo(np.float16).max, v).astype(np.float16), out)
+        out = np.where(over, np.copysign(top, v).astype(out.dtype), out)
     return out
 
 
