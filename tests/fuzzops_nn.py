@@ -46,7 +46,7 @@ def einsum(d: Draw, b: Builder) -> None:
     """x contracted with a constant matrix over one of its axes, the result's axes in a drawn order
     (since session 51 Einsum lowers to a batched MATMUL between transposes)."""
     x = b.float_in()
-    lx = "abcd"[:x.rank]
+    lx = "abcdefgh"[:x.rank]  # (rank 5 and up too: a Pad and an Unsqueeze make them)
     c = d.int(0, x.rank - 1)
     n = b.dim(1, max(1, b.cap // max(1, x.numel // x.shape[c])))
     w = b.const((x.shape[c], n), FLOAT, scale=1 / math.sqrt(x.shape[c]))
