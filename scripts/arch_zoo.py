@@ -176,6 +176,18 @@ ARCHS: dict[str, Callable[[], tuple[torch.nn.Module, tuple]]] = {
                              num_conv_pos_embedding_groups=4),
     "owlvit_vision": _image("OwlViTVisionModel", "OwlViTVisionConfig", **VIT),
     "siglip_vision": _image("SiglipVisionModel", "SiglipVisionConfig", **VIT),
+    # session 51, fourth batch: focal modulation, pyramid attention with spatial reduction, a depthwise CNN,
+    # DPT's ViT encoder, I-JEPA, and a video transformer with tubelets
+    "focalnet": _image("FocalNetModel", "FocalNetConfig", embed_dim=16, depths=[1, 1], focal_levels=[2, 2],
+                       focal_windows=[3, 3], image_size=64, patch_size=4),
+    "pvt_v2": _image("PvtV2Model", "PvtV2Config", hidden_sizes=[16, 32], depths=[1, 1], num_attention_heads=[1, 2],
+                     sr_ratios=[2, 1], num_encoder_blocks=2, mlp_ratios=[2, 2], patch_sizes=[7, 3], strides=[4, 2]),
+    "mobilenet_v1": _image("MobileNetV1Model", "MobileNetV1Config", image_size=64, depth_multiplier=0.25),
+    "dpt": _image("DPTModel", "DPTConfig", backbone_out_indices=[0, 1], neck_hidden_sizes=[16, 32],
+                  fusion_hidden_size=32, readout_type="project", **VIT),
+    "ijepa": _image("IJepaModel", "IJepaConfig", **VIT),
+    "vivit": _audio("VivitModel", "VivitConfig", (1, 4, 3, 32, 32), "pixel_values", hidden_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, intermediate_size=128, image_size=32, num_frames=4, tubelet_size=[2, 16, 16]),
 }
 
 

@@ -5,7 +5,7 @@ norm (wav2vec2), relative position buckets (t5_encoder), position ids from a run
 mask (roberta: an integer CumSum), rotary tables read by GatherND (falcon), a mixture-of-experts router's
 TopK (mixtral), patches folded back by Col2Im (mobilevitv2). Each is exported to ONNX, compiled (analytical cost), run and compared with onnxruntime on
 fresh random inputs, with no node left to the fallback; llama also goes through
-`torch.compile(backend="tessera")`. The whole sweep (54 architectures, fp32 and fp16) is in
+`torch.compile(backend="tessera")`. The whole sweep (60 architectures, fp32 and fp16) is in
 docs/testing.md, "Architecture breadth"."""
 from __future__ import annotations
 

@@ -8,12 +8,12 @@
 #    RotaryEmbedding, RMSNormalization, LRN, Hardmax, Trilu, OneHot, Swish (tests/test_codegen_kernels.py,
 #    tests/test_codegen_scatter.py, tests/test_ops_rotary.py), and the architecture tests (mixtral,
 #    mobilevitv2 among them).
-# 2: the eleven architectures added after session 51's device calls (mixtral, qwen2_moe and the third
-#    batch) through ONNX in fp16 on the GPU, then through the backend in fp16.
+# 2: the seventeen architectures added after session 51's device calls (mixtral, qwen2_moe, the third
+#    and fourth batches) through ONNX in fp16 on the GPU, then through the backend in fp16.
 # 3: the fuzzer on the GPU over the families the new rules live in.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 unset TESSERA_LOG; export TESSERA_SOLVER=highs
-NEW=mixtral,qwen2_moe,gptj,codegen,xlm_roberta,canine,glpn,mobilevitv2,data2vec_audio,owlvit_vision,siglip_vision
+NEW=mixtral,qwen2_moe,gptj,codegen,xlm_roberta,canine,glpn,mobilevitv2,data2vec_audio,owlvit_vision,siglip_vision,focalnet,pvt_v2,mobilenet_v1,dpt,ijepa,vivit
 case $1 in
     1)
         mkdir -p ../shared/models && cp carry/e/*.onnx ../shared/models/ 2>/dev/null
