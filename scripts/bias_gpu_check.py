@@ -17,13 +17,13 @@ sys.path.insert(0, str(tests))
 
 import fuzzcheck  # noqa: E402
 import pytest  # noqa: E402
-import test_fuzz  # noqa: E402
+import fuzzregressions  # noqa: E402
 
 
 def main() -> int:
     # every CUDA case of the test module, as its own parametrization names them
     failed = pytest.main(["-q", "-p", "no:cacheprovider", "-k", "cuda", str(tests / "test_bias_rounding.py")])
-    outcome = fuzzcheck.check(test_fuzz.REGRESSIONS["fp16_gemm_bias_from_input"], device="cuda")
+    outcome = fuzzcheck.check(fuzzregressions.REGRESSIONS["fp16_gemm_bias_from_input"], device="cuda")
     print(f"{'pass' if outcome.status == 'pass' else 'FAIL'}  fuzzer regression fp16_gemm_bias_from_input on cuda:",
           outcome.status, outcome.detail, f"err {outcome.err:.2e}")
     return int(failed != 0) + (outcome.status != "pass")

@@ -1,4 +1,4 @@
-"""Fission rules of ops/layout.py against onnxruntime, at every opset variant."""
+"""Fission rules of ops/layout.py and ops/placement.py against onnxruntime, at every opset variant."""
 from __future__ import annotations
 
 import itertools
@@ -593,8 +593,8 @@ def test_scatter_unsupported_cases_say_why(monkeypatch):
     reasons = _opaque_reasons("ScatterND", {"x": xb, "i": Const(np.array([[1]], I64)), "u": xb[:1]},
                               {"reduction": "add"}, opset=16)
     assert len(reasons) == 1 and "on bool" in reasons[0], reasons
-    import tessera.ops.layout as layout
-    monkeypatch.setattr(layout, "SCATTER_TABLE_LIMIT", 8)  # 12 elements need a table; a box would not
+    import tessera.ops.placement as placement
+    monkeypatch.setattr(placement, "SCATTER_TABLE_LIMIT", 8)  # 12 elements need a table; a box would not
     inputs = {"x": rand(4, 3, seed=63), "i": Const(np.array([[0, 0], [2, 1]], I64)), "u": rand(2, seed=64)}
     reasons = _opaque_reasons("ScatterND", inputs, opset=13)
     assert len(reasons) == 1 and "limit 8" in reasons[0], reasons

@@ -2,7 +2,8 @@
 
 Importing this package registers every rule.
 """
-from tessera.ops import elementwise, layout, linear, normalization, pooling, resize, rotary  # noqa: F401  (registers rules)
+from tessera.ops import (  # noqa: F401  (registers rules)
+    elementwise, layout, linear, normalization, placement, pooling, resize, rotary)
 from tessera.ops.registry import OpCtx, OpDef, Unsupported, lookup, register, supported_ops
 
 __all__ = ["OpCtx", "OpDef", "Unsupported", "lookup", "register", "supported_ops"]
