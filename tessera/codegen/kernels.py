@@ -32,7 +32,7 @@ import numpy as np
 from tessera.codegen import index as ix
 from tessera.codegen.emitter import Emitter, Scope
 from tessera.codegen.index import Ix
-from tessera.codegen.triton_ops import COMPUTE, STORAGE, TF32_ROUND, Unsupported, Val, module_source
+from tessera.codegen.triton_ops import COMPUTE, STORAGE, TF32_ROUND, Unsupported, Val, literal, module_source
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import REDUCTIONS, Prim
@@ -569,14 +569,13 @@ _REDUCE_OPS = {p.value for p in REDUCTIONS}
 _IDENT = {Prim.REDUCE_SUM.value: "0.0", Prim.REDUCE_MAX.value: '-float("inf")', Prim.REDUCE_MIN.value: 'float("inf")'}
 def _identity(op: str, dtype: DType) -> tuple[str, str]:
     """(identity literal, accumulator type) of a reduction over `dtype`. Integers accumulate in int64
-    (a narrower sum wraps the same once cast back), from their type's extreme for max and min; int64's
-    least is written as a difference, since 9223372036854775808 alone is no int64 literal."""
+    (a narrower sum wraps the same once cast back), from their type's extreme for max and min (written
+    by `literal`, which spells int64's least)."""
     if dtype.is_float:
         return _IDENT[op], "tl.float32"
     info = np.iinfo(dtype.to_numpy())
-    least = "(-9223372036854775807 - 1)" if info.min == -2 ** 63 else str(info.min)
-    return {Prim.REDUCE_SUM.value: "0", Prim.REDUCE_MAX.value: least, Prim.REDUCE_MIN.value: str(info.max)}[op], \
-        "tl.int64"
+    extreme = {Prim.REDUCE_SUM.value: 0, Prim.REDUCE_MAX.value: int(info.min), Prim.REDUCE_MIN.value: int(info.max)}
+    return literal(extreme[op], dtype).expr, "tl.int64"
 
 
 def _narrow(g: Graph, n: Node) -> str:

@@ -63,6 +63,11 @@ class PrimBuilder:
         self.graph.types[name] = TensorType(tuple(int(d) for d in arr.shape), dt)
         return name
 
+    def positions(self, n: int, axis: int, rank: int, hint: str = "index") -> str:
+        """The int64 constant 0 .. n-1 along `axis` of a rank-`rank` shape of 1s elsewhere (ArgMax, TopK,
+        Hardmax, OneHot compare values' places with it)."""
+        return self.const(np.arange(n, dtype=np.int64).reshape([n if i == axis else 1 for i in range(rank)]), hint)
+
     def emit(self, prim: Prim, inputs: Sequence[str], attrs: dict[str, Any] | None = None,
              out_type: TensorType | None = None, hint: str | None = None, name: str | None = None) -> str:
         """Append one primitive and return its output tensor (named `name` if given)."""

@@ -349,7 +349,7 @@ def arg_extreme(ctx: OpCtx) -> list[str]:
     xs = b.emit(Prim.WHERE, [nan, b.scalar(-math.inf if biggest else math.inf, x), x]) if is_float else x
     extreme = b.reduce(Prim.REDUCE_MAX if biggest else Prim.REDUCE_MIN, xs, [a], keepdims=True)
     hit = b.binary(Prim.EQUAL, x, extreme)  # NaN never equals
-    iota = b.const(np.arange(n, dtype=np.int64).reshape([n if i == a else 1 for i in range(len(shape))]), "index")
+    iota = b.positions(n, a, len(shape))
     cand = b.where(hit, iota, b.fill(-1 if last else n, [], DType.INT64))
     y = b.reduce(Prim.REDUCE_MAX if last else Prim.REDUCE_MIN, cand, [a], keepdims=True)
     if is_float:  # a NaN first holds the scan at index 0
@@ -389,7 +389,7 @@ def top_k(ctx: OpCtx) -> list[str]:
     largest = bool(int(ctx.attr("largest", 1)))
     dt = b.dtype(x)
     nan = b.unary(Prim.ISNAN, x) if dt.is_float else None
-    iota = b.const(np.arange(n, dtype=np.int64).reshape([n if i == a else 1 for i in range(len(shape))]), "index")
+    iota = b.positions(n, a, len(shape))
     none = b.fill(n, [], DType.INT64)  # "no index": past the axis
     # the value that can never win: -inf (+inf) for floats, the type's least (greatest) integer
     worst = (-math.inf if largest else math.inf) if dt.is_float else \
@@ -526,6 +526,6 @@ def _hardmax(b: PrimBuilder, x: str, a: int) -> str:
     nan = b.unary(Prim.ISNAN, x)
     m = b.reduce(Prim.REDUCE_MAX, b.emit(Prim.WHERE, [nan, b.scalar(-math.inf, x), x]), [a])
     m = b.where(b.slice_axis(nan, a, 0, 1), b.scalar(math.nan, m), m)  # a NaN first holds the scan
-    iota = b.const(np.arange(n, dtype=np.int64).reshape([n if i == a else 1 for i in range(len(shape))]), "index")
+    iota = b.positions(n, a, len(shape))
     first = b.reduce(Prim.REDUCE_MIN, b.where(b.binary(Prim.EQUAL, x, m), iota, b.fill(n, [], DType.INT64)), [a])
     return b.cast(b.binary(Prim.EQUAL, iota, first), b.dtype(x))

@@ -280,8 +280,7 @@ def one_hot(ctx: OpCtx) -> list[str]:
     neg = b.binary(Prim.LESS, i, b.scalar(0, i))
     i = b.where(neg, b.add_scalar(i, depth), i)
     i = b.reshape(i, [*shape[:a], 1, *shape[a:]])
-    pos = b.const(np.arange(depth, dtype=np.int64).reshape([depth if d == a else 1 for d in range(len(shape) + 1)]),
-                  "position")
+    pos = b.positions(depth, a, len(shape) + 1, "position")
     hit = b.binary(Prim.EQUAL, i, pos)
     off, on = b.slice_axis(vals, 0, 0, 1), b.slice_axis(vals, 0, 1, 1)
     return [b.where(hit, b.reshape(on, []), b.reshape(off, []))]
