@@ -9,8 +9,9 @@
 #    tests/test_codegen_scatter.py, tests/test_ops_rotary.py), and the architecture tests (mixtral,
 #    mobilevitv2 among them).
 # 2: the seventeen architectures added after session 51's device calls (mixtral, qwen2_moe, the third
-#    and fourth batches) through ONNX in fp16 on the GPU, then through the backend in fp16.
-# 3: the fuzzer on the GPU over the families the new rules live in.
+#    and fourth batches) through ONNX in fp16 on the GPU.
+# 3: the same seventeen through the backend in fp16, then the fuzzer on the GPU over the families the
+#    new rules live in.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 unset TESSERA_LOG; export TESSERA_SOLVER=highs
 NEW=mixtral,qwen2_moe,gptj,codegen,xlm_roberta,canine,glpn,mobilevitv2,data2vec_audio,owlvit_vision,siglip_vision,focalnet,pvt_v2,mobilenet_v1,dpt,ijepa,vivit
@@ -22,14 +23,14 @@ case $1 in
         grep -E "^(FAILED|ERROR)|^E  " "$OUT/tests.txt" | cut -c1-250 | head -30; tail -n 1 "$OUT/tests.txt" ;;
     2)
         rm -rf /tmp/az52 && python3 scripts/arch_zoo.py /tmp/az52 --models $NEW > "$OUT/arch_export.txt" 2>&1
-        echo "export rc=$?"
-        timeout 330 python3 scripts/check_models.py /tmp/az52 --precision fp16 --cost analytical --timeout 120 --budget-s 300 \
+        echo "export rc=$? after ${SECONDS} s"
+        timeout 420 python3 scripts/check_models.py /tmp/az52 --precision fp16 --cost analytical --timeout 120 --budget-s 400 \
             --out "$OUT/arch_check_fp16.json" > "$OUT/arch_check_fp16.txt" 2>&1; echo "check rc=$?"
-        grep "^|" "$OUT/arch_check_fp16.txt"
-        timeout 200 python3 scripts/arch_zoo.py --backend --precision fp16 --device cuda --models $NEW \
-            > "$OUT/arch_backend_fp16.txt" 2>&1; echo "backend rc=$?"; grep "^|" "$OUT/arch_backend_fp16.txt" ;;
+        grep "^|" "$OUT/arch_check_fp16.txt" ;;
     3)
-        timeout 300 python3 scripts/fuzz.py --device cuda --minutes ${FUZZ_MIN:-4} --seed 5201 --big 0.3 \
+        timeout 280 python3 scripts/arch_zoo.py --backend --precision fp16 --device cuda --models $NEW \
+            > "$OUT/arch_backend_fp16.txt" 2>&1; echo "backend rc=$?"; grep "^|" "$OUT/arch_backend_fp16.txt"
+        timeout 240 python3 scripts/fuzz.py --device cuda --minutes ${FUZZ_MIN:-3} --seed 5201 --big 0.3 \
             --families gather,opaque,integer,reduction,resize,linear,normalization \
             --out "$OUT/fuzz_5201.json" > "$OUT/fuzz.txt" 2>&1; echo "fuzz rc=$?"; tail -n 3 "$OUT/fuzz.txt" ;;
     *) echo "next.sh: calls 1-3"; exit 2 ;;
