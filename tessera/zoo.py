@@ -81,6 +81,20 @@ def gpt2(seq: int = 128) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     return _LastHidden(model), (torch.randint(0, cfg.vocab_size, (1, seq)),)
 
 
+def llama(seq: int = 128, layers: int = 12) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """A Llama-family decoder at GPT-2's scale (about 110M parameters): RMSNorm, rotary positions,
+    grouped-query attention (12 query heads over 4 key/value heads, as Llama 3 shares them) and the
+    SiLU-gated MLP. No published checkpoint has these dimensions; they keep the row comparable with
+    gpt2's while exercising what today's open decoders compute."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=768, intermediate_size=2048,
+                                   num_hidden_layers=layers, num_attention_heads=12, num_key_value_heads=4,
+                                   max_position_embeddings=2048, use_cache=False)
+    model = transformers.LlamaModel(cfg)
+    return _LastHidden(model), (torch.randint(0, cfg.vocab_size, (1, seq)),)
+
+
 class _ConvLayer(torch.nn.Sequential):
     """Reflection padding, then a convolution: the fast-neural-style building block."""
 
@@ -230,7 +244,7 @@ def sdpa_form(model: torch.nn.Module) -> torch.nn.Module | None:
 
 ZOO: dict[str, Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]] = {
     "resnet50": resnet50, "inception_v3": inception_v3, "mobilenet_v2": mobilenet_v2,
-    "bert_base": bert_base, "gpt2": gpt2, "mlp_tiny": mlp_tiny,
+    "bert_base": bert_base, "gpt2": gpt2, "llama": llama, "mlp_tiny": mlp_tiny,
     "candy": candy, "segformer_b0": segformer_b0, "efficientvit_b0": efficientvit_b0,
     **{f"attn_s{i}": attention_case(i) for i in ATTENTION_CASES},
     **{f"gemm_g{i}": gemm_chain_case(i) for i in GEMM_CHAIN_CASES},
