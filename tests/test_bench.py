@@ -124,6 +124,35 @@ def test_zoo_segformer_is_the_shared_segformer_network(tmp_path):
     assert [ours.types[t] for t in ours.outputs] == [shared.types[t] for t in shared.outputs]
 
 
+def test_zoo_llama_is_a_grouped_query_decoder_that_compiles_and_matches_onnxruntime(tmp_path):
+    # The zoo's llama at one layer and 16 tokens: its attention shares 4 key/value heads among 12 query
+    # heads, its norms are RMSNorms, and its plan matches onnxruntime.
+    pytest.importorskip("transformers")
+    import numpy as np
+    import torch
+
+    import tessera
+    from tessera.frontend import load
+    from tessera.tolerance import rel_l2
+    from tessera.verify import random_inputs, run_onnxruntime
+    from tessera.zoo import llama
+
+    torch.manual_seed(0)
+    model, args = llama(seq=16, layers=1)
+    attn = model.model.layers[0].self_attn
+    assert (attn.config.num_attention_heads, attn.config.num_key_value_heads) == (12, 4)
+    path = tmp_path / "llama.onnx"
+    with torch.no_grad():
+        torch.onnx.export(model.eval(), args, dynamo=True, optimize=True, verbose=False).save(str(path))
+    graph = load(path)
+    run = tessera.compile(path, tessera.CompileOptions(cost="analytical"))
+    feeds = random_inputs(graph.graph, seed=4)
+    ref = run_onnxruntime(graph.model, feeds)
+    out = run(*[torch.from_numpy(feeds[n]) for n in run.input_names])[0]
+    assert out.shape == (1, 16, 768) and np.isfinite(out.numpy()).all()
+    assert rel_l2(out.numpy(), ref[run.output_names[0]]) < 1e-5
+
+
 def test_a_cpu_bench_says_it_is_no_benchmark():
     from tessera.bench import CPU_NOTE, format_table
 

@@ -13,6 +13,7 @@
 # 3: the same seventeen through the backend in fp16, then the fuzzer on the GPU over the families the
 #    new rules live in.
 # 4: the zoo's new llama (a Llama-family decoder at GPT-2's scale) cold, fp16, beside eager and Inductor.
+# 5: the same in tf32.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 unset TESSERA_LOG; export TESSERA_SOLVER=highs
 NEW=mixtral,qwen2_moe,gptj,codegen,xlm_roberta,canine,glpn,mobilevitv2,data2vec_audio,owlvit_vision,siglip_vision,focalnet,pvt_v2,mobilenet_v1,dpt,ijepa,vivit
@@ -36,5 +37,7 @@ case $1 in
             --out "$OUT/fuzz_5201.json" > "$OUT/fuzz.txt" 2>&1; echo "fuzz rc=$?"; tail -n 3 "$OUT/fuzz.txt" ;;
     4)  # the zoo's llama (7d1f0bf) cold beside eager and Inductor, fp16, GPU time; carries .pin16 as well
         export PROFILE=1; gemms e2e_llama llama fp16 420 eager,inductor ;;
-    *) echo "next.sh: calls 1-4"; exit 2 ;;
+    5)  # the same in tf32
+        export PROFILE=1; gemms e2e_llama_tf32 llama tf32 420 eager,inductor ;;
+    *) echo "next.sh: calls 1-5"; exit 2 ;;
 esac
