@@ -148,6 +148,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(KORCH + HIDET))
     ap.add_argument("--precisions", default="tf32,fp16")
+    ap.add_argument("--batch", type=int, default=1, help="items per call (tessera.zoo.BATCHED models)")
     ap.add_argument("--vs", default="eager,inductor,inductor-cudagraphs")
     ap.add_argument("--strategies", default="optimal,greedy")
     ap.add_argument("--cost", default="measured")
@@ -169,6 +170,7 @@ def main() -> int:
 
     from tessera.bench import bench, format_table
     from tessera.log import configure
+    from tessera.zoo import batched_name
 
     configure()  # TESSERA_LOG=info: each contender's compile and time as it finishes
 
@@ -176,7 +178,7 @@ def main() -> int:
         if a.skip_dir else set()
     for model in a.models.split(","):
         for prec in a.precisions.split(","):
-            name = f"bench_{model}_{prec}.json"
+            name = f"bench_{batched_name(model, a.batch)}_{prec}.json"
             if name in done:
                 print(f"skip {model} {prec}: already measured", flush=True)
                 continue
@@ -188,7 +190,7 @@ def main() -> int:
             if a.fresh_db:
                 keep = a.keep_db or Path(tempfile.mkdtemp())
                 keep.mkdir(parents=True, exist_ok=True)
-                db = str(keep / f"{model}_{prec}.db")
+                db = str(keep / f"{batched_name(model, a.batch)}_{prec}.db")
                 Path(db).unlink(missing_ok=True)
 
             def save(doc: dict, name: str = name, t: float = t) -> None:
@@ -199,7 +201,7 @@ def main() -> int:
 
             try:
                 doc = bench(f"zoo:{model}", prec, a.vs.split(","), a.strategies.split(","), a.cost, db,
-                            "cuda", 0, a.solver, a.profile, a.timing, a.guards, on_entry=save)
+                            "cuda", 0, a.solver, a.profile, a.timing, a.guards, on_entry=save, batch=a.batch)
             except Exception as e:  # noqa: BLE001 - record and go on to the next model
                 print(f"{model} {prec}: FAILED {type(e).__name__}: {e}", flush=True)
                 continue

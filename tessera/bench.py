@@ -167,7 +167,7 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
           strategies: Sequence[str] = ("optimal", "greedy"), cost: str = "auto", db: str | None = None,
           device: str = "cuda", seed: int = 0, solver: str = DEFAULT_SOLVER, run_profile: bool = False,
           timing: str = "wall", guards: str = "all",
-          on_entry: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+          on_entry: Callable[[dict[str, Any]], None] | None = None, batch: int = 1) -> dict[str, Any]:
     """Time tessera and its peers on `model`: an ONNX path, zoo:NAME, a user's PyTorch model as
     (module, example_inputs), or FILE.py:FUNC naming a function that returns that pair. Returns
     the JSON document.
@@ -178,7 +178,8 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
 
     `run_profile`: also profile what each contender launches (`runtime/profile.py`) into its
     entry's `extra["run_profile"]`: GPU µs per call by kernel kind, plan kernel and kernel.
-    `guards`: dynamo's guards for every torch.compile contender (`GUARDS`)."""
+    `guards`: dynamo's guards for every torch.compile contender (`GUARDS`).
+    `batch`: a zoo model's items per call (`zoo.BATCHED`); an ONNX file or a user's model has its own."""
     dev = torch.device(device)
     guard_options(guards)  # a bad value fails before anything compiles
     if timing not in TIMINGS:
@@ -189,19 +190,22 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
     # Triton's interpreter must be chosen first or kernels it loads later cannot run.
     use_interpreter(dev)
     module = None
+    if batch != 1 and not (isinstance(model, str) and model.startswith("zoo:")):
+        raise TesseraError(f"a batch of {batch} applies to zoo models; an ONNX file or a PyTorch model's example "
+                           "inputs set its own")
     if not isinstance(model, str) or _is_factory(model):
         module, example = user_model(model)
         name = type(module).__name__
         path = module_onnx(module, example, Path(tempfile.mkdtemp()), name)
     elif model.startswith("zoo:"):
-        from tessera.zoo import build, make
+        from tessera.zoo import batched_name, build, make
 
-        name = model[4:]
         try:
-            module, example = make(name, seed)
+            module, example = make(model[4:], seed, batch)
         except KeyError as e:
             raise TesseraError(str(e.args[0])) from None
-        path = build(name, Path(tempfile.mkdtemp()), seed)
+        path = build(model[4:], Path(tempfile.mkdtemp()), seed, batch)
+        name = batched_name(model[4:], batch)
     else:
         path = Path(model)
         name = path.stem

@@ -13,7 +13,8 @@ candy, mlp_tiny, MCFuser's attention (attn_s1-s9) and GEMM-chain (gemm_g1-g12)
 cases and Korch's three case-study blocks (segformer_attn, efficientvit_attn, candy_norm_pad;
 `zoo_blocks.py`) are plain torch. `make(name, seed)` gives the PyTorch module and inputs; `build(name, out, seed)`
 exports the same weights, so `tessera bench` can time the PyTorch peers on the
-model that produced the ONNX file.
+model that produced the ONNX file. The whole models (`BATCHED`) also come at a larger batch
+(`batch=N`; `python -m tessera.zoo OUTDIR --batch N`, `tessera bench zoo:NAME --batch N`).
 """
 from __future__ import annotations
 
@@ -252,16 +253,41 @@ ZOO: dict[str, Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]] =
 }
 
 
-def make(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    """Model `name` in eval mode with weights from `seed`, and example inputs."""
+# The whole models, whose every input's first axis is the batch. The MCFuser cases and Korch's blocks
+# keep the shapes their papers give (an attention case's first axis is its heads).
+BATCHED = ("resnet50", "inception_v3", "mobilenet_v2", "bert_base", "gpt2", "llama", "mlp_tiny", "candy",
+           "segformer_b0", "efficientvit_b0")
+
+
+def batched_name(name: str, batch: int) -> str:
+    """How results and files name model `name` at `batch`: bert_base, bert_base_b8."""
+    return name if batch == 1 else f"{name}_b{batch}"
+
+
+def _batched(example: tuple[torch.Tensor, ...], batch: int) -> tuple[torch.Tensor, ...]:
+    """The example at `batch`: fresh floats, and each integer row repeated (token ids stay in the vocabulary;
+    the timed inputs are drawn afresh from the exported graph's index ranges, `verify.random_inputs`)."""
+    return tuple(torch.randn(batch, *a.shape[1:], dtype=a.dtype) if a.is_floating_point()
+                 else a.repeat(batch, *[1] * (a.dim() - 1)) for a in example)
+
+
+def make(name: str, seed: int = 0, batch: int = 1) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """Model `name` in eval mode with weights from `seed`, and example inputs of `batch` items."""
     if name not in ZOO:
         raise KeyError(f"no zoo model {name!r}; the zoo has {', '.join(ZOO)}")
+    if batch < 1:
+        raise TesseraError(f"a batch of {batch}: it must be at least 1")
+    if batch != 1 and name not in BATCHED:
+        raise TesseraError(f"zoo model {name} has fixed shapes; a batch other than 1 applies to "
+                           f"{', '.join(BATCHED)}")
     torch.manual_seed(seed)
     try:
         model, args = ZOO[name]()
     except ImportError as e:  # torchvision, transformers or timm
         raise TesseraError(f"zoo model {name} is built with {e.name or 'a package'} that is not installed; "
                            "pip install -e '.[models]' installs the model-building packages") from None
+    if batch != 1:
+        args = _batched(args, batch)
     if name in CALIBRATED:
         calibrate_batchnorm(model, args)
     return model.eval(), args
@@ -403,10 +429,10 @@ def _quiet_exporter() -> Iterator[None]:
             log.setLevel(level)
 
 
-def build(name: str, out: Path, seed: int = 0) -> Path:
-    """Export model `name` to OUT/name.onnx (weights inside the file)."""
-    model, args = make(name, seed)
-    path = out / f"{name}.onnx"
+def build(name: str, out: Path, seed: int = 0, batch: int = 1) -> Path:
+    """Export model `name` at `batch` to OUT/name.onnx (OUT/name_bN.onnx; weights inside the file)."""
+    model, args = make(name, seed, batch)
+    path = out / f"{batched_name(name, batch)}.onnx"
     with torch.no_grad(), _quiet_exporter():
         try:
             prog = torch.onnx.export(model, args, dynamo=True, optimize=True, verbose=False)
@@ -421,11 +447,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--models", default=",".join(ZOO))
+    ap.add_argument("--batch", type=int, default=1, help=f"items per call (for {', '.join(BATCHED)})")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.models.split(","):
         t = time.perf_counter()
-        path = build(name, args.out)
+        path = build(name, args.out, batch=args.batch)
         print(f"{name}: {path} ({path.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t:.1f}s)", flush=True)
     return 0
 

@@ -93,6 +93,40 @@ def test_a_strategy_suffix_picks_the_rewrite_mode():
         _rewrites(["rewrites", "norewrites"])
 
 
+def test_bench_a_zoo_model_at_a_larger_batch(tmp_path, capsys):
+    # `--batch N`: the zoo model exported at N items (fresh rows, not copies of one), every contender
+    # checked on the same N-item inputs, the document named for the batch.
+    import numpy as np
+
+    from tessera.frontend import load
+    from tessera.verify import random_inputs
+    from tessera.zoo import build, make
+
+    graph = load(build("mlp_tiny", tmp_path, seed=1, batch=3)).graph
+    (x,) = graph.inputs
+    assert graph.types[x].shape[0] == 3 and (tmp_path / "mlp_tiny_b3.onnx").is_file()
+    _, (example,) = make("mlp_tiny", batch=3)
+    assert example.shape[0] == 3 and not torch.equal(example[0], example[1])
+    feeds = random_inputs(graph, seed=0)[x]
+    assert not np.array_equal(feeds[0], feeds[1])
+    assert main(["bench", "zoo:mlp_tiny", "--batch", "3", "--device", "cpu", "--vs", "eager", "--strategy", "optimal",
+                 "--cost", "analytical", "--json", str(tmp_path / "b.json")]) == 0
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert doc["model"] == "mlp_tiny_b3" and all(e["passed"] for e in doc["entries"])
+    assert len(doc["entries"]) == 2
+
+
+def test_a_batch_is_refused_where_the_shapes_are_fixed(capsys):
+    # An attention case's first axis is its heads, and an ONNX file's shapes are its own: no silent batch.
+    assert main(["bench", "zoo:attn_s1", "--batch", "2", "--device", "cpu"]) != 0
+    assert "zoo model attn_s1 has fixed shapes" in capsys.readouterr().err
+    assert main(["bench", "model.onnx", "--batch", "2", "--device", "cpu"]) != 0
+    assert "a batch of 2 applies to zoo models" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "zoo:mlp_tiny", "--batch", "0", "--device", "cpu"])
+    assert "--batch: must be an integer >= 1" in capsys.readouterr().err
+
+
 def test_zoo_candy_is_the_shared_candy_network(tmp_path):
     # Same operators, same counts, same input: the PyTorch source of ../shared/models/candy.onnx's network.
     from collections import Counter

@@ -194,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=_count(0), default=0)
+    p.add_argument("--batch", type=_count(1), default=1,
+                   help="items per call of a zoo model (tessera.zoo.BATCHED: the whole models; default 1)")
     p.add_argument("--json", type=Path, help="also write the results to this JSON file")
     p.add_argument("--timing", choices=["wall", "gpu"], default="wall",
                    help="wall: median time of a call; gpu: the GPU time of its kernels (profiler), for "
@@ -646,7 +648,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     doc = bench(args.model, args.precision, [p for p in args.vs.split(",") if p],
                 [s for s in args.strategy.split(",") if s], args.cost, args.db, args.device, args.seed, args.solver,
-                args.profile, args.timing, args.guards)
+                args.profile, args.timing, args.guards, batch=args.batch)
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1))
     print(format_table(doc))
