@@ -12,12 +12,12 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile
 export PYTHONPATH=/tmp/site:$PWD:/tmp/meta TESSERA_LOG=info
 # MCFuser rows beside eager (and PEERS), GPU time, one empty database: gemms NAME MODELS PRECISION TIMEOUT_S [PEERS]
 # (PROFILE=1: also each contender's kernels by kind, as the end-to-end rows need)
-# (PIN=DIR: the `git archive` to run instead of .pin16, for an A/B of two commits)
+# (PIN=DIR: the `git archive` to run instead of .pin16, for an A/B of two commits; BATCH=N: the zoo model at N items)
 gemms() {
     (cd ${PIN:-.pin16} && export PYTHONPATH=/tmp/site:$PWD && mkdir -p /tmp/$1
     timeout $4 python3 scripts/bench_suite.py --models "$2" --precisions $3 --vs ${5:-eager} \
         --strategies optimal-precisionio --timing gpu --fresh-db --budget-s $(($4 - 15)) --solver highs \
-        --code "$(cat CODE)" ${PROFILE:+--profile} --out /tmp/$1 > /tmp/$1/log.txt 2>&1
+        --code "$(cat CODE)" ${PROFILE:+--profile} ${BATCH:+--batch $BATCH} --out /tmp/$1 > /tmp/$1/log.txt 2>&1
     echo "gemm $3 rc=$?"; gzip -f /tmp/$1/*.jsonl 2>/dev/null; tar -czf "$OUT/$1.tgz" -C /tmp $1
     grep -h "bench .* ms$\|rewrites:" /tmp/$1/log.txt | sed 's/.*tessera [0-9:]* //')
 }

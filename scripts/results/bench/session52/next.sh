@@ -14,6 +14,7 @@
 #    new rules live in.
 # 4: the zoo's new llama (a Llama-family decoder at GPT-2's scale) cold, fp16, beside eager and Inductor.
 # 5: the same in tf32.
+# 6: bert_base at batch 8, fp16, beside eager and Inductor (a first row above batch 1).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 unset TESSERA_LOG; export TESSERA_SOLVER=highs
 NEW=mixtral,qwen2_moe,gptj,codegen,xlm_roberta,canine,glpn,mobilevitv2,data2vec_audio,owlvit_vision,siglip_vision,focalnet,pvt_v2,mobilenet_v1,dpt,ijepa,vivit
@@ -39,5 +40,7 @@ case $1 in
         export PROFILE=1; gemms e2e_llama llama fp16 420 eager,inductor ;;
     5)  # the same in tf32
         export PROFILE=1; gemms e2e_llama_tf32 llama tf32 420 eager,inductor ;;
-    *) echo "next.sh: calls 1-5"; exit 2 ;;
+    6)  # bert_base at 8 items a call (40d15de, `--batch`), fp16, in what device time is left
+        export PROFILE=1 BATCH=8; gemms e2e_bert_b8 bert_base fp16 220 eager,inductor ;;
+    *) echo "next.sh: calls 1-6"; exit 2 ;;
 esac
