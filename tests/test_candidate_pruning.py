@@ -109,3 +109,51 @@ def test_no_kernel_reads_what_no_kernel_writes_any_more():
     assert every_read_is_written(og, found)
     plan = orchestrate(og, AnalyticalCost(og, device("h100")), rules=rules)
     assert [len(k.prims) for k in plan.kernels] == [2, 1]
+
+
+def embedding_sum(k: int, linear: bool = False) -> OGraph:
+    """k lookups of one index vector in k constant tables, concatenated, then an exp and a row sum
+    (CANINE's hashed embeddings before their LayerNorm); `linear`: then a product with a weight instead."""
+    g = Graph("emb", GraphKind.PRIMITIVE, inputs=["ids"], types={"ids": TensorType((16,), DType.INT64)})
+    b = PrimBuilder(g)
+    rng = np.random.default_rng(0)
+    looked = [b.gather(b.const(rng.standard_normal((50, 8)).astype(np.float32), f"table{i}"), "ids", 0)
+              for i in range(k)]
+    cat = b.concat(looked, 1)
+    if linear:
+        g.outputs = [b.matmul(cat, b.const(np.ones((8 * k, 4), np.float32), "w"))]
+    else:
+        g.outputs = [b.reduce(Prim.REDUCE_SUM, b.unary(Prim.EXP, cat), [1])]
+    return build_ograph(g)
+
+
+def test_a_memory_bound_kernel_takes_in_the_lookups_it_reads():
+    og = embedding_sum(5)
+    gathers = sum(1 << i for i, n in enumerate(og.nodes) if n.op == Prim.GATHER.value)
+    rules = CandidateRules()
+    found = enumerate_candidates(og, og.all, rules, StructuralLegality())
+    # a kernel past the concatenation computes every lookup itself; none reads a lookup's stored value
+    assert not [c for c in found if c.inputs & gathers]
+    plan = orchestrate(og, AnalyticalCost(og, device("h100")), rules=rules)
+    assert len(plan.kernels) == 1
+    # without the rule: every subset of the five lookups left out, for the same plan cost
+    everything = []
+    try:
+        saved, cands.starts_short = cands.starts_short, lambda *a: 0
+        everything = enumerate_candidates(og, og.all, rules, StructuralLegality())
+        full = orchestrate(og, AnalyticalCost(og, device("h100")), rules=rules)
+    finally:
+        cands.starts_short = saved
+    assert len([c for c in everything if c.inputs & gathers]) >= 2 ** 5 - 1 > 0
+    assert plan.estimated_total_s == pytest.approx(full.estimated_total_s, rel=1e-3)
+
+
+def test_a_linear_kernel_keeps_reading_a_stored_lookup():
+    # a template would gather its operand once per output tile: a kernel holding a product never
+    # starts short of a lookup, while the concatenation alone does
+    og = embedding_sum(2, linear=True)
+    at = {n.op: i for i, n in enumerate(og.nodes)}
+    gathers = sum(1 << i for i, n in enumerate(og.nodes) if n.op == Prim.GATHER.value)
+    linear = 1 << at[Prim.MATMUL.value]
+    assert cands.starts_short(og, 1 << at[Prim.CONCAT.value], og.all, linear) == gathers
+    assert cands.starts_short(og, (1 << at[Prim.CONCAT.value]) | linear, og.all, linear) == 0

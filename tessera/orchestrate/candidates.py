@@ -341,6 +341,30 @@ def stops_short(og: OGraph, mask: int, members: int, linear: int) -> int:
     return short
 
 
+# Primitives that read their input at index arithmetic: a kernel that takes one in loads what the
+# primitive would have stored (a gather also loads its indices), so it reads about the bytes it would
+# have read from the primitive's stored value.
+_INDEXING = {Prim.GATHER.value, Prim.RESHAPE.value, Prim.BROADCAST.value, Prim.SLICE.value}
+
+
+def starts_short(og: OGraph, mask: int, members: int, linear: int) -> int:
+    """Nodes of `members` that memory-bound kernel `mask` reads, where taking each in costs the kernel
+    nearly nothing (a bitmask; `enumerate_candidates` drops `mask` where that larger kernel is a legal
+    candidate too): an indexing primitive (`_INDEXING`) whose own inputs all come from outside the
+    subgraph, so the larger kernel needs nothing more in memory than `mask` does. CANINE sums eight
+    hashed embedding lookups: leaving each lookup in or out made 2^8 variants of the kernel after them,
+    5404 candidates in one subgraph, and 24 s in the solver to prove which of their near-equal plans
+    is cheapest. Kernels with a linear primitive keep their variants: a template would gather its
+    operand once per output tile."""
+    if mask & linear:
+        return 0
+    short = 0
+    for u in bits(og.inputs_of(mask) & members):
+        if og.nodes[u].op in _INDEXING and not og.preds[u] & members:
+            short |= 1 << u
+    return short
+
+
 def enumerate_candidates(og: OGraph, members: int, rules: CandidateRules,
                          legality: KernelLegality) -> list[Candidate]:
     """Every legal candidate kernel inside subgraph `members`, with its output variants."""
@@ -387,7 +411,8 @@ def enumerate_candidates(og: OGraph, members: int, rules: CandidateRules,
 
     legal = [mask for mask in sets if og.is_convex(mask) and legality.check(og, mask) is None]
     kept = set(legal)
-    masks = [m for m in legal if not any(m | (1 << t) in kept for t in bits(stops_short(og, m, members, linear)))]
+    masks = [m for m in legal if not any(m | (1 << t) in kept for t in
+                                         bits(stops_short(og, m, members, linear) | starts_short(og, m, members, linear)))]
     # The twin of a dropped kernel writes the reshape, so whatever read the value through that
     # reshape must exist without it too, reading the twin's output. ESU enumerated that smaller set
     # already where it is connected; a GEMM chain grown past the size rule by its operands' layout
