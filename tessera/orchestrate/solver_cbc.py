@@ -29,9 +29,10 @@ def solve_problem(p: Problem, warm: list[int] | None, time_limit: float) -> tupl
     with warnings.catch_warnings():
         # PuLP 3 deprecates its bundled-CBC command for 4.0; pyproject pins pulp < 4.
         warnings.simplefilter("ignore", DeprecationWarning)
-        # Without probing cuts: on CANINE's embedding subgraph they took 18 of the solve's 19 s, at
-        # the same optimum. Over 182 subgraph instances of 15 models (fp32 and fp16, analytical
-        # cost) CBC took 20 s without them and 51 s with, every objective the same (docs/orchestration.md).
+        # Without probing cuts: CANINE's embedding subgraph took 18.7 s with them and 0.8 s without,
+        # at the same optimum. Over 182 subgraph instances of 15 models (fp32 and fp16, analytical
+        # cost) CBC took 23.7 s without them and 56.8 s with, every objective the same
+        # (scripts/results/solver_options_2026-11-29.md).
         cbc = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, warmStart=warm is not None, gapRel=0.0,
                                 options=["probingCuts off"])
     try:
