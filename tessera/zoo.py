@@ -83,7 +83,7 @@ def gpt2(seq: int = 128) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
 
 
 def llama(seq: int = 128, layers: int = 12) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    """A Llama-family decoder at GPT-2's scale (about 110M parameters): RMSNorm, rotary positions,
+    """A Llama-family decoder at GPT-2's scale (100M parameters): RMSNorm, rotary positions,
     grouped-query attention (12 query heads over 4 key/value heads, as Llama 3 shares them) and the
     SiLU-gated MLP. No published checkpoint has these dimensions; they keep the row comparable with
     gpt2's while exercising what today's open decoders compute."""
