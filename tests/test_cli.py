@@ -62,6 +62,24 @@ def test_tessera_solver_names_the_default_solver(tmp_path):
     assert "not 'nope' (the default, from TESSERA_SOLVER)" in r.stderr
 
 
+def test_compile_prints_the_greedy_baseline_within_the_cuts_and_over_the_whole_graph(tmp_path, capsys):
+    # A partition cut forbids the fusions across it: the optimal plan is set beside the greedy plan of
+    # the same subgraphs (what the binary program improves on) and the whole-graph greedy (what the
+    # cuts may cost), each ratio from plan.json's numbers.
+    out = tmp_path / "cut"
+    assert main(["compile", str(MODELS / "bert_tiny.onnx"), "-o", str(out), "--max-states", "200",
+                 "--cost", "analytical"]) == 0
+    text = capsys.readouterr().out
+    plan = json.loads((out / "plan.json").read_text())
+    est, whole = plan["estimated_total_s"], plan["greedy_total_s"]
+    within = sum(s["greedy_s"] for s in plan["subgraphs"])
+    assert plan["cuts"] and est <= within
+    assert (f"greedy baseline {within * 1e6:.1f} us in the same subgraphs ({within / est:.2f}x), "
+            f"{whole * 1e6:.1f} us ({whole / est:.2f}x) over the whole graph, without the {len(plan['cuts'])} cut(s)") \
+        in text
+    assert f"<th>greedy in the same subgraphs (µs)</th><td>{within * 1e6:.2f}</td>" in (out / "report.html").read_text()
+
+
 def test_compile_writes_plan_and_report(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["compile", str(MODELS / "bert_tiny.onnx"), "-o", str(out), "--gpu", "h200"]) == 0
