@@ -34,6 +34,7 @@ from tessera.log import logger
 from tessera.orchestrate import DEFAULT_SOLVER, SOLVERS, CandidateRules, OGraph, Plan, build_ograph, orchestrate
 from tessera.orchestrate.candidates import MAX_KERNEL_NODES
 from tessera.orchestrate.layout import NHWC, LayoutResult, assign_layouts, regions
+from tessera.orchestrate.partition import default_max_states
 from tessera.orchestrate.report import write_report
 from tessera.rewrite import convert_precision
 from tessera.rewrite.precision import check_precision, mark_tf32_operands
@@ -82,7 +83,7 @@ class CompileOptions:
     layout: str = "auto"  # storage layouts: "auto" (by cost), "nchw" (all row-major), "nhwc" (conv regions channels-last)
     solver: str = DEFAULT_SOLVER
     time_limit: float = 60.0
-    max_states: int = 2000
+    max_states: int = field(default_factory=default_max_states)  # 2000, or $TESSERA_MAX_STATES
     max_kernel_nodes: int = MAX_KERNEL_NODES
     input_shapes: Mapping[str, Sequence[int]] | None = None
     # PyTorch entry points: reuse a plan compiled before for the same graph, options, GPU and

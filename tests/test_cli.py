@@ -241,3 +241,23 @@ def test_compile_templates_flag_runs_matmuls_as_templates(tmp_path, capsys):
     assert main(["run", str(chain), "--check", "--seed", "3"]) == 0
     assert main(["compile", str(MODELS / "gemm_g1.onnx"), "-o", str(tmp_path / "lib"), "--cost", "analytical"]) == 0
     assert "GEMM templates" not in capsys.readouterr().out  # analytical compiles keep the library call
+
+
+def test_the_state_bound_comes_from_the_option_or_the_environment(tmp_path, monkeypatch, capsys):
+    # TESSERA_MAX_STATES sets the default (an A/B on a GPU machine); --max-states wins; a bad value is named
+    from tessera.compiler import CompileOptions
+
+    assert CompileOptions().max_states == 2000
+    monkeypatch.setenv("TESSERA_MAX_STATES", "4000")
+    assert CompileOptions().max_states == 4000
+    out = tmp_path / "b"
+    assert main(["compile", str(MODELS / "bert_tiny.onnx"), "-o", str(out), "--cost", "analytical",
+                 "--max-states", "200"]) == 0
+    assert len(json.loads((out / "plan.json").read_text())["subgraphs"]) > 1  # 200 states cut bert_tiny
+    monkeypatch.setenv("TESSERA_MAX_STATES", "200")
+    capsys.readouterr()
+    assert main(["compile", str(MODELS / "bert_tiny.onnx"), "-o", str(out), "--cost", "analytical"]) == 0
+    assert len(json.loads((out / "plan.json").read_text())["subgraphs"]) > 1
+    monkeypatch.setenv("TESSERA_MAX_STATES", "many")
+    assert main(["compile", str(MODELS / "bert_tiny.onnx"), "-o", str(out)]) == 2
+    assert "TESSERA_MAX_STATES='many': the state bound must be a positive integer" in capsys.readouterr().err

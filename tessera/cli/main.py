@@ -27,6 +27,7 @@ from tessera.ir.indices import check_feeds
 from tessera.orchestrate import DEFAULT_SOLVER, SOLVERS, STRATEGIES
 from tessera.orchestrate.candidates import MAX_KERNEL_NODES
 from tessera.orchestrate.layout import LAYOUT_POLICIES
+from tessera.orchestrate.partition import default_max_states
 from tessera.orchestrate.plan import Plan
 from tessera.rewrite import IO_CHOICES
 from tessera.rewrite.search import REWRITE_MODES
@@ -170,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds the rewrite search may price new windows for")
     p.add_argument("--solver", choices=SOLVERS, default=DEFAULT_SOLVER)
     p.add_argument("--time-limit", type=_positive, default=60.0, help="seconds per subgraph solve")
-    p.add_argument("--max-states", type=_count(1), default=2000, help="execution states per subgraph")
+    p.add_argument("--max-states", type=_count(1), help="execution states per subgraph (default 2000, or "
+                                                          "$TESSERA_MAX_STATES)")
     p.add_argument("--max-kernel-nodes", type=_count(1), default=MAX_KERNEL_NODES, help="primitives per candidate kernel")
     p.add_argument("--dynamic", action="append", metavar="NAME=DIM:MIN..MAX",
                    help="a dynamic input axis: one plan per bucket of sizes (powers of two from MIN, then MAX; "
@@ -427,7 +429,8 @@ class _Bar:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     opts = CompileOptions(strategy=args.strategy, cost=args.cost, gpu=args.gpu, precision=args.precision, io=args.io,
-                          solver=args.solver, time_limit=args.time_limit, max_states=args.max_states,
+                          solver=args.solver, time_limit=args.time_limit,
+                          max_states=args.max_states or default_max_states(),
                           max_kernel_nodes=args.max_kernel_nodes, input_shapes=parse_input_shapes(args.input_shape),
                           db=args.db, tune_workers=args.tune_workers, tune=args.tune, layout=args.layout,
                           templates=args.templates, prologues=args.prologues == "on",

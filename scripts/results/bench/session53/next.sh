@@ -12,6 +12,8 @@
 # 3: larger batches (session 52 added `--batch`; bert_base at 8 ran 1.26x the best peer): gpt2 and llama
 #    at 8 items, fp16.
 # 4: resnet50 at 32 items, fp16.
+# 5: llama fp16 with the partition's state bound at 2000 and at 4000 (TESSERA_MAX_STATES): on the CPU's
+#    analytical estimate 4000 is 13% cheaper (one subgraph a decoder layer, docs/orchestration.md).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
@@ -27,5 +29,8 @@ case $1 in
         export PROFILE=1 BATCH=8; gemms e2e_gpt2_b8 gpt2 fp16 280 eager,inductor; gemms e2e_llama_b8 llama fp16 280 eager,inductor ;;
     4)
         export PROFILE=1 BATCH=32; gemms e2e_resnet50_b32 resnet50 fp16 500 eager,inductor ;;
-    *) echo "next.sh: calls 1-4"; exit 2 ;;
+    5)  # the state bound: llama fp16 at 2000 (the default) and at 4000, one after the other
+        export PROFILE=1; gemms e2e_llama_2000 llama fp16 280 eager,inductor
+        TESSERA_MAX_STATES=4000 gemms e2e_llama_4000 llama fp16 280 eager,inductor ;;
+    *) echo "next.sh: calls 1-5"; exit 2 ;;
 esac
