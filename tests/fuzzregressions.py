@@ -225,6 +225,20 @@ REGRESSIONS = {
                N("BatchNormalization", ["t2", "c3", "c4", "c5", "c6"], ["t7"], {"epsilon": 1e-05},
                  family="normalization")],
         outputs=["t7"]),
+    # runtime/buffers.py (`merged`): the plan computed t7 in two kernels that both wrote it; its two
+    # lifetimes gave it two slabs and released the second twice, so the graph outputs t5 and t3 later
+    # shared that slab and t5 read the LayerNorm's first value (session 52,
+    # scripts/results/fuzz/session52/fuzz_5211.fail1.json).
+    "a_value_two_kernels_write_keeps_its_slab": GraphSpec(
+        opset=17, precision="fp16", layout="auto", strategy="optimal", seed=0, schedule_seed=0,
+        inputs=[T("in1", (6,), "float32"), T("in4", (1,), "int64"), T("in8", (1, 3, 2), "float32")],
+        consts=[C("c2", (6,), "float32"), C("c6", (1,), "int64", data=False, ints=(-6, 6))],
+        nodes=[N("LayerNormalization", ["in1", "c2"], ["t3"], {"axis": 0}, family="normalization"),
+               N("GatherND", ["in1", "in4"], ["t5"], family="gather"),
+               N("GatherND", ["in1", "c6"], ["t7"], family="gather"),
+               N("Relu", ["in8"], ["t9"], family="elementwise")],
+        outputs=["t9", "t7", "t5", "t3"], index_bounds={"in4": (-6, 6)},
+        types={"t5": ((), "float32"), "t7": ((), "float32")}),  # ONNX shape inference leaves them out
 }
 
 

@@ -23,6 +23,25 @@ def test_a_step_never_writes_into_what_it_reads():
     assert where["x"] != where["y"]
 
 
+def test_a_tensor_two_kernels_write_keeps_one_slab_while_it_lives():
+    # Redundant computation: steps 0 and 1 both write "t" (read until step 3). Then "u" and "v" live
+    # together from steps 4 and 5 to the end; no two tensors alive at once may share a slab.
+    lts = [Lifetime("t", 2, 0, 3), Lifetime("a", 12, 0, 5), Lifetime("t", 2, 1, 3),
+           Lifetime("u", 4, 4, 6), Lifetime("v", 24, 5, 6)]
+    _, where = assign(lts)
+    spans: dict[str, tuple[int, int]] = {}
+    for lt in lts:
+        lo, hi = spans.get(lt.tensor, (lt.first, lt.last))
+        spans[lt.tensor] = (min(lo, lt.first), max(hi, lt.last))
+    for x, (x0, x1) in spans.items():
+        for y, (y0, y1) in spans.items():
+            if x < y and x0 <= y1 and y0 <= x1:
+                assert where[x] != where[y], (x, y)
+    sizes = {lt.tensor: lt.nbytes // 2 for lt in lts}
+    pool = BufferPool(lts, {n: TensorType((k,), DType.FLOAT16) for n, k in sizes.items()}, torch.device("cpu"))
+    assert pool.views["u"].data_ptr() != pool.views["v"].data_ptr()
+
+
 def test_pool_views_have_their_types():
     lts = [Lifetime("a", 4 * 6, 0, 1), Lifetime("b", 2 * 5, 2, 3)]
     pool = BufferPool(lts, {"a": TensorType((2, 3), DType.FLOAT32), "b": TensorType((5,), DType.FLOAT16)},

@@ -49,6 +49,19 @@ class Lifetime:
     last: int  # last step that reads it (a graph output: past the end)
 
 
+def merged(lifetimes: Sequence[Lifetime]) -> list[Lifetime]:
+    """One lifetime per tensor, from its first write to its last read. A plan may compute a value in
+    two kernels that both write it (redundant computation); two lifetimes of one tensor gave it two
+    slabs and released the second twice, so two later tensors shared it (fuzz seed 5211: an fp16
+    GatherND's output read the LayerNorm's)."""
+    by_tensor: dict[str, Lifetime] = {}
+    for lt in lifetimes:
+        seen = by_tensor.get(lt.tensor)
+        by_tensor[lt.tensor] = lt if seen is None else Lifetime(
+            lt.tensor, max(seen.nbytes, lt.nbytes), min(seen.first, lt.first), max(seen.last, lt.last))
+    return list(by_tensor.values())
+
+
 def assign(lifetimes: Sequence[Lifetime]) -> tuple[list[int], dict[str, int]]:
     """Slab sizes and the slab of each tensor."""
     sizes: list[int] = []
@@ -56,7 +69,7 @@ def assign(lifetimes: Sequence[Lifetime]) -> tuple[list[int], dict[str, int]]:
     where: dict[str, int] = {}
     by_first: dict[int, list[Lifetime]] = {}
     by_last: dict[int, list[Lifetime]] = {}
-    for lt in lifetimes:
+    for lt in merged(lifetimes):
         by_first.setdefault(lt.first, []).append(lt)
         by_last.setdefault(lt.last, []).append(lt)
     steps = sorted(set(by_first) | set(by_last))
@@ -81,6 +94,7 @@ class BufferPool:
     """The slabs on one device and a typed view per tensor."""
 
     def __init__(self, lifetimes: Sequence[Lifetime], types: Mapping[str, TensorType], device: torch.device) -> None:
+        lifetimes = merged(lifetimes)
         sizes, where = assign(lifetimes)
         try:
             self.slabs = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
