@@ -1,13 +1,13 @@
 """The model zoo: benchmark models built in PyTorch and exported to ONNX from one seed.
 
-ResNet-50 and Inception-V3 come from torchvision, BERT-base and GPT-2 from
-transformers, all with random weights from a fixed seed, batch 1, exported
+ResNet-50 and Inception-V3 come from torchvision, BERT-base, GPT-2 and a Llama-family decoder
+from transformers, all with random weights from a fixed seed, batch 1 by default, exported
 with `torch.onnx.export(..., dynamo=True)`. Needs the `models` extra (the GPU
 machine has it). Usage:
 
     python -m tessera.zoo OUTDIR [--models resnet50,gpt2]
 
-ResNet-50, Inception-V3, MobileNet-V2 (torchvision), BERT-base, GPT-2 and
+ResNet-50, Inception-V3, MobileNet-V2 (torchvision), BERT-base, GPT-2, llama and
 SegFormer-B0 (transformers), EfficientViT-B0 (timm) need the `models` extra;
 candy, mlp_tiny, MCFuser's attention (attn_s1-s9) and GEMM-chain (gemm_g1-g12)
 cases and Korch's three case-study blocks (segformer_attn, efficientvit_attn, candy_norm_pad;
