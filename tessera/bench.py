@@ -200,12 +200,13 @@ def bench(model: Any, precision: str = "fp32", peers: Sequence[str] = PEERS[:3],
     elif model.startswith("zoo:"):
         from tessera.zoo import batched_name, build, make
 
+        zoo_name = model[4:]
         try:
-            module, example = make(model[4:], seed, batch)
+            module, example = make(zoo_name, seed, batch)
         except KeyError as e:
             raise TesseraError(str(e.args[0])) from None
-        path = build(model[4:], Path(tempfile.mkdtemp()), seed, batch)
-        name = batched_name(model[4:], batch)
+        path = build(zoo_name, Path(tempfile.mkdtemp()), seed, batch)
+        name = batched_name(zoo_name, batch)
     else:
         path = Path(model)
         name = path.stem

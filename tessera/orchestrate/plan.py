@@ -67,5 +67,11 @@ class Plan:
     # rewrite applied with its window's estimated saving, and what was tried; empty when off
     rewrites: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def greedy_in_subgraphs_s(self) -> float:
+        """The greedy plan within the same subgraphs: what the binary program improved on. The
+        whole-graph greedy (`greedy_total_s`) also fuses across the partition's cuts."""
+        return sum(s.greedy_s for s in self.subgraphs)
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

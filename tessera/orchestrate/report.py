@@ -95,8 +95,7 @@ def _summary(plan: Plan) -> str:
             ("strategy", plan.strategy), ("cost model", plan.cost_model),
             ("estimated total (µs)", _us(est)), ("greedy baseline total (µs)", _us(greedy)),
             ("greedy / estimated", ratio),
-            # the whole-graph greedy fuses across the partition's cuts; this one does not
-            ("greedy in the same subgraphs (µs)", _us(sum(s.greedy_s for s in plan.subgraphs))),
+            ("greedy in the same subgraphs (µs)", _us(plan.greedy_in_subgraphs_s)),
             ("kernels", str(len(plan.kernels))),
             ("primitives", str(plan.primitives)), ("orchestrated nodes", str(plan.orchestrated_nodes)),
             ("subgraphs", str(len(plan.subgraphs))), ("orchestration (s)", f"{plan.orchestrate_s:.3f}")]

@@ -94,8 +94,7 @@ class BufferPool:
     """The slabs on one device and a typed view per tensor."""
 
     def __init__(self, lifetimes: Sequence[Lifetime], types: Mapping[str, TensorType], device: torch.device) -> None:
-        lifetimes = merged(lifetimes)
-        sizes, where = assign(lifetimes)
+        sizes, where = assign(lifetimes)  # a tensor listed twice gets one slab, and one view below
         try:
             self.slabs = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
         except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
