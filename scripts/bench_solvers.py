@@ -2,7 +2,8 @@
 
     python scripts/bench_solvers.py ../shared/models/segformer_b0.onnx ../shared/models/efficientvit_b0.onnx ...
 
-Every subgraph instance of each model is built once and pickled; each solver
+Every subgraph instance that compiling each model solves is kept once and pickled
+(`solver_options.collect`); each solver
 then runs in its own process (highspy and OR-Tools bundle conflicting copies
 of HiGHS), with the greedy plan as warm start and a time limit. Needs the
 `solvers` extra. Prints a Markdown table and writes scripts/results/solvers.json.
@@ -34,26 +35,14 @@ print(json.dumps(out))
 
 
 def build_instances(paths: list[Path], max_states: int) -> list:
-    from tessera.compiler import CompileOptions, compile_model
-    from tessera.cost import AnalyticalCost, device
-    from tessera.orchestrate.blp import Problem
-    from tessera.orchestrate.candidates import CandidateRules, StructuralLegality, enumerate_candidates
-    from tessera.orchestrate.greedy import greedy_candidates
-    from tessera.orchestrate.partition import partition
+    """(model, subgraph, instance, warm start) for every binary program that compiling `paths`
+    (fp32, analytical cost) solves, as `solver_options.collect` keeps them."""
+    from solver_options import collect  # (this folder is on the path when run as a script)
 
-    out = []
-    for path in paths:
-        og = compile_model(path, CompileOptions(strategy="greedy", max_states=max_states)).ograph
-        cost = AnalyticalCost(og, device("h100"))
-        rules, legality = CandidateRules(), StructuralLegality()
-        for sub in partition(og, max_states)[0]:
-            cands = enumerate_candidates(og, sub.members, rules, legality)
-            greedy = greedy_candidates(og, sub.members, rules, legality)
-            known = {(c.nodes, c.outputs) for c in cands}
-            cands += [g for g in greedy if (g.nodes, g.outputs) not in known]
-            where = {(c.nodes, c.outputs): i for i, c in enumerate(cands)}
-            p = Problem(sub.members, cands, [cost(c) for c in cands], sub.must_output | (og.graph_outputs & sub.members))
-            out.append((path.stem, sub.index, p, [where[(g.nodes, g.outputs)] for g in greedy]))
+    out, seen = [], {}
+    for model, p, warm in collect(paths, ["fp32"], ("--max-states", str(max_states))):
+        seen[model] = seen.get(model, -1) + 1
+        out.append((model.split()[0], seen[model], p, warm))
     return out
 
 

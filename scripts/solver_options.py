@@ -29,8 +29,10 @@ from tessera.cli.main import main as tessera_main
 from tessera.orchestrate.blp import Problem, solve
 
 
-def collect(models: list[Path], precisions: list[str]) -> list[tuple[str, Problem, list[int] | None]]:
-    """Every (model, instance, warm start) that compiling `models` solves."""
+def collect(models: list[Path], precisions: list[str], options: tuple[str, ...] = ()
+            ) -> list[tuple[str, Problem, list[int] | None]]:
+    """Every (model, instance, warm start) that compiling `models` solves (`options`: more
+    `tessera compile` options, such as `--max-states`)."""
     found: list[tuple[str, Problem, list[int] | None]] = []
     real = orchestrator.solve
     current = ""
@@ -47,7 +49,7 @@ def collect(models: list[Path], precisions: list[str]) -> list[tuple[str, Proble
                     current = f"{m.stem} {prec}"
                     with contextlib.redirect_stdout(io.StringIO()):  # each compile's summary
                         failed = tessera_main(["compile", str(m), "-o", out, "--cost", "analytical",
-                                               "--precision", prec])
+                                               "--precision", prec, *options])
                     if failed:
                         raise SystemExit(f"{m}: tessera compile failed")
     finally:
