@@ -4,9 +4,9 @@
 
 Compiles each model as a measured compile would (a GPU named like an H100 is pretended; every
 job is priced by the analytical model, `tuning_jobs.AnalyticalProfiler`) and, where the
-orchestrator partitions it, enumerates every subgraph afresh: each one whose structure key
-(`orchestrate/repeats.py`) repeats an earlier one's must get exactly the earlier candidates moved
-by the distance between them. Prints per model the subgraphs, how many are distinct, how many
+orchestrator partitions it, enumerates every subgraph afresh: each one must have been given exactly
+those candidates, where it took them from another of its structure key (`orchestrate/repeats.py`)
+moved by the distance between them. Prints per model the subgraphs, how many are distinct, how many
 repeat, and any mismatch; exits 1 on a mismatch.
 """
 from __future__ import annotations
@@ -34,9 +34,7 @@ def main() -> int:
 
     from tessera import compiler
     from tessera.orchestrate import orchestrator
-    from tessera.orchestrate.candidates import TooManyCandidates
-    from tessera.orchestrate.partition import partition, split_subgraph
-    from tessera.orchestrate.repeats import producers, shifted, structure_key
+    from tessera.orchestrate.partition import Partitioner
 
     mismatches = 0
     real = orchestrator.orchestrate
@@ -44,28 +42,15 @@ def main() -> int:
     def checked(og: Any, cost: Any, *, strategy: str = "optimal", rules: Any = None, legality: Any = None,
                 max_states: int = 2000, **kw: Any) -> Any:
         nonlocal mismatches
-        subs, _ = partition(og, max_states)
-        producer, first = producers(og), {}
-        repeats = k = 0
-        while k < len(subs):
-            try:
-                fresh = orchestrator._candidates(og, subs[k], strategy, rules, legality)
-            except TooManyCandidates:
-                subs, _ = split_subgraph(og, subs, k, max_states)
-                continue
-            key = structure_key(og, subs[k], producer)
-            if key in first:
-                lo, earlier = first[key]
-                repeats += 1
-                for moved, own in zip(earlier, fresh):
-                    if {(c.nodes, c.outputs, c.inputs) for c in shifted(moved, subs[k].lo - lo)} != \
-                            {(c.nodes, c.outputs, c.inputs) for c in own}:
-                        mismatches += 1
-                        print(f"  mismatch: subgraph {k} against the one at node {lo}")
-            else:
-                first[key] = (subs[k].lo, fresh)
-            k += 1
-        print(f"  {len(subs)} subgraphs, {len(first)} distinct, {repeats} repeats")
+        subs, _, found, origin = orchestrator._all_candidates(og, Partitioner(og, max_states), strategy, rules,
+                                                              legality)
+        for k, sub in enumerate(subs):  # what each subgraph was given against what enumerating it gives
+            fresh = orchestrator._candidates(og, sub, strategy, rules, legality)
+            for given, own in zip(found[k], fresh):
+                if {(c.nodes, c.outputs, c.inputs) for c in given} != {(c.nodes, c.outputs, c.inputs) for c in own}:
+                    mismatches += 1
+                    print(f"  mismatch: subgraph {k} (candidates of {origin[k]})")
+        print(f"  {len(subs)} subgraphs, {origin.count(None)} distinct, {len(subs) - origin.count(None)} repeats")
         return real(og, cost, strategy=strategy, rules=rules, legality=legality, max_states=max_states, **kw)
 
     compiler.orchestrate = checked  # type: ignore[assignment]

@@ -64,10 +64,10 @@ from tessera.cost.measured import _schedule_key, kernel_signature  # noqa: E402
 from tessera.fission import fission  # noqa: E402
 from tessera.frontend import load  # noqa: E402
 from tessera.orchestrate import build_ograph  # noqa: E402
-from tessera.orchestrate.candidates import CandidateRules, TooManyCandidates, enumerate_candidates  # noqa: E402
+from tessera.orchestrate.candidates import CandidateRules  # noqa: E402
 from tessera.orchestrate.graphview import bits  # noqa: E402
-from tessera.orchestrate.greedy import greedy_candidates  # noqa: E402
-from tessera.orchestrate.partition import partition, split_subgraph  # noqa: E402
+from tessera.orchestrate.orchestrator import _all_candidates  # noqa: E402
+from tessera.orchestrate.partition import Partitioner  # noqa: E402
 from tessera.rewrite import convert_precision  # noqa: E402
 
 BENCH = ROOT / "scripts" / "results" / "bench"
@@ -138,21 +138,13 @@ def zoo_path(name: str) -> Path:
 def candidates(og):
     """Every candidate `orchestrate` considers (exhaustive plus greedy per subgraph), each once."""
     legality = TritonLegality()  # one per model, as orchestrate() shares it across subgraphs
-    subs, _ = partition(og, MAX_STATES)
     seen: set[tuple[int, int]] = set()
-    k = 0
-    while k < len(subs):
-        try:
-            cands = enumerate_candidates(og, subs[k].members, RULES, legality)
-        except TooManyCandidates:
-            subs, _ = split_subgraph(og, subs, k, MAX_STATES)
-            continue
-        cands += greedy_candidates(og, subs[k].members, RULES, legality)
+    _, _, found, _ = _all_candidates(og, Partitioner(og, MAX_STATES), "optimal", RULES, legality)
+    for cands, _ in found:  # (each subgraph's exhaustive candidates, the greedy plan's among them)
         for c in cands:
             if (c.nodes, c.outputs) not in seen:
                 seen.add((c.nodes, c.outputs))
                 yield c
-        k += 1
 
 
 def kernels_of(path: Path, precision: str, wanted: set[str]) -> tuple[dict[str, tuple], dict]:

@@ -235,31 +235,6 @@ def test_time_limit_returns_a_plan_marked_not_optimal(solver):
         assert s.optimal_s <= s.greedy_s + 1e-12  # never worse than the warm start
 
 
-def test_cuts_count_the_fusions_they_forbid():
-    # r = x + y is read by three nodes (a layernorm's two steps and the next residual add); a cut
-    # right after it forbids three fusions, one after the block that reads it forbids one, though
-    # both cross one tensor. An edge into a matmul counts apart (a template may fuse it).
-    from tessera.orchestrate.partition import _crossing_count, best_cut, fusable_nodes
-
-    g = Graph("res", GraphKind.PRIMITIVE, inputs=["x", "y", "w"],
-              types={t: TensorType((8, 8), DType.FLOAT32) for t in ("x", "y", "w")})
-    b = PrimBuilder(g)
-    r = b.add("x", "y")  # 0
-    m1 = b.unary(Prim.EXP, r)  # 1: reads r
-    m2 = b.unary(Prim.NEG, r)  # 2: reads r
-    h = b.add(m1, m2)  # 3
-    p = b.matmul(h, "w")  # 4: a linear reader of h
-    out = b.add(p, r)  # 5: reads r again
-    g.outputs = [out]
-    og = build_ograph(g)
-    fusable = fusable_nodes(og)
-    linear = sum(1 << i for i, n in enumerate(og.nodes) if n.op == "matmul")
-    assert _crossing_count(og, 0, 1, fusable, linear)[:2] == (3, 0)  # r -> exp, neg, add
-    assert _crossing_count(og, 0, 4, fusable, linear)[:2] == (1, 1)  # r -> add; h -> matmul
-    assert _crossing_count(og, 0, 3, fusable, linear)[:2] == (3, 0)  # m1, m2 -> h; r -> add
-    assert best_cut(og, 0, 4) == 4
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_greedy_cycle_walk_bound_changes_no_verdict(seed: int) -> None:
     """The greedy merge's cycle walk stops where no node can lead back (`greedy._reach`): for random

@@ -16,7 +16,7 @@ from tessera.orchestrate.candidates import (Candidate, CandidateRules, KernelLeg
 from tessera.orchestrate.graphview import OGraph, bits, prologue_of
 from tessera.orchestrate.greedy import greedy_candidates
 from tessera.orchestrate.layout import is_conversion
-from tessera.orchestrate.partition import Cut, Subgraph, partition, split_subgraph
+from tessera.orchestrate.partition import Cut, Partitioner, Subgraph
 from tessera.orchestrate.plan import Buffer, Kernel, Plan, SubgraphReport
 from tessera.orchestrate.repeats import producers, shifted, structure_key
 
@@ -93,20 +93,19 @@ def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: C
                 progress: Callable[[int, int], None] | None = None) -> Plan:
     """Choose the kernels of `og` and return the plan.
 
-    `progress(done, total)` counts orchestrated primitives: called with 0 once the graph is
-    partitioned, then after each subgraph with the primitives solved so far. The total is fixed
-    from the start (a subgraph split for too many candidates keeps its primitives), so a progress
-    bar's rate and ETA hold.
+    `progress(done, total)` counts orchestrated primitives: called with 0 first (before the
+    partition), then after each subgraph with the primitives solved so far. The total is fixed
+    from the start (a partition made again for too many candidates keeps the primitives), so a
+    progress bar's rate and ETA hold.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}")
     start = time.perf_counter()
     rules = rules or CandidateRules()
     legality = legality or StructuralLegality()
-    subs, cuts = partition(og, max_states)
     if progress:
         progress(0, og.n)
-    subs, cuts, found, origin = _all_candidates(og, subs, cuts, strategy, rules, legality, max_states)
+    subs, cuts, found, origin = _all_candidates(og, Partitioner(og, max_states), strategy, rules, legality)
     whole = greedy_candidates(og, og.all, rules, legality)  # the greedy baseline's kernels
     _measure(cost, found, origin, whole)
     chosen: list[tuple[int, Candidate, float]] = []
@@ -131,37 +130,49 @@ def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: C
                 orchestrated_nodes=og.n)
 
 
-def _all_candidates(og: OGraph, subs: list[Subgraph], cuts: list[Cut], strategy: str, rules: CandidateRules,
-                    legality: KernelLegality, max_states: int
+def _all_candidates(og: OGraph, parts: Partitioner, strategy: str, rules: CandidateRules, legality: KernelLegality
                     ) -> tuple[list[Subgraph], list[Cut], list[tuple[list[Candidate], list[Candidate]]], list[int | None]]:
     """Every subgraph's candidates (and greedy plan's) before any is priced, so that a measured cost
     times them all in one batch: per subgraph, each batch ended with the build workers draining and
-    a small second round (a core's twins at its fastest schedule) that kept few of them busy. A
-    subgraph with too many candidates is split (the subgraphs and cuts returned are the final ones).
+    a small second round (a core's twins at its fastest schedule) that kept few of them busy.
     A subgraph that repeats an earlier one (`repeats.structure_key`: a transformer's layers) takes
-    that one's candidates, moved; `origin[k]` names the subgraph they came from (None: enumerated)."""
-    found: list[tuple[list[Candidate], list[Candidate]]] = []
-    origin: list[int | None] = []
-    producer, first = producers(og), {}
-    k = 0
-    while k < len(subs):
-        key = structure_key(og, subs[k], producer)
-        if key in first:
-            lo, j = first[key]
-            found.append((shifted(found[j][0], subs[k].lo - lo), shifted(found[j][1], subs[k].lo - lo)))
-            origin.append(j)
-            k += 1
-            continue
-        try:
-            found.append(_candidates(og, subs[k], strategy, rules, legality))
-        except TooManyCandidates:
-            subs, cuts = split_subgraph(og, subs, k, max_states)
-            found, origin = found[:k], origin[:k]
-            continue
-        first[key] = (subs[k].lo, k)
-        origin.append(None)
-        k += 1
-    return subs, cuts, found, origin
+    that one's candidates, moved; `origin[k]` names the subgraph they came from (None: the first of
+    its structure). Where a subgraph has too many candidates, every window that holds its middle
+    half is ruled out (`Partitioner.forbid`), for it and for every other subgraph of its structure,
+    and the graph is partitioned again; a structure enumerated in an earlier pass keeps its
+    candidates. Ruling out the window alone shrank gpt2's windows by a few nodes a pass, dozens of
+    passes (the greedy partition before it halved such a window near its middle). The subgraphs
+    and cuts returned are the final ones."""
+    producer = producers(og)
+    known: dict[str, tuple[int, tuple[list[Candidate], list[Candidate]]]] = {}  # key -> (lo, candidates)
+    too_many: set[str] = set()
+    while True:
+        subs, cuts = parts.subgraphs()
+        found: list[tuple[list[Candidate], list[Candidate]]] = []
+        origin: list[int | None] = []
+        first: dict[str, int] = {}
+        ruled_out = []
+        for k, sub in enumerate(subs):
+            key = structure_key(og, sub, producer)
+            if key not in known and key not in too_many:
+                try:
+                    known[key] = (sub.lo, _candidates(og, sub, strategy, rules, legality))
+                except TooManyCandidates:
+                    too_many.add(key)
+            if key in too_many:  # (the rest of this pass still enumerates: their windows may stay)
+                ruled_out.append(sub)
+                found.append(([], []))  # (keeps `found` in step with `subs`; this pass is dropped)
+                origin.append(None)
+                continue
+            lo, got = known[key]
+            found.append((shifted(got[0], sub.lo - lo), shifted(got[1], sub.lo - lo)) if sub.lo != lo else got)
+            origin.append(first.get(key))
+            first.setdefault(key, k)
+        if not ruled_out:
+            return subs, cuts, found, origin
+        for sub in ruled_out:
+            q = (sub.hi - sub.lo) // 4 if sub.hi - sub.lo >= 8 else 0
+            parts.forbid(sub.lo + q, sub.hi - q)
 
 
 def _measure(cost: CostFn, found: list[tuple[list[Candidate], list[Candidate]]], origin: list[int | None],

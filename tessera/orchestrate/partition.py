@@ -3,10 +3,10 @@
 The binary program is solved per subgraph, so each must stay small: its
 execution-state count stays under a bound. The graph is cut along its
 topological order; a cut at position p separates nodes [.., p) from [p, ..),
-and every tensor that crosses it must be written to memory. Cuts go where few
-tensors cross (narrow cuts: a residual-block boundary crosses one tensor), and
-each subgraph grows as large as the state bound allows. No cut points are ever
-given by hand.
+and every tensor that crosses it must be written to memory. The cuts are chosen
+together (`best_bounds`, a dynamic program over their positions) to forbid the
+fewest fusions: a residual-block boundary crosses one tensor. No cut points are
+ever given by hand.
 
 Each cut records the fusions it forbids: the producer -> consumer edges across it.
 """
@@ -24,9 +24,8 @@ from tessera.orchestrate.states import count_states
 def default_max_states() -> int:
     """The state bound per subgraph: 2000, or $TESSERA_MAX_STATES (for an A/B on a GPU machine, where
     `scripts/bench_suite.py` takes no option for it). At 4000 the CPU compiles of the zoo's llama and of
-    mixtral estimate 13% and 7% cheaper, one subgraph a decoder layer instead of two cut through the
-    rotary and key/value paths; canine's estimate rose 0.8% (another partition); eleven other models
-    were unchanged (docs/orchestration.md). Not the default until a GPU measures it."""
+    mixtral estimate 13% and 11% cheaper (docs/orchestration.md); on the H200, llama's plan ran no
+    faster (session 53, before the partition by dynamic programming). Not the default."""
     raw = os.environ.get("TESSERA_MAX_STATES", "2000")
     if not raw.isdigit() or int(raw) < 1:
         raise TesseraError(f"TESSERA_MAX_STATES={raw!r}: the state bound must be a positive integer")
@@ -70,84 +69,103 @@ def cut_at(og: OGraph, p: int) -> Cut:
     return Cut(p, tuple(tensors), nbytes, tuple(lost))
 
 
-def _crossing_count(og: OGraph, lo: int, p: int, fusable: int, linear_nodes: int) -> tuple[int, int, int]:
-    """(fusions, fusions into linear primitives, bytes) that a cut at position p forbids, counting
-    producers from `lo` on (earlier ones cross an earlier cut anyway). A fusion is a producer ->
-    consumer edge: a tensor read by three fusable nodes across the cut (a residual sum read by the
-    layernorm's two steps and the next residual add) forbids three, where the residual stream
-    alone forbids one. Edges into linear primitives count apart: a library call reads its inputs
-    from memory in any plan, but a template may compute them in its operand prologue (a GEMM chain
-    reads attention's head split in place), so such a cut is second best."""
-    after = _mask(p, og.n)
-    count = linear = nbytes = 0
-    for i in range(lo, p):
-        fused = (og.succs[i] & after & fusable).bit_count()
-        if fused:
-            count += fused
-            nbytes += og.out_bytes[i]
-        linear += (og.succs[i] & after & linear_nodes).bit_count()
-    return count, linear, nbytes
-
-
 def fusable_nodes(og: OGraph) -> int:
     """Nodes that can share a kernel with their producers (not linear, not opaque)."""
     return sum(1 << i for i, n in enumerate(og.nodes)
                if Prim(n.op).category not in (Category.LINEAR, Category.OPAQUE))
 
 
-def _longest_under_bound(og: OGraph, lo: int, max_states: int) -> int:
-    """The largest hi with states([lo, hi)) <= max_states (state counts grow with hi)."""
-    if count_states(og, _mask(lo, og.n), max_states) <= max_states:
-        return og.n
-    good, bad = lo + 1, og.n
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        if count_states(og, _mask(lo, mid), max_states) <= max_states:
-            good = mid
-        else:
-            bad = mid
-    return good
+def linear_nodes(og: OGraph) -> int:
+    return sum(1 << i for i, n in enumerate(og.nodes) if Prim(n.op).category is Category.LINEAR)
 
 
-def best_cut(og: OGraph, lo: int, hi: int) -> int:
-    """The cut position in the later half of (lo, hi] that forbids the fewest
-    fusions (then bytes); ties go to the later position, for larger subgraphs."""
-    best, best_key = hi, None
-    fusable = fusable_nodes(og)
-    linear_nodes = sum(1 << i for i, n in enumerate(og.nodes) if Prim(n.op).category is Category.LINEAR)
-    for p in range(max(lo + 1, lo + (hi - lo) // 2), hi + 1):
-        if p == og.n:
-            return p
-        count, linear, nbytes = _crossing_count(og, lo, p, fusable, linear_nodes)
-        key = (count, linear, nbytes, -p)
-        if best_key is None or key < best_key:
-            best, best_key = p, key
-    return best
+def window_starts(og: OGraph, max_states: int) -> list[int]:
+    """starts[p] for p in [0, n]: the first q with states([q, p)) <= max_states (at most p - 1: a
+    one-node window is allowed whatever the bound). The window's states are kept as a set and slid
+    along the order, so no count starts from scratch: node p is maximal in [q, p + 1), so the states
+    that hold it are those of [q, p) that hold its producers there, each with p added; node q is
+    minimal, so the states of [q + 1, p) are those of [q, p) that hold q, less q."""
+    states, q, starts = {0}, 0, [0]
+    for p in range(og.n):
+        bit, need = 1 << p, og.preds[p] & _mask(q, p)
+        states |= {s | bit for s in states if s & need == need}
+        while len(states) > max_states and q < p:
+            states = {s & ~(1 << q) for s in states if s >> q & 1}
+            q += 1
+        starts.append(q)
+    return starts
+
+
+class Partitioner:
+    """Cuts the graph into consecutive windows of at most `max_states` states each, the cuts chosen
+    together by dynamic programming over their positions: fewest fusions forbidden, then fewest edges
+    into linear primitives cut, then fewest bytes crossing, then fewest windows (larger windows leave
+    the solver more to choose). A cut's price counts the edges from its own window's producers to any
+    later node (earlier producers crossed an earlier cut already), so the sum over the cuts counts each
+    forbidden edge once. A fusion is a producer -> consumer edge: a tensor read by three fusable nodes
+    across the cut (a residual sum read by the layernorm's two steps and the next residual add)
+    forbids three, where the residual stream alone forbids one. Edges into linear primitives count
+    apart: a library call reads its inputs from memory in any plan, but a template may compute them
+    in its operand prologue (a GEMM chain reads attention's head split in place).
+
+    `forbid(lo, hi)` rules out every window that holds nodes [lo, hi): the orchestrator calls it for a
+    window with too many candidates (a larger window has all of its candidates), and partitions again.
+
+    The greedy partition this replaced (session 53) grew each window to the bound, then cut in its
+    later half, and halved a window with too many candidates near its middle: at 2000 states it cut
+    each of the zoo's llama layers twice, and at 4000 its halving cut through attention."""
+
+    def __init__(self, og: OGraph, max_states: int) -> None:
+        self.og, self.max_states = og, max_states
+        self.starts = window_starts(og, max_states)
+        self.fusable, self.linear = fusable_nodes(og), linear_nodes(og)
+        self.forbidden: set[tuple[int, int]] = set()
+
+    def forbid(self, lo: int, hi: int) -> None:
+        if hi - lo < 2:
+            raise ValueError("a one-node window cannot be ruled out")
+        self.forbidden.add((lo, hi))
+
+    def bounds(self) -> list[tuple[int, int]]:
+        og, n = self.og, self.og.n
+        first = list(self.starts)
+        for lo, hi in self.forbidden:  # a window ending at p >= hi must start after lo
+            for p in range(hi, n + 1):
+                if first[p] > lo:
+                    break  # (starts only grow with p)
+                first[p] = lo + 1
+        # best[p]: (price of the windows ending at p, where the last one starts)
+        best: list[tuple[tuple[int, int, int, int], int]] = [((0, 0, 0, 0), 0)]
+        for p in range(1, n + 1):
+            after = _mask(p, n)
+            fused = into_linear = nbytes = 0
+            choice: tuple[tuple[int, int, int, int], int] | None = None
+            for q in range(p - 1, first[p] - 1, -1):  # the last window is [q, p)
+                crossing = og.succs[q] & after
+                if crossing & self.fusable:
+                    fused += (crossing & self.fusable).bit_count()
+                    nbytes += og.out_bytes[q]
+                into_linear += (crossing & self.linear).bit_count()
+                (f, li, b, w), _ = best[q]
+                key = (f + fused, li + into_linear, b + nbytes, w + 1)
+                if choice is None or key < choice[0]:  # ties go to the later start: a smaller last window
+                    choice = (key, q)
+            assert choice is not None
+            best.append(choice)
+        out, p = [], n
+        while p > 0:
+            q = best[p][1]
+            out.append((q, p))
+            p = q
+        return out[::-1]
+
+    def subgraphs(self) -> tuple[list[Subgraph], list[Cut]]:
+        return subgraphs_from_bounds(self.og, self.bounds(), self.max_states)
 
 
 def partition(og: OGraph, max_states: int) -> tuple[list[Subgraph], list[Cut]]:
-    """Split `og` into consecutive subgraphs of at most `max_states` states each."""
-    bounds = []
-    lo = 0
-    while lo < og.n:
-        hi = _longest_under_bound(og, lo, max_states)
-        p = og.n if hi == og.n else best_cut(og, lo, hi)
-        bounds.append((lo, p))
-        lo = p
-    return subgraphs_from_bounds(og, bounds, max_states)
-
-
-def split_subgraph(og: OGraph, subs: list[Subgraph], k: int, max_states: int) -> tuple[list[Subgraph], list[Cut]]:
-    """Cut subgraph k in two (at its best cut near the middle); used when it has too many candidates."""
-    bounds = [(s.lo, s.hi) for s in subs]
-    lo, hi = bounds[k]
-    if hi - lo < 2:
-        raise ValueError("a one-node subgraph cannot be split")
-    mid = (lo + hi) // 2
-    p = best_cut(og, lo, mid) if mid > lo + 1 else mid
-    p = min(max(p, lo + 1), hi - 1)
-    bounds[k:k + 1] = [(lo, p), (p, hi)]
-    return subgraphs_from_bounds(og, bounds, max_states)
+    """Split `og` into consecutive subgraphs of at most `max_states` states each (`Partitioner`)."""
+    return Partitioner(og, max_states).subgraphs()
 
 
 def subgraphs_from_bounds(og: OGraph, bounds: list[tuple[int, int]], max_states: int) -> tuple[list[Subgraph], list[Cut]]:
