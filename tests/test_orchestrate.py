@@ -312,3 +312,8 @@ def test_a_repeat_changes_nothing_in_the_plan(monkeypatch):
     moved = [s for s in plan.subgraphs if "candidates_of" in s.solver]  # plan.json and the report say so
     assert moved and all(s.solver["candidates_of"] < s.index for s in moved)
     assert not any("candidates_of" in s.solver for s in alone.subgraphs)
+    # a repeat with the same costs and outputs to write takes its twin's answer, not a solve
+    reused = [s for s in plan.subgraphs if "solution_of" in s.solver]
+    assert reused and all(s.solver["solution_of"] == s.solver["candidates_of"] for s in reused)
+    assert all(s.solver["seconds"] == 0.0 for s in reused)
+    assert not any("solution_of" in s.solver for s in alone.subgraphs)

@@ -526,8 +526,10 @@ def _print_compile(result: Any) -> None:
     if templates.count("conv"):
         print(f"  {templates.count('conv')} convolution kernel(s) run as convolution templates (codegen/conv.py)")
     print(f"  estimated {plan.estimated_total_s * 1e6:.1f} us; {greedy_baselines(plan)}")
-    print(f"  {len(plan.subgraphs)} subgraph(s), {optimal} solved to proven optimality, "
-          f"{sum(s.get('seconds', 0.0) for s in solved):.2f} s in the solver; {len(plan.cuts)} cut(s)")
+    repeats = sum("solution_of" in s for s in solved)
+    print(f"  {len(plan.subgraphs)} subgraph(s), {optimal} solved to proven optimality"
+          + (f" ({repeats} by repeating an earlier one's answer)" if repeats else "")
+          + f", {sum(s.get('seconds', 0.0) for s in solved):.2f} s in the solver; {len(plan.cuts)} cut(s)")
 
 
 def greedy_baselines(plan: Plan) -> str:

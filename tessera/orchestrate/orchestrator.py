@@ -39,10 +39,21 @@ def _candidates(og: OGraph, sub: Subgraph, strategy: str, rules: CandidateRules,
     return cands + [g for g in greedy if (g.nodes, g.outputs) not in known], greedy
 
 
+# A solved subgraph's answer, kept for the subgraphs that repeat it: (the subgraph whose candidates
+# they share, their costs, what must be written, shifted to the subgraph's first node) -> the
+# solver's (order, stats, greedy order, greedy cost).
+Solved = dict[tuple[int, tuple[float, ...], int], tuple[list[int], SolveStats, list[int], float]]
+
+
 def _solve_subgraph(og: OGraph, sub: Subgraph, cands: list[Candidate], greedy: list[Candidate], cost: CostFn,
-                    strategy: str, solver: str, time_limit: float
+                    strategy: str, solver: str, time_limit: float, owner: int, solved: Solved
                     ) -> tuple[list[Candidate], list[float], SubgraphReport]:
+    """`owner`: the subgraph whose candidates, moved, these are (this one's index where none).
+    A subgraph that repeats a solved one with the same costs and the same nodes to write (a
+    transformer's middle layers) is the same binary program over moved candidates, in the same
+    order: it takes that answer instead of solving again."""
     required = sub.must_output | (og.graph_outputs & sub.members)
+    reused = False
     if getattr(cost, "lazy", False):
         # Lazy measurement: unmeasured candidates enter at a lower bound of their cost; the
         # kernels the solver picks are measured and the subgraph re-solved until it picks only
@@ -60,9 +71,15 @@ def _solve_subgraph(og: OGraph, sub: Subgraph, cands: list[Candidate], greedy: l
             cost.prepare(todo)
     else:  # a measured cost has measured every subgraph's candidates already (`orchestrate`)
         costs = [cost(c) for c in cands]
-        order, stats, greedy_order, greedy_s = _pick(sub, cands, costs, greedy, strategy, solver, time_limit, required)
+        key = (owner, tuple(costs), required >> sub.lo)
+        reused = key in solved
+        if not reused:
+            solved[key] = _pick(sub, cands, costs, greedy, strategy, solver, time_limit, required)
+        order, stats, greedy_order, greedy_s = solved[key]
     chosen = [cands[c] for c in order]
     solver_stats = stats.as_dict()
+    if reused:
+        solver_stats.update(seconds=0.0, solves=0, solution_of=owner)
     if getattr(cost, "lazy", False):
         solver_stats["measure_rounds"] = rounds
     report = SubgraphReport(sub.index, sub.members.bit_count(), sub.states, len(cands), len(chosen),
@@ -110,8 +127,10 @@ def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: C
     _measure(cost, found, origin, whole)
     chosen: list[tuple[int, Candidate, float]] = []
     reports: list[SubgraphReport] = []
+    solved: Solved = {}
     for sub, (cands, greedy), j in zip(subs, found, origin):
-        picked, costs, rep = _solve_subgraph(og, sub, cands, greedy, cost, strategy, solver, time_limit)
+        picked, costs, rep = _solve_subgraph(og, sub, cands, greedy, cost, strategy, solver, time_limit,
+                                             sub.index if j is None else subs[j].index, solved)
         if j is not None:  # plan.json and the report say whose candidates it took
             rep.solver["candidates_of"] = subs[j].index
         chosen += [(sub.index, c, s) for c, s in zip(picked, costs)]
