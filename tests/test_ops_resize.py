@@ -270,3 +270,24 @@ def test_unsupported_is_opaque(attrs, why):
               "scales": _scales(1, 1, 0.6, 1.5)}
     reasons = _opaque_reasons(inputs, attrs, 19)
     assert reasons and why in reasons[0]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_blend_weights_stay_float32_in_a_narrow_plan(precision):
+    """A Resize's blend weights are the operator's own arithmetic, which onnxruntime and PyTorch keep
+    in float32 under half precision: the precision pass leaves them float32 (Graph.wide_constants),
+    while the model's data and weights narrow (fuzz seed 5302, tests/fuzzregressions.py)."""
+    from tessera.ir import DType
+    from tessera.rewrite import convert_precision
+
+    model = build_model("Resize", _inputs(rand(1, 2, 9, 7, seed=31), scales=_scales(1, 1, 2.0, 1.5)),
+                        {"mode": "linear", "coordinate_transformation_mode": "align_corners"}, opset=13)
+    pg = fission(load(model).graph).graph
+    taps = {t for n in pg.nodes for t in n.inputs if "w_tap" in t}
+    assert taps and taps == set(pg.wide_constants)
+    narrow = convert_precision(pg, precision)
+    assert {narrow.types[t].dtype for t in taps} == {DType.FLOAT32}
+    assert all(np.array_equal(narrow.constants[t], pg.constants[t]) for t in taps)  # not rounded
+    assert narrow.types["x"].dtype is DType.FLOAT32  # a model input: the boundary keeps its declared type
+    assert {narrow.types[n.outputs[0]].dtype for n in narrow.nodes if n.op == "mul"} == \
+        {DType.FLOAT16 if precision == "fp16" else DType.BFLOAT16}

@@ -54,13 +54,17 @@ class PrimBuilder:
         return f"{self.source[0]}/{what}" if self.source else what
 
     # ---- emitting -------------------------------------------------------------
-    def const(self, value: np.ndarray, hint: str = "const", dtype: DType | None = None) -> str:
-        """Add a constant tensor. bfloat16 values are stored as float32 arrays."""
+    def const(self, value: np.ndarray, hint: str = "const", dtype: DType | None = None, wide: bool = False) -> str:
+        """Add a constant tensor. bfloat16 values are stored as float32 arrays. `wide`: a float32
+        coefficient of the operator's own arithmetic, kept float32 in a float16/bfloat16 plan
+        (`Graph.wide_constants`)."""
         arr = np.asarray(value)
         dt = dtype or DType.from_numpy(arr.dtype)
         name = self.fresh(self._hint(hint))
         self.graph.constants[name] = np.asarray(arr.astype(dt.to_numpy(), copy=False), order="C")
         self.graph.types[name] = TensorType(tuple(int(d) for d in arr.shape), dt)
+        if wide and dt is DType.FLOAT32:
+            self.graph.wide_constants = self.graph.wide_constants | {name}
         return name
 
     def positions(self, n: int, axis: int, rank: int, hint: str = "index") -> str:

@@ -188,6 +188,10 @@ class Graph:
     # tf32 plans: activations that only tf32 products read, which their writer stores rounded to
     # tf32 so the products' kernels need not round them (rewrite/precision.py `mark_tf32_operands`)
     tf32_rounded: frozenset[str] = frozenset()
+    # Float constants that fission made as coefficients of an operator's own arithmetic (a Resize's
+    # blend weights), which a float16/bfloat16 plan keeps in float32 as PyTorch and onnxruntime
+    # compute them (rewrite/precision.py); a model's own weights are not among them
+    wide_constants: frozenset[str] = frozenset()
 
     # ---- queries -----------------------------------------------------------
     @property
@@ -301,13 +305,14 @@ class Graph:
             name=self.name, kind=self.kind, inputs=list(self.inputs), outputs=list(self.outputs),
             nodes=list(self.nodes), types=dict(self.types),
             constants={k: v.copy() if copy_constants else v for k, v in self.constants.items()},
-            opsets=dict(self.opsets), tf32_rounded=self.tf32_rounded,
+            opsets=dict(self.opsets), tf32_rounded=self.tf32_rounded, wide_constants=self.wide_constants,
         )
 
     def same_as(self, other: "Graph") -> bool:
         """Structural equality: same nodes in the same order, types and constant values."""
-        if (self.kind, self.inputs, self.outputs, self.nodes, self.types, self.opsets, self.tf32_rounded) != (
-                other.kind, other.inputs, other.outputs, other.nodes, other.types, other.opsets, other.tf32_rounded):
+        if (self.kind, self.inputs, self.outputs, self.nodes, self.types, self.opsets, self.tf32_rounded,
+                self.wide_constants) != (other.kind, other.inputs, other.outputs, other.nodes, other.types,
+                                         other.opsets, other.tf32_rounded, other.wide_constants):
             return False
         if self.constants.keys() != other.constants.keys():
             return False

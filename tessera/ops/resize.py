@@ -117,7 +117,7 @@ def _blend(ctx: OpCtx, x: str, axis: int, taps: Sequence[np.ndarray], weights: S
     shape = [1] * b.rank(x)
     shape[axis] = len(taps[0])
     dt = b.dtype(x)
-    terms = [b.mul(select(b, x, {axis: t}), b.const(w.reshape(shape), "w_tap", dtype=dt))
+    terms = [b.mul(select(b, x, {axis: t}), b.const(w.reshape(shape), "w_tap", dtype=dt, wide=True))
              for t, w in zip(taps, weights) if w.any()]
     y = terms[0]
     for t in terms[1:]:

@@ -4,7 +4,7 @@ The binary program is solved per subgraph, so each must stay small: its
 execution-state count stays under a bound. The graph is cut along its
 topological order; a cut at position p separates nodes [.., p) from [p, ..),
 and every tensor that crosses it must be written to memory. The cuts are chosen
-together (`best_bounds`, a dynamic program over their positions) to forbid the
+together (`Partitioner`, a dynamic program over their positions) to forbid the
 fewest fusions: a residual-block boundary crosses one tensor. No cut points are
 ever given by hand.
 
@@ -113,7 +113,8 @@ class Partitioner:
 
     The greedy partition this replaced (session 53) grew each window to the bound, then cut in its
     later half, and halved a window with too many candidates near its middle: at 2000 states it cut
-    each of the zoo's llama layers twice, and at 4000 its halving cut through attention."""
+    each of the zoo's llama layers twice (this cuts each once, with the default options), and at
+    4000, with GEMM templates priced, its halving left 29 subgraphs for 12 layers."""
 
     def __init__(self, og: OGraph, max_states: int) -> None:
         self.og, self.max_states = og, max_states

@@ -104,7 +104,7 @@ def _summary(plan: Plan) -> str:
 
 
 def _subgraphs(plan: Plan) -> str:
-    keys = ("solver", "status", "seconds", "variables", "constraints", "cycle_cuts", "candidates_of")
+    keys = ("solver", "status", "seconds", "variables", "constraints", "cycle_cuts", "candidates_of", "solution_of")
     rows = []
     for s in plan.subgraphs:
         sol = [f"<td>{_fmt(s.solver.get(k, '–'))}</td>" for k in keys]
@@ -112,7 +112,7 @@ def _subgraphs(plan: Plan) -> str:
                     f"<td class=num>{s.candidates}</td><td class=num>{s.kernels}</td>"
                     f"<td class=num>{_us(s.optimal_s)}</td><td class=num>{_us(s.greedy_s)}</td>{''.join(sol)}</tr>")
     head = ["#", "nodes", "states", "candidates", "kernels", "optimal µs", "greedy µs", "solver", "status",
-            "seconds", "variables", "constraints", "cycle cuts", "candidates moved from #"]
+            "seconds", "variables", "constraints", "cycle cuts", "candidates moved from #", "answer taken from #"]
     return _table(head, rows)
 
 

@@ -391,7 +391,8 @@ def window_graph(g: Graph, names: set[str]) -> Graph:
     read = {t for n in nodes for t in n.inputs if t}
     return Graph(f"{g.name}/window", GraphKind.PRIMITIVE, list(inputs), outputs, nodes,
                  {t: g.types[t] for t in (*inputs, *made, *(c for c in read if c in g.constants))},
-                 {c: g.constants[c] for c in read if c in g.constants}, dict(g.opsets))
+                 {c: g.constants[c] for c in read if c in g.constants}, dict(g.opsets),
+                 wide_constants=g.wide_constants & read)
 
 
 def signature(g: Graph) -> str:

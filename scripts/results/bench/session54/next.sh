@@ -1,0 +1,24 @@
+#!/bin/bash
+# Session 54's device calls, planned at the end of session 53:
+# `bash scripts/results/bench/session54/next.sh N` from the repository root on one nvidia-h200, carrying .whl
+# (the highspy wheel; TESSERA_SOLVER=highs), .pin16 (a `git archive` of the commit measured, its hash in CODE,
+# without scripts/results' session folders) and, for calls 1-2, .pinold (a `git archive` of ce921fe, the
+# greedy partition).
+# 1-2: session 53's partition by dynamic programming against the greedy one, in alternating order so that
+#    neither always finds the Triton cache warm (session 53's call 5 compiled the new one first on a cold
+#    machine and ran out of time): gpt2 and llama fp16, tessera beside eager only (the A/B is tessera's).
+#    On the CPU's analytical cost with templates priced, gpt2 was 2.8% cheaper and llama the same; with
+#    measured costs gpt2's estimate was 0.3% dearer (294.2 against 293.3 us).
+# 3: resnet50 at 32 items, fp16, beside eager and Inductor (planned in session 53, not run).
+source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
+export TESSERA_SOLVER=highs
+case $1 in
+    1)
+        export PROFILE=1; PIN=.pinold gemms e2e_gpt2_greedy gpt2 fp16 200 eager; gemms e2e_gpt2_dp gpt2 fp16 200 eager
+        gemms e2e_gpt2_dp2 gpt2 fp16 200 eager ;;
+    2)
+        export PROFILE=1; gemms e2e_llama_dp llama fp16 220 eager; PIN=.pinold gemms e2e_llama_greedy llama fp16 220 eager ;;
+    3)
+        export PROFILE=1 BATCH=32; gemms e2e_resnet50_b32 resnet50 fp16 500 eager,inductor ;;
+    *) echo "next.sh: calls 1-3"; exit 2 ;;
+esac
