@@ -141,6 +141,21 @@ def test_average_pool_count_is_constant():
     while src in producers:
         src = producers[src].inputs[0]
     assert src in pg.constants and pg.constants[src].shape == (1, 1, 7, 7)
+    assert src in pg.wide_constants  # float32 in a narrow plan: bfloat16 holds whole numbers only to 256
+
+
+def test_a_3d_window_count_past_256_divides_exactly_in_bf16():
+    """A 7x7x7 window without padding counted: 343 elements in the interior, which bfloat16 would
+    round to 344; the count stays float32 (Graph.wide_constants), so the plan divides by 343."""
+    from tessera.ir import DType
+    from tessera.rewrite import convert_precision
+
+    pg = check_op("AveragePool", {"x": rand(1, 1, 9, 9, 9, seed=4)},
+                  {"kernel_shape": [7, 7, 7], "pads": [3, 3, 3, 3, 3, 3]})
+    (count,) = [t for t in pg.wide_constants if "pool_count" in t]
+    assert pg.constants[count].max() == 343
+    narrow = convert_precision(pg, "bf16")
+    assert narrow.types[count].dtype is DType.FLOAT32 and narrow.constants[count].max() == 343
 
 
 @pytest.mark.parametrize("opset", [7, 10, 11, 19, 22])

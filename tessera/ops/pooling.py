@@ -152,7 +152,10 @@ def _average_pool(ctx: OpCtx, count_pad_attr: bool, ceil_attr: bool, dilation_at
     grid = counts[0]
     for c in counts[1:]:
         grid = np.multiply.outer(grid, c)
-    divisor = b.const(grid.reshape((1, 1) + grid.shape).astype(dt.to_numpy()), hint="pool_count", dtype=dt)
+    # (float32 in a narrow plan too: bfloat16 holds whole numbers exactly only up to 256, and a 3-D
+    # window's count can pass it)
+    divisor = b.const(grid.reshape((1, 1) + grid.shape).astype(dt.to_numpy()), hint="pool_count", dtype=dt,
+                      wide=True)
     return [b.div(total, divisor)]
 
 
