@@ -10,6 +10,9 @@
 #    On the CPU's analytical cost with templates priced, gpt2 was 2.8% cheaper and llama the same; with
 #    measured costs gpt2's estimate was 0.3% dearer (294.2 against 293.3 us).
 # 3: resnet50 at 32 items, fp16, beside eager and Inductor (planned in session 53, not run).
+# 4: segformer_b0 fp16 beside eager and Inductor: session 53 keeps a Resize's blend weights float32 in
+#    fp16/bf16 plans (7b81870); its bilinear upsampling computed them from their closed form in fp16 before
+#    (session 45: 0.380 ms, Inductor 0.708).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
@@ -20,5 +23,7 @@ case $1 in
         export PROFILE=1; gemms e2e_llama_dp llama fp16 220 eager; PIN=.pinold gemms e2e_llama_greedy llama fp16 220 eager ;;
     3)
         export PROFILE=1 BATCH=32; gemms e2e_resnet50_b32 resnet50 fp16 500 eager,inductor ;;
-    *) echo "next.sh: calls 1-3"; exit 2 ;;
+    4)
+        export PROFILE=1; gemms e2e_segformer segformer_b0 fp16 300 eager,inductor ;;
+    *) echo "next.sh: calls 1-4"; exit 2 ;;
 esac
