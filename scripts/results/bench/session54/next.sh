@@ -12,7 +12,7 @@
 # 3: resnet50 at 32 items, fp16, beside eager and Inductor (planned in session 53, not run).
 # 4: segformer_b0 fp16 beside eager and Inductor: session 53 keeps a Resize's blend weights float32 in
 #    fp16/bf16 plans (7b81870); its bilinear upsampling computed them from their closed form in fp16 before
-#    (session 45: 0.380 ms, Inductor 0.708).
+#    (session 46: 0.380 ms, Inductor 0.708).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
