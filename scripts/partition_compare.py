@@ -5,7 +5,9 @@
 
 Each model is compiled twice with the analytical cost: once as the tree stands, once with the
 partition and the candidate enumeration around it (`tessera/orchestrate/partition.py` and the
-orchestrator's `_all_candidates`) as they were at REV (`git show`), everything else the same. The
+orchestrator's `_all_candidates`) as they were at REV (`git show`), everything else the same. REV
+must predate the partition by dynamic programming (4cec435): the greedy partition and the
+`_all_candidates(og, subs, cuts, ..., max_states)` that went with it, such as ce921fe. The
 table gives each compile's estimate, subgraphs (after any split for too many candidates), the
 fusions its cuts forbid and its seconds. `--templates force` prices matmuls as GEMM templates, as
 a measured compile on a GPU does, which adds candidates (and so splits).
