@@ -51,7 +51,8 @@ def _solve_subgraph(og: OGraph, sub: Subgraph, cands: list[Candidate], greedy: l
     """`owner`: the subgraph whose candidates, moved, these are (this one's index where none).
     A subgraph that repeats a solved one with the same costs and the same nodes to write (a
     transformer's middle layers) is the same binary program over moved candidates, in the same
-    order: it takes that answer instead of solving again."""
+    order: it takes that answer instead of solving again (not under lazy measurement, whose costs
+    change between its rounds)."""
     required = sub.must_output | (og.graph_outputs & sub.members)
     reused = False
     if getattr(cost, "lazy", False):

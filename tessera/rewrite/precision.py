@@ -47,13 +47,10 @@ def convert_precision(graph: Graph, precision: str, io: str = "model") -> Graph:
         return graph
     g = graph.clone(copy_constants=False)  # constants are replaced or added, never written
 
-    def narrow(t: TensorType) -> TensorType:
-        return TensorType(t.shape, to) if t.dtype is DType.FLOAT32 else t
-
     # (an operator's own coefficients, Graph.wide_constants, stay float32: a Resize's blend weights
     # rounded to bfloat16 put a fuzz graph 7x further from onnxruntime than rounding each node did, seed 5302)
     wide = {name for name, t in graph.types.items() if t.dtype is DType.FLOAT32} - graph.wide_constants
-    g.types = {name: narrow(t) if name in wide else t for name, t in graph.types.items()}
+    g.types = {name: TensorType(t.shape, to) if name in wide else t for name, t in graph.types.items()}
     g.constants = {name: (_narrow_constant(v, to) if name in wide else v) for name, v in graph.constants.items()}
     nodes: list[Node] = []
     for n in graph.nodes:
