@@ -44,9 +44,10 @@ def software_versions() -> str:
     import torch
 
     from tessera.codegen.kernels import CODEGEN_VERSION
+    from tessera.cost.profiler import TIMING_VERSION
     from tessera.version import __version__
 
-    return (f"tessera {__version__} codegen {CODEGEN_VERSION}; torch {torch.__version__}; "
+    return (f"tessera {__version__} codegen {CODEGEN_VERSION} timing {TIMING_VERSION}; torch {torch.__version__}; "
             f"triton {version('triton')}; cuda {torch.version.cuda}")
 
 

@@ -13,8 +13,8 @@ phases overlap: a job is timed as soon as it is built (`GpuProfiler.measure`).
    kernel on its own, then takes the GPU's lock (an `flock`, which the OS
    drops if the holder dies) for everything that runs on the GPU, so kernels
    never share a GPU while timed but the Python work of the next job overlaps
-   the timing of this one. The kernel is launched `LAUNCHES` times inside one
-   CUDA graph, with inputs rotated over enough copies to exceed the L2 cache;
+   the timing of this one. The kernel is launched `LAUNCHES` times or more inside
+   one CUDA graph, with inputs and weights rotated over copies (`rotation`);
    replays are timed with CUDA events until about `TARGET_S` of GPU time is
    spent, and the cost is the median replay over the launch count. Timing in a
    graph measures the GPU work, not Python's launch latency (DESIGN.md,
@@ -50,6 +50,12 @@ from tessera.ir.graph import Graph, GraphKind
 
 LAUNCHES = 20
 L2_BYTES = 64 << 20  # rotate inputs over more than the H100/H200 L2 (50 MB)
+# A kernel whose weights come to less than L2_BYTES / LAUNCHES is launched more times per graph, up to
+# this, so that its weight copies still exceed L2. With 20 launches, a weight of 1.2 MB and its inputs
+# (gpt2's attention output projection, 3.2 MB in all) stayed hot after the first replay: two schedules
+# timed 3.07 and 3.15 us, ran 4.5 and 3.5 us in the model, and the plan took the first (session 54).
+MAX_LAUNCHES = 256
+TIMING_VERSION = 2  # in the database's versions: 2: weight copies exceed L2 whatever the kernel's size
 # Float constants from this size on are timed as inputs, rotated like them: in a model, a weight
 # comes from DRAM (the model's weights pass through L2 once per call), so a kernel timed with its
 # weight hot in L2 looks faster than it runs. gpt2, session 17: a split-K GEMM template over a
@@ -356,6 +362,19 @@ def _replay_seconds(graph: Any) -> float:
     return times[len(times) // 2] * 1e-3
 
 
+def rotation(io_bytes: int, weight_bytes: int) -> tuple[int, int, int]:
+    """How one timing rotates its data: (copies of the inputs and outputs, copies of the weights,
+    launches per graph). Inputs and weights together rotate over at most LAUNCHES copies, as since
+    session 17: an activation small enough to stay in L2 mostly does in a model too, since its
+    producer has just written it. Weights, which a model reads once per call, get copies of their own
+    until those exceed L2, with as many launches as copies (up to MAX_LAUNCHES)."""
+    copies = max(1, min(LAUNCHES, math.ceil(L2_BYTES / max(io_bytes + weight_bytes, 1))))
+    if not weight_bytes:
+        return copies, 1, LAUNCHES
+    weight_copies = max(copies, min(MAX_LAUNCHES, math.ceil(L2_BYTES / weight_bytes)))
+    return copies, weight_copies, max(LAUNCHES, weight_copies)
+
+
 def _time(payload: Payload) -> Result:
     """Phase 2 in a timing worker: seconds per launch inside a CUDA graph."""
     _check_context()
@@ -369,14 +388,14 @@ def _time(payload: Payload) -> Result:
         mini, plan = payload
         exe = Executable(mini, plan, "cuda", cuda_graph=False)  # Python work: outside the GPU lock
         exe.precompile(_inputs(mini, "cuda", None))  # the builder's binary, from Triton's cache
-        size = sum(mini.types[t].nbytes for t in (*mini.inputs, *mini.outputs)) \
-            + sum(v.numel() * v.element_size() for v in _cold_constants(exe.constants).values())
-        copies = max(1, min(LAUNCHES, math.ceil(L2_BYTES / max(size, 1))))
+        weights = sum(v.numel() * v.element_size() for v in _cold_constants(exe.constants).values())
+        copies, weight_copies, launches = rotation(
+            sum(mini.types[t].nbytes for t in (*mini.inputs, *mini.outputs)), weights)
         st("generate")
         with _gpu_section(), exe.precision_flags():
             st("wait")
             feeds = [_inputs(mini, "cuda", s) for s in range(copies)]
-            consts = _constant_copies(exe.constants, copies)
+            consts = _constant_copies(exe.constants, weight_copies)
             exe._launch(feeds[0])  # loads the compiled kernel
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -388,12 +407,12 @@ def _time(payload: Payload) -> Result:
             graph = torch.cuda.CUDAGraph()
             # A kernel of views captures nothing. A failed capture puts the worker's stream and random
             # generator back, so the worker's later candidates still time.
-            with capture(graph, what=f"the capture of {LAUNCHES} launches"):
-                for i in range(LAUNCHES):
-                    exe.constants.update(consts[i % copies])  # read at launch: the capture keeps each copy's
+            with capture(graph, what=f"the capture of {launches} launches"):
+                for i in range(launches):
+                    exe.constants.update(consts[i % weight_copies])  # read at launch: the capture keeps each copy's
                     exe._launch(feeds[i % copies])
             st("capture")
-            seconds = _replay_seconds(graph) / LAUNCHES
+            seconds = _replay_seconds(graph) / launches
             st("timing")
             del graph, feeds, consts
         # Seconds this GPU was held, per GPU: shows how the work spread over several.

@@ -4,6 +4,8 @@
 # (the highspy wheel; TESSERA_SOLVER=highs), .pin16 (a `git archive` of the commit measured, its hash in CODE,
 # without scripts/results' session folders) and, for calls 1-2, .pinold (a `git archive` of ce921fe, the
 # greedy partition).
+# (Session 54 regrouped the calls to fit its 30 minutes: call 1 = segformer_b0 + gpt2 DP, 2 = gpt2 greedy +
+#  resnet50 at 32 items, 3 = llama DP then greedy.)
 # 1-2: session 53's partition by dynamic programming against the greedy one, in alternating order so that
 #    neither always finds the Triton cache warm (session 53's call 5 compiled the new one first on a cold
 #    machine and ran out of time): gpt2 and llama fp16, tessera beside eager only (the A/B is tessera's).
@@ -16,14 +18,13 @@
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
-    1)
-        export PROFILE=1; PIN=.pinold gemms e2e_gpt2_greedy gpt2 fp16 200 eager; gemms e2e_gpt2_dp gpt2 fp16 200 eager
-        gemms e2e_gpt2_dp2 gpt2 fp16 200 eager ;;
+    1)  # session 54 ran segformer_b0 first (issue 15's end-to-end row), then the new partition's gpt2
+        export PROFILE=1; gemms e2e_segformer segformer_b0 fp16 300 eager,inductor
+        gemms e2e_gpt2_dp gpt2 fp16 200 eager ;;
     2)
-        export PROFILE=1; gemms e2e_llama_dp llama fp16 220 eager; PIN=.pinold gemms e2e_llama_greedy llama fp16 220 eager ;;
+        export PROFILE=1; PIN=.pinold gemms e2e_gpt2_greedy gpt2 fp16 200 eager
+        BATCH=32 gemms e2e_resnet50_b32 resnet50 fp16 360 eager,inductor ;;
     3)
-        export PROFILE=1 BATCH=32; gemms e2e_resnet50_b32 resnet50 fp16 500 eager,inductor ;;
-    4)
-        export PROFILE=1; gemms e2e_segformer segformer_b0 fp16 300 eager,inductor ;;
-    *) echo "next.sh: calls 1-4"; exit 2 ;;
+        export PROFILE=1; gemms e2e_llama_dp llama fp16 220 eager; PIN=.pinold gemms e2e_llama_greedy llama fp16 220 eager ;;
+    *) echo "next.sh: calls 1-3"; exit 2 ;;
 esac
