@@ -26,5 +26,9 @@ case $1 in
         BATCH=32 gemms e2e_resnet50_b32 resnet50 fp16 360 eager,inductor ;;
     3)
         export PROFILE=1; gemms e2e_llama_dp llama fp16 220 eager; PIN=.pinold gemms e2e_llama_greedy llama fp16 220 eager ;;
-    *) echo "next.sh: calls 1-3"; exit 2 ;;
+    4)  # after d32a46e (weights timed cold whatever the kernel's size): gpt2 and llama again, and the GPU profiler tests
+        export PROFILE=1; gemms e2e_gpt2_cold gpt2 fp16 190 eager,inductor; gemms e2e_llama_cold llama fp16 210 eager
+        (cd .pin16 && PYTHONPATH=/tmp/site:$PWD timeout 100 python3 -m pytest -q -x tests/test_profiler_gpu.py \
+            tests/test_timing_rotation.py 2>&1 | tail -5) ;;
+    *) echo "next.sh: calls 1-4"; exit 2 ;;
 esac
