@@ -1,0 +1,74 @@
+"""Two runs of one model set side by side, kernel by kind of kernel: where one plan spends GPU time the
+other does not. For an A/B of two commits or two options (session 54: the partitions, the timings).
+
+    python scripts/profile_diff.py A.json B.json [--top N] [--schedules]
+
+Reads tessera's main entry of two `bench_suite.py --profile` rows (`extra.run_profile.kernels`: the CUDA
+kernels of the replay, each named after its plan kernel) and groups kernels by name without their
+`kN_` prefix (`k12_matmul_reshape` and `k40_matmul_reshape` are one group). Prints each group's count
+and GPU µs per call in A and in B, largest difference first. With --schedules, each plan kernel's
+schedule in the groups shown, so two plans that differ only by a schedule show it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_suite import tessera_entry  # noqa: E402 - the suite's choice of tessera's main entry
+
+
+def groups(extra: dict) -> dict[str, tuple[float, float]]:
+    """Kernel name without its plan index -> (launches per call, GPU µs per call)."""
+    out: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for k in extra["run_profile"]["kernels"]:
+        g = out[re.sub(r"^k\d+_", "", k["name"])]
+        g[0] += k["calls"]
+        g[1] += k["us"]
+    return {n: (c, us) for n, (c, us) in out.items()}
+
+
+def schedules(extra: dict) -> dict[str, set[str]]:
+    """Kernel group -> the distinct schedules its plan kernels took."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for k in extra.get("plan", []):
+        sch = k.get("schedule")
+        text = "-" if not sch else " ".join(f"{key}={v}" for key, v in sch.items())
+        out[re.sub(r"^k\d+_", "", k["name"])].add(text)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("a", type=Path)
+    ap.add_argument("b", type=Path)
+    ap.add_argument("--top", type=int, default=12, help="groups shown (largest difference first)")
+    ap.add_argument("--schedules", action="store_true", help="each group's schedules in A and B")
+    args = ap.parse_args(argv)
+    extras = []
+    for f in (args.a, args.b):
+        entry = tessera_entry(json.loads(f.read_text()))
+        if entry is None or not entry["extra"].get("run_profile"):
+            print(f"{f}: no tessera row with a profile (run bench_suite.py with --profile)", file=sys.stderr)
+            return 2
+        extras.append(entry["extra"])
+    ga, gb = groups(extras[0]), groups(extras[1])
+    sa, sb = schedules(extras[0]), schedules(extras[1])
+    for f, x in zip((args.a, args.b), extras):
+        print(f"{f}: {x['run_profile']['total_us']:.1f} us GPU per call, {x['kernels']} plan kernels")
+    names = sorted(set(ga) | set(gb), key=lambda n: -abs(ga.get(n, (0, 0))[1] - gb.get(n, (0, 0))[1]))
+    print(f"{'kernel (without kN_)':<48}{'A n':>5}{'A us':>9}{'B n':>5}{'B us':>9}{'A - B':>9}")
+    for n in names[:args.top]:
+        (ca, ua), (cb, ub) = ga.get(n, (0, 0.0)), gb.get(n, (0, 0.0))
+        print(f"{n[:47]:<48}{ca:>5.0f}{ua:>9.1f}{cb:>5.0f}{ub:>9.1f}{ua - ub:>+9.1f}")
+        if args.schedules and (sa.get(n) or sb.get(n)) and sa.get(n) != sb.get(n):
+            print(f"    A: {'; '.join(sorted(sa.get(n, {'(none)'})))}\n    B: {'; '.join(sorted(sb.get(n, {'(none)'})))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
