@@ -100,6 +100,20 @@ def test_a_forbidden_window_is_never_inside_a_window_again(seed: int) -> None:
         parts.forbid(3, 4)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_state_counts_kept_across_passes_are_each_windows_own(seed: int) -> None:
+    og = mixed_dag(16, seed)
+    parts = Partitioner(og, 30)
+    for _ in range(4):
+        subs, _ = parts.subgraphs()
+        for sub in subs:  # a count kept from an earlier pass is the window's, not its predecessor's
+            assert sub.states == count_states(og, _mask(sub.lo, sub.hi), 30), (sub.lo, sub.hi)
+        widest = max(subs, key=lambda s: s.hi - s.lo)
+        if widest.hi - widest.lo < 2:
+            break
+        parts.forbid(widest.lo, widest.hi)
+
+
 def test_a_cut_goes_where_it_forbids_fewest_fusions():
     # r = x + y is read by three nodes (a layernorm's two steps and the next residual add); a cut
     # right after it forbids three fusions, one after the block that reads it forbids one, though

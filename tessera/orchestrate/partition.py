@@ -121,6 +121,7 @@ class Partitioner:
         self.starts = window_starts(og, max_states)
         self.fusable, self.linear = fusable_nodes(og), linear_nodes(og)
         self.forbidden: set[tuple[int, int]] = set()
+        self._states: dict[tuple[int, int], int] = {}  # a window's state count, kept across passes
 
     def forbid(self, lo: int, hi: int) -> None:
         if hi - lo < 2:
@@ -161,7 +162,7 @@ class Partitioner:
         return out[::-1]
 
     def subgraphs(self) -> tuple[list[Subgraph], list[Cut]]:
-        return subgraphs_from_bounds(self.og, self.bounds(), self.max_states)
+        return subgraphs_from_bounds(self.og, self.bounds(), self.max_states, self._states)
 
 
 def partition(og: OGraph, max_states: int) -> tuple[list[Subgraph], list[Cut]]:
@@ -169,7 +170,11 @@ def partition(og: OGraph, max_states: int) -> tuple[list[Subgraph], list[Cut]]:
     return Partitioner(og, max_states).subgraphs()
 
 
-def subgraphs_from_bounds(og: OGraph, bounds: list[tuple[int, int]], max_states: int) -> tuple[list[Subgraph], list[Cut]]:
+def subgraphs_from_bounds(og: OGraph, bounds: list[tuple[int, int]], max_states: int,
+                          counted: dict[tuple[int, int], int] | None = None) -> tuple[list[Subgraph], list[Cut]]:
+    """The subgraphs and cuts of consecutive windows. `counted` keeps each window's state count for
+    the next call: after a window is ruled out, the passes that follow keep most windows as they were."""
+    counted = {} if counted is None else counted
     subs, cuts = [], []
     for k, (lo, hi) in enumerate(bounds):
         members = _mask(lo, hi)
@@ -178,7 +183,9 @@ def subgraphs_from_bounds(og: OGraph, bounds: list[tuple[int, int]], max_states:
         for i in bits(members):
             if og.succs[i] & later:
                 must |= 1 << i
-        subs.append(Subgraph(k, lo, hi, count_states(og, members, max_states), members, must))
+        if (lo, hi) not in counted:
+            counted[lo, hi] = count_states(og, members, max_states)
+        subs.append(Subgraph(k, lo, hi, counted[lo, hi], members, must))
         if hi < og.n:
             cuts.append(cut_at(og, hi))
     return subs, cuts
