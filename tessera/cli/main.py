@@ -27,7 +27,6 @@ from tessera.ir.indices import check_feeds
 from tessera.orchestrate import DEFAULT_SOLVER, SOLVERS, STRATEGIES
 from tessera.orchestrate.candidates import MAX_KERNEL_NODES
 from tessera.orchestrate.layout import LAYOUT_POLICIES
-from tessera.orchestrate.partition import default_max_states
 from tessera.orchestrate.plan import Plan
 from tessera.rewrite import IO_CHOICES
 from tessera.rewrite.search import REWRITE_MODES
@@ -430,7 +429,7 @@ class _Bar:
 def cmd_compile(args: argparse.Namespace) -> int:
     opts = CompileOptions(strategy=args.strategy, cost=args.cost, gpu=args.gpu, precision=args.precision, io=args.io,
                           solver=args.solver, time_limit=args.time_limit,
-                          max_states=args.max_states or default_max_states(),
+                          **({"max_states": args.max_states} if args.max_states else {}),  # else the options' default
                           max_kernel_nodes=args.max_kernel_nodes, input_shapes=parse_input_shapes(args.input_shape),
                           db=args.db, tune_workers=args.tune_workers, tune=args.tune, layout=args.layout,
                           templates=args.templates, prologues=args.prologues == "on",
