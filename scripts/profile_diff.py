@@ -2,12 +2,17 @@
 other does not. For an A/B of two commits or two options (session 54: the partitions, the timings).
 
     python scripts/profile_diff.py A.json B.json [--top N] [--schedules]
+    python scripts/profile_diff.py A.json --estimates [--top N]
 
 Reads tessera's main entry of two `bench_suite.py --profile` rows (`extra.run_profile.kernels`: the CUDA
 kernels of the replay, each named after its plan kernel) and groups kernels by name without their
 `kN_` prefix (`k12_matmul_reshape` and `k40_matmul_reshape` are one group). Prints each group's count
 and GPU µs per call in A and in B, largest difference first. With --schedules, each plan kernel's
 schedule in the groups shown, so two plans that differ only by a schedule show it.
+
+With --estimates and one row, each group's cost as the plan estimated it (`extra.profile.estimate_us`,
+rows since session 54) beside its replay, the largest misjudgement first: where the cost model (the
+measured timings, under a measured compile) and the model's run disagree.
 """
 from __future__ import annotations
 
@@ -42,20 +47,74 @@ def schedules(extra: dict) -> dict[str, set[str]]:
     return out
 
 
+def estimates(extra: dict) -> dict[str, tuple[float, float]]:
+    """Kernel group -> (plan kernels, estimated µs per call): the plan's own kernels, library calls
+    and the epilogue kernels they launch counted under their plan kernel's name."""
+    out: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for name, us in extra["profile"]["estimate_us"].items():
+        g = out[re.sub(r"^k\d+_", "", name)]
+        g[0] += 1
+        g[1] += us
+    return {n: (c, us) for n, (c, us) in out.items()}
+
+
+def by_plan_kernel(extra: dict) -> dict[str, tuple[float, float]]:
+    """The replay grouped like `estimates`: each CUDA kernel under the plan kernel it ran for (a
+    library call's cuBLAS kernel too), None's kernels under "(unattributed)"."""
+    out: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    seen: set[str] = set()
+    for k in extra["run_profile"]["kernels"]:
+        pk = k.get("plan_kernel")
+        g = out[re.sub(r"^k\d+_", "", pk) if pk else "(unattributed)"]
+        if pk not in seen:
+            seen.add(pk)
+            g[0] += 1
+        g[1] += k["us"]
+    return {n: (c, us) for n, (c, us) in out.items()}
+
+
+def _estimate_table(extra: dict, top: int) -> None:
+    est, ran = estimates(extra), by_plan_kernel(extra)
+    print(f"estimate {extra['profile']['total_cost_us']:.1f} us, replay {extra['run_profile']['total_us']:.1f} us")
+    names = sorted(set(est) | set(ran), key=lambda n: -abs(ran.get(n, (0, 0))[1] - est.get(n, (0, 0))[1]))
+    print(f"{'kernel (without kN_)':<48}{'n':>5}{'est us':>9}{'ran us':>9}{'ran/est':>9}")
+    for n in names[:top]:
+        (c, e), (_, r) = est.get(n, (0, 0.0)), ran.get(n, (0, 0.0))
+        print(f"{n[:47]:<48}{c:>5.0f}{e:>9.1f}{r:>9.1f}{(f'{r / e:.2f}' if e > 0 else '-'):>9}")
+
+
+def _extra(f: Path, need: str) -> dict | None:
+    entry = tessera_entry(json.loads(f.read_text()))
+    extra = entry["extra"] if entry else {}
+    if not extra.get("run_profile") or (need == "estimates" and "estimate_us" not in (extra.get("profile") or {})):
+        print(f"{f}: no tessera row with a profile" + (" and its estimates (rows since session 54)"
+              if need == "estimates" else "") + " (run bench_suite.py with --profile)", file=sys.stderr)
+        return None
+    return extra
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("a", type=Path)
-    ap.add_argument("b", type=Path)
+    ap.add_argument("b", type=Path, nargs="?")
     ap.add_argument("--top", type=int, default=12, help="groups shown (largest difference first)")
     ap.add_argument("--schedules", action="store_true", help="each group's schedules in A and B")
+    ap.add_argument("--estimates", action="store_true", help="one row: the plan's estimates beside its replay")
     args = ap.parse_args(argv)
+    if args.estimates:
+        extra = _extra(args.a, "estimates")
+        if extra is None:
+            return 2
+        _estimate_table(extra, args.top)
+        return 0
+    if args.b is None:
+        ap.error("two rows to compare, or one with --estimates")
     extras = []
     for f in (args.a, args.b):
-        entry = tessera_entry(json.loads(f.read_text()))
-        if entry is None or not entry["extra"].get("run_profile"):
-            print(f"{f}: no tessera row with a profile (run bench_suite.py with --profile)", file=sys.stderr)
+        extra = _extra(f, "profile")
+        if extra is None:
             return 2
-        extras.append(entry["extra"])
+        extras.append(extra)
     ga, gb = groups(extras[0]), groups(extras[1])
     sa, sb = schedules(extras[0]), schedules(extras[1])
     for f, x in zip((args.a, args.b), extras):

@@ -113,8 +113,9 @@ def kernel_profile(result: CompileResult, gpu: str | None = None, top: int = 12)
     tuned schedule and layout where post-solve tuning timed it) beside its roofline (the time its
     DRAM traffic and arithmetic need at the device's peak rates).
 
-    Returns totals by backend and the `top` most expensive kernels, each with its gap to the
-    roofline: what the benchmark docs quote where tessera loses.
+    Returns totals by backend, the `top` most expensive kernels, each with its gap to the
+    roofline (what the benchmark docs quote where tessera loses), and every kernel's cost by name
+    (`estimate_us`: set beside the replay's kernels, it shows which kernels the cost model misjudged).
     """
     og, plan = result.ograph, result.plan
     # The plan's device (a measured plan records the GPU's CUDA name) unless told: an H200 row's
@@ -138,9 +139,10 @@ def kernel_profile(result: CompileResult, gpu: str | None = None, top: int = 12)
         b["kernels"] += 1
         b["cost_us"] += r["cost_us"]
         b["roofline_us"] += r["roofline_us"]
+    estimates = {r["name"]: round(r["cost_us"], 3) for r in rows}
     rows.sort(key=lambda r: -r["cost_us"])
     return {"total_cost_us": sum(r["cost_us"] for r in rows), "total_roofline_us": sum(r["roofline_us"] for r in rows),
-            "by_backend": by_backend, "top": rows[:top]}
+            "by_backend": by_backend, "top": rows[:top], "estimate_us": estimates}
 
 
 def _rewrites(suffixes: Sequence[str]) -> str:

@@ -28,6 +28,9 @@ def test_bench_zoo_model_against_eager(tmp_path, capsys):
     assert prof["top"] and prof["total_cost_us"] >= prof["total_roofline_us"] > 0
     assert sum(b["kernels"] for b in prof["by_backend"].values()) == doc["entries"][0]["extra"]["kernels"]
     assert all(r["cost_us"] >= r["roofline_us"] for r in prof["top"])  # analytical: roofline plus launch
+    # every kernel's estimate by name, to set beside the replay's kernels (scripts/profile_diff.py --estimates)
+    assert len(prof["estimate_us"]) == doc["entries"][0]["extra"]["kernels"]
+    assert abs(sum(prof["estimate_us"].values()) - prof["total_cost_us"]) < 0.01 * len(prof["estimate_us"])
 
 
 def test_bench_times_tessera_through_dynamo_beside_the_onnx_path():

@@ -42,3 +42,26 @@ def test_a_row_without_a_profile_is_refused(tmp_path, capsys):
     a.write_text(json.dumps({"entries": [{"name": "tessera-optimal", "extra": {}}]}))
     assert main([str(a), str(a)]) == 2
     assert "--profile" in capsys.readouterr().err
+
+
+def test_estimates_set_each_plan_kernel_beside_what_ran_for_it(tmp_path, capsys):
+    row = _row([("k4_transpose_matmul", 4.5, 1), ("k13_transpose_matmul", 4.6, 1), ("k5_add", 1.0, 1)], True)
+    extra = row["entries"][1]["extra"]
+    # a library call: its cuBLAS kernel and its epilogue both ran for plan kernel k8
+    extra["run_profile"]["kernels"] += [{"name": "nvjet_sm90_hsh", "us": 5.0, "calls": 1, "plan_kernel": "k8_matmul_mul"},
+                                        {"name": "k8_matmul_mul", "us": 1.4, "calls": 1, "plan_kernel": "k8_matmul_mul"}]
+    for k in extra["run_profile"]["kernels"][:3]:
+        k["plan_kernel"] = k["name"]
+    extra["profile"] = {"total_cost_us": 15.0, "estimate_us": {"k4_transpose_matmul": 3.0, "k13_transpose_matmul": 3.1,
+                                                               "k5_add": 1.0, "k8_matmul_mul": 5.9}}
+    f = tmp_path / "a.json"
+    f.write_text(json.dumps(row))
+    assert main([str(f), "--estimates"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    first = next(s for s in lines if s[:1].isalpha() and not s.startswith(("estimate", "kernel")))
+    assert first.startswith("transpose_matmul") and "6.1" in first and "9.1" in first and "1.49" in first
+    assert any(s.startswith("matmul_mul") and "5.9" in s and "6.4" in s for s in lines)
+    del extra["profile"]["estimate_us"]
+    f.write_text(json.dumps(row))
+    assert main([str(f), "--estimates"]) == 2
+    assert "estimates" in capsys.readouterr().err
