@@ -619,3 +619,45 @@ def test_hardmax(opset, attrs):
     x[1, 2, :] = [1, np.nan, 3, 3, -np.inf]
     x[2, 1, :] = -np.inf
     check_op("Hardmax", {"x": x}, attrs, opset=opset)
+
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_an_operators_own_sums_and_squares_stay_float32_in_a_narrow_plan(precision):
+    """A narrow plan stores its tensors narrow, but for the sums and squares an operator keeps to itself:
+    a kernel boundary between a sum and its log (or a variance's square and its mean) would round a
+    value that can pass float16's range where the operator's result does not (fuzz seed 5401,
+    tests/fuzzregressions.py). The operators' results narrow as before."""
+    from tessera.rewrite import convert_precision
+
+    x = rand(2, 8, 96, seed=5)
+    narrow = DType.FLOAT16 if precision == "fp16" else DType.BFLOAT16
+    cases = [("ReduceLogSum", {"x": x}, {"axes": [2], "keepdims": 0}, 13),
+             ("ReduceL2", {"x": x}, {"axes": [2]}, 13),
+             ("LayerNormalization", {"x": x, "s": rand(96, seed=6), "b": rand(96, seed=7)}, {"axis": -1}, 17)]
+    for op, feeds, attrs, opset in cases:
+        pg = fission(load(build_model(op, feeds, attrs, opset=opset)).graph).graph
+        got = convert_precision(pg, precision, io="precision")
+        sums = {o for n in pg.nodes if n.op == "reduce_sum" for o in n.outputs}
+        squares = {o for n in pg.nodes if n.op == "mul" and n.inputs[0] == n.inputs[1] for o in n.outputs}
+        assert sums and (squares or op == "ReduceLogSum"), op
+        assert {got.types[t].dtype for t in sums | squares} == {DType.FLOAT32}, op
+        assert {got.types[t].dtype for t in got.outputs} == {narrow}, op  # the operator's result rounds
+        if op == "LayerNormalization":  # and so does what it computes beside its sums and squares
+            centred = {n.inputs[0] for n in pg.nodes if n.op == "mul" and n.inputs[0] == n.inputs[1]}
+            assert {got.types[t].dtype for t in centred} == {narrow}
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_a_sum_that_is_the_operators_result_rounds(keepdims):
+    """ReduceSum's sum is its result (without keepdims, through a reshape of it): rounding after each
+    operator rounds it, and so does the plan."""
+    from tessera.rewrite import convert_precision
+    from tessera.rewrite.precision import internal_accumulations
+
+    pg = fission(load(build_model("ReduceSum", {"x": rand(4, 32, seed=8), "axes": Const(np.array([1]))},
+                                  {"keepdims": keepdims}, opset=13)).graph).graph
+    sums = [o for n in pg.nodes if n.op == "reduce_sum" for o in n.outputs]
+    assert sums and not internal_accumulations(pg)
+    got = convert_precision(pg, "fp16", io="precision")
+    assert {got.types[t].dtype for t in sums} == {DType.FLOAT16}

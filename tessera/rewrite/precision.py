@@ -2,7 +2,9 @@
 
 fp32 and tf32 keep float32 tensors (tf32 only changes how matrix units
 multiply, which the runtime sets). fp16 and bf16 store every float32 tensor,
-constant and FILL in the narrow type. Generated kernels still compute in
+constant and FILL in the narrow type, but for an operator's own coefficients
+(`Graph.wide_constants`) and the sums and squares it keeps to itself
+(`internal_accumulations`). Generated kernels still compute in
 float32 between loads and stores, and cuBLAS/cuDNN accumulate in float32, so
 only the values kept in memory are rounded. Opaque operators keep float32:
 they run through a fallback that may not have narrow kernels, so casts go
@@ -49,7 +51,9 @@ def convert_precision(graph: Graph, precision: str, io: str = "model") -> Graph:
 
     # (an operator's own coefficients, Graph.wide_constants, stay float32: a Resize's blend weights
     # rounded to bfloat16 put a fuzz graph 7x further from onnxruntime than rounding each node did, seed 5302)
-    wide = {name for name, t in graph.types.items() if t.dtype is DType.FLOAT32} - graph.wide_constants
+    # and so do the sums and squares an operator keeps to itself (`internal_accumulations`)
+    wide = {name for name, t in graph.types.items() if t.dtype is DType.FLOAT32} \
+        - graph.wide_constants - internal_accumulations(graph)
     g.types = {name: TensorType(t.shape, to) if name in wide else t for name, t in graph.types.items()}
     g.constants = {name: (_narrow_constant(v, to) if name in wide else v) for name, v in graph.constants.items()}
     nodes: list[Node] = []
@@ -219,3 +223,45 @@ def mark_tf32_operands(graph: Graph, precision: str) -> Graph:
     g = graph.clone(copy_constants=False)
     g.tf32_rounded = frozenset(marked)
     return g
+
+
+
+def internal_accumulations(graph: Graph) -> set[str]:
+    """Sums and squares that one ONNX operator's primitives pass among themselves: written by a
+    REDUCE_SUM, a summing WINDOW_REDUCE or a product of a tensor with itself, read only by primitives
+    of the same operator, and not a graph output (nor viewed as one); with the views of them that
+    the operator reads. They stay float32 in a narrow plan. A plan that
+    stores one between two kernels would otherwise round it, and a sum can pass the narrow type's
+    range where the operator's result does not: ReduceLogSum over 67,600 values stored a
+    float16 infinity before its log (fuzz seed 5401), where onnxruntime's result is 11.29.
+    Fused, nothing changes (kernels compute in float32); stored, a reduced tensor is small."""
+    readers: dict[str, list[Node]] = {}
+    for n in graph.nodes:
+        for t in n.inputs:
+            readers.setdefault(t, []).append(n)
+    outputs, found = set(graph.outputs), set()
+
+    def kept(t: str, source: tuple[str, ...]) -> set[str] | None:
+        """`t` and the views of it that its operator reads, if the operator alone reads them and
+        none is a graph output (a view that is the operator's result, ReduceSum's reshape without
+        keepdims, makes the sum the result, which rounds)."""
+        rs = readers.get(t)
+        if not rs or t in outputs:
+            return None
+        out = {t}
+        for r in rs:
+            if r.source != source:
+                return None
+            if r.op in PASS_THROUGH:
+                more = kept(r.outputs[0], source)
+                if more is None:
+                    return None
+                out |= more
+        return out
+
+    for n in graph.nodes:
+        summed = n.op == Prim.REDUCE_SUM.value or (n.op == Prim.WINDOW_REDUCE.value and n.attrs.get("kind") == "sum")
+        square = n.op == Prim.MUL.value and len(n.inputs) == 2 and n.inputs[0] == n.inputs[1]
+        if n.source and (summed or square):
+            found |= kept(n.outputs[0], n.source) or set()
+    return found
