@@ -2,28 +2,29 @@
 # Session 55's device calls, planned at the end of session 54:
 # `bash scripts/results/bench/session55/next.sh N` from the repository root on one nvidia-h200, carrying .whl
 # (the highspy wheel; TESSERA_SOLVER=highs), .pin16 (a `git archive` of the commit measured, its hash in CODE,
-# without scripts/results' session folders) and, for call 1, .pinold: a `git archive` of branch
+# without scripts/results' session folders) and, for calls 1-2, .pinold: a `git archive` of branch
 # ab-greedy-timing2 (c685ea4: the greedy partition of ce921fe with d32a46e's cold-weight timing; build it with
 # `rm -rf .pinold && mkdir .pinold && git archive ab-greedy-timing2 | tar -x -C .pinold && echo c685ea4 >
 # .pinold/CODE`).
-# 1: the partition A/B that session 54 could not settle: with the old timing the greedy partition won (gpt2
+# 1-2: the partition A/B (gpt2, then llama) that session 54 could not settle: with the old timing the greedy partition won (gpt2
 #    0.306 against 0.318 ms, llama 0.345 against 0.356) because one schedule's weight was timed hot; with the
 #    cold-weight timing the DP partition ran gpt2 0.306 and llama 0.334. This runs both partitions under the
 #    new timing, alternating which compiles first.
-# 2: issue 15's end-to-end rows at HEAD after the cold-weight timing and the float32 internal sums: bert_base
+# 3: issue 15's end-to-end rows at HEAD after the cold-weight timing and the float32 internal sums: bert_base
 #    and gpt2 at 8 items beside eager and Inductor (session 53: 0.331 ms, 1.69x; 0.605 ms, 1.11x).
-# 3: llama at 8 items beside eager and Inductor (session 53: 0.576 ms, 1.38x) and segformer_b0 (0.383 ms).
+# 4: llama at 8 items beside eager and Inductor (session 53: 0.576 ms, 1.38x) and segformer_b0 (0.383 ms).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
     1)
-        export PROFILE=1; PIN=.pinold gemms e2e_gpt2_greedy gpt2 fp16 150 eager; gemms e2e_gpt2_dp gpt2 fp16 150 eager
-        gemms e2e_llama_dp llama fp16 140 eager; PIN=.pinold gemms e2e_llama_greedy llama fp16 140 eager ;;
+        export PROFILE=1; PIN=.pinold gemms e2e_gpt2_greedy gpt2 fp16 170 eager; gemms e2e_gpt2_dp gpt2 fp16 170 eager ;;
     2)
+        export PROFILE=1; gemms e2e_llama_dp llama fp16 160 eager; PIN=.pinold gemms e2e_llama_greedy llama fp16 160 eager ;;
+    3)
         export PROFILE=1; gemms e2e_bert bert_base fp16 200 eager,inductor
         BATCH=8 gemms e2e_gpt2_b8 gpt2 fp16 250 eager,inductor ;;
-    3)
+    4)
         export PROFILE=1; BATCH=8 gemms e2e_llama_b8 llama fp16 220 eager,inductor
         gemms e2e_segformer segformer_b0 fp16 300 eager,inductor ;;
-    *) echo "next.sh: calls 1-3"; exit 2 ;;
+    *) echo "next.sh: calls 1-4"; exit 2 ;;
 esac
