@@ -648,6 +648,17 @@ def test_an_operators_own_sums_and_squares_stay_float32_in_a_narrow_plan(precisi
             assert {got.types[t].dtype for t in centred} == {narrow}
 
 
+def test_an_lrns_squares_stay_float32_through_its_pad_and_slices():
+    """LRN pads its squares and sums slices of them: the copies carry the squares, so they stay float32 too."""
+    from tessera.rewrite import convert_precision
+
+    pg = fission(load(build_model("LRN", {"x": rand(1, 8, 5, 5, seed=5)}, {"size": 3}, opset=13)).graph).graph
+    got = convert_precision(pg, "fp16", io="precision")
+    square = next(n.outputs[0] for n in pg.nodes if n.op == "mul" and n.inputs[0] == n.inputs[1])
+    moved = {n.outputs[0] for n in pg.nodes if n.op in ("pad", "slice")}
+    assert moved and {got.types[t].dtype for t in moved | {square}} == {DType.FLOAT32}
+
+
 @pytest.mark.parametrize("keepdims", [0, 1])
 def test_a_sum_that_is_the_operators_result_rounds(keepdims):
     """ReduceSum's sum is its result (without keepdims, through a reshape of it): rounding after each

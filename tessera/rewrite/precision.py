@@ -229,8 +229,8 @@ def mark_tf32_operands(graph: Graph, precision: str) -> Graph:
 def internal_accumulations(graph: Graph) -> set[str]:
     """Sums and squares that one ONNX operator's primitives pass among themselves: written by a
     REDUCE_SUM, a summing WINDOW_REDUCE or a product of a tensor with itself, read only by primitives
-    of the same operator, and not a graph output (nor viewed as one); with the views of them that
-    the operator reads. They stay float32 in a narrow plan. A plan that
+    of the same operator, and not a graph output (nor moved into one); with the copies of them that
+    the operator's layout primitives make (views, an LRN's pad of its squares). They stay float32 in a narrow plan. A plan that
     stores one between two kernels would otherwise round it, and a sum can pass the narrow type's
     range where the operator's result does not: ReduceLogSum over 67,600 values stored a
     float16 infinity before its log (fuzz seed 5401), where onnxruntime's result is 11.29.
@@ -242,9 +242,9 @@ def internal_accumulations(graph: Graph) -> set[str]:
     outputs, found = set(graph.outputs), set()
 
     def kept(t: str, source: tuple[str, ...]) -> set[str] | None:
-        """`t` and the views of it that its operator reads, if the operator alone reads them and
-        none is a graph output (a view that is the operator's result, ReduceSum's reshape without
-        keepdims, makes the sum the result, which rounds)."""
+        """`t` and the layout primitives' copies of it that its operator reads, if the operator alone
+        reads them and none is a graph output (a view that is the operator's result, ReduceSum's
+        reshape without keepdims, makes the sum the result, which rounds)."""
         rs = readers.get(t)
         if not rs or t in outputs:
             return None
@@ -252,7 +252,7 @@ def internal_accumulations(graph: Graph) -> set[str]:
         for r in rs:
             if r.source != source:
                 return None
-            if r.op in PASS_THROUGH:
+            if Prim(r.op).category is Category.LAYOUT:  # moves the values (a view, a pad): follow them
                 more = kept(r.outputs[0], source)
                 if more is None:
                     return None
