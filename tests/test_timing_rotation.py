@@ -13,7 +13,7 @@ from tessera.cost.profiler import L2_BYTES, LAUNCHES, MAX_LAUNCHES, rotation
 ])
 def test_weight_copies_exceed_l2_and_each_launch_reads_its_own(io_bytes: int, weight_bytes: int) -> None:
     copies, weight_copies, launches = rotation(io_bytes, weight_bytes)
-    assert weight_copies * weight_bytes >= L2_BYTES
+    assert copies * io_bytes + weight_copies * weight_bytes >= L2_BYTES
     assert launches >= weight_copies  # a copy that no launch reads would not evict anything
     assert LAUNCHES <= launches <= MAX_LAUNCHES
     assert 1 <= copies <= LAUNCHES
@@ -29,3 +29,9 @@ def test_without_weights_the_rotation_is_unchanged() -> None:
 def test_large_weights_need_no_extra_launches() -> None:
     copies, weight_copies, launches = rotation(1 << 20, 40 << 20)
     assert launches == LAUNCHES and weight_copies * (40 << 20) >= L2_BYTES
+
+
+def test_a_kernel_whose_copies_exceed_l2_already_launches_as_before():
+    # a convolution's 300 KB weight beside 20 MB of activations: four copies of both exceed L2, so no
+    # further weight copies (and no 200 launches of a 10 us kernel per replay)
+    assert rotation(20 << 20, 300 << 10) == (4, 4, LAUNCHES)

@@ -367,11 +367,16 @@ def rotation(io_bytes: int, weight_bytes: int) -> tuple[int, int, int]:
     launches per graph). Inputs and weights together rotate over at most LAUNCHES copies, as since
     session 17: an activation small enough to stay in L2 mostly does in a model too, since its
     producer has just written it. Weights, which a model reads once per call, get copies of their own
-    until those exceed L2, with as many launches as copies (up to MAX_LAUNCHES)."""
+    until they and the inputs' copies exceed L2, with as many launches as copies (up to MAX_LAUNCHES)."""
     copies = max(1, min(LAUNCHES, math.ceil(L2_BYTES / max(io_bytes + weight_bytes, 1))))
     if not weight_bytes:
         return copies, 1, LAUNCHES
-    weight_copies = max(copies, min(MAX_LAUNCHES, math.ceil(L2_BYTES / weight_bytes)))
+    # Between two reads of one weight copy, the other weight copies and the inputs' copies pass
+    # through L2: only what the inputs leave needs more weight copies. A kernel whose copies already
+    # exceed L2 (a convolution's small weight beside 20 MB of activations) launches as before, so
+    # timing it costs no more.
+    room = max(L2_BYTES - copies * io_bytes, 0)
+    weight_copies = max(copies, min(MAX_LAUNCHES, math.ceil(room / weight_bytes)))
     return copies, weight_copies, max(LAUNCHES, weight_copies)
 
 
