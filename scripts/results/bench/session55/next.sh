@@ -12,6 +12,7 @@
 #    new timing, alternating which compiles first.
 # 3: issue 15's end-to-end rows at HEAD after the cold-weight timing and the float32 internal sums: bert_base
 #    and gpt2 at 8 items beside eager and Inductor (session 53: 0.331 ms, 1.69x; 0.605 ms, 1.11x).
+# 5: a new form for issue 15's GEMM chains (atomic_pair_probe.py); run it first if device time is short.
 # 4: llama at 8 items beside eager and Inductor (session 53: 0.576 ms, 1.38x) and segformer_b0 (0.383 ms).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
@@ -26,5 +27,10 @@ case $1 in
     4)
         export PROFILE=1; BATCH=8 gemms e2e_llama_b8 llama fp16 220 eager,inductor
         gemms e2e_segformer segformer_b0 fp16 300 eager,inductor ;;
-    *) echo "next.sh: calls 1-4"; exit 2 ;;
+    5)  # issue 15's unmet GEMM-chain rows: the first product split over K and summed by float32 atomics into
+        # buffers the calls keep zeroed (scripts/atomic_pair_probe.py, written in session 54, checked only in
+        # the interpreter). A row under 0.67 of eager is worth a template form; else it joins the forms tried.
+        (cd .pin16 && PYTHONPATH=/tmp/site:$PWD timeout 540 python3 scripts/atomic_pair_probe.py \
+            --cases "fp16:7,8,9,10,4,5,6;tf32:5,6" 2>&1 | tee $OUT/atomic_pair.txt | tail -30) ;;
+    *) echo "next.sh: calls 1-5"; exit 2 ;;
 esac
