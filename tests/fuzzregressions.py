@@ -271,6 +271,16 @@ REGRESSIONS = {
                N("Add", ["t5", "c6"], ["t7"], family="reduction"),
                N("ReduceLogSum", ["t7"], ["t8"], {"keepdims": 0}, family="reduction")],
         outputs=["t8"], kernel_nodes=1),
+    # rewrite/precision.py: the fix above kept a LayerNorm's squares float32, but the rewrite search
+    # (--rewrites on) had made their sum a product with ones, and a matmul takes one operand type:
+    # "mat1 and mat2 must have the same dtype" at run time. Squares and sums read by a linear
+    # primitive narrow as before (session 54, scripts/results/fuzz/session54/fuzz_5402.fail1.json).
+    "squares_summed_by_a_matmul_narrow": GraphSpec(
+        opset=17, precision="fp16", layout="auto", strategy="optimal", seed=0, schedule_seed=0,
+        inputs=[T("in1", (1, 3), "float32")], consts=[C("c2", (3,), "float32")],
+        nodes=[N("LayerNormalization", ["in1", "c2"], ["t3"], {"axis": 1}, family="normalization"),
+               N("Relu", ["t3"], ["t4"], family="elementwise")],
+        outputs=["t4"], rewrites="on", kernel_nodes=1),
 }
 
 

@@ -250,9 +250,10 @@ def internal_accumulations(graph: Graph) -> set[str]:
             return None
         out = {t}
         for r in rs:
-            if r.source != source:
-                return None
-            if Prim(r.op).category is Category.LAYOUT:  # moves the values (a view, a pad): follow them
+            kind = Prim(r.op).category
+            if r.source != source or kind not in (Category.LAYOUT, Category.ELEMENTWISE, Category.REDUCE):
+                return None  # a matmul (the rewrite search's sum of squares as x @ ones) takes one operand type
+            if kind is Category.LAYOUT:  # moves the values (a view, a pad): follow them
                 more = kept(r.outputs[0], source)
                 if more is None:
                     return None
