@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         (ca, ua), (cb, ub) = ga.get(n, (0, 0.0)), gb.get(n, (0, 0.0))
         print(f"{n[:47]:<48}{ca:>5.0f}{ua:>9.1f}{cb:>5.0f}{ub:>9.1f}{ua - ub:>+9.1f}")
         if args.schedules and (sa.get(n) or sb.get(n)) and sa.get(n) != sb.get(n):
-            print(f"    A: {'; '.join(sorted(sa.get(n, {'(none)'})))}\n    B: {'; '.join(sorted(sb.get(n, {'(none)'})))}")
+            for side, sch in (("A", sa), ("B", sb)):
+                print(f"    {side}: {'; '.join(sorted(sch.get(n, {'(none)'})))}")
     return 0
 
 

@@ -48,8 +48,9 @@ def test_estimates_set_each_plan_kernel_beside_what_ran_for_it(tmp_path, capsys)
     row = _row([("k4_transpose_matmul", 4.5, 1), ("k13_transpose_matmul", 4.6, 1), ("k5_add", 1.0, 1)], True)
     extra = row["entries"][1]["extra"]
     # a library call: its cuBLAS kernel and its epilogue both ran for plan kernel k8
-    extra["run_profile"]["kernels"] += [{"name": "nvjet_sm90_hsh", "us": 5.0, "calls": 1, "plan_kernel": "k8_matmul_mul"},
-                                        {"name": "k8_matmul_mul", "us": 1.4, "calls": 1, "plan_kernel": "k8_matmul_mul"}]
+    extra["run_profile"]["kernels"] += [
+        {"name": "nvjet_sm90_hsh", "us": 5.0, "calls": 1, "plan_kernel": "k8_matmul_mul"},
+        {"name": "k8_matmul_mul", "us": 1.4, "calls": 1, "plan_kernel": "k8_matmul_mul"}]
     for k in extra["run_profile"]["kernels"][:3]:
         k["plan_kernel"] = k["name"]
     extra["profile"] = {"total_cost_us": 15.0, "estimate_us": {"k4_transpose_matmul": 3.0, "k13_transpose_matmul": 3.1,

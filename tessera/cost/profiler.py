@@ -51,9 +51,10 @@ from tessera.ir.graph import Graph, GraphKind
 LAUNCHES = 20
 L2_BYTES = 64 << 20  # rotate inputs over more than the H100/H200 L2 (50 MB)
 # A kernel whose weights come to less than L2_BYTES / LAUNCHES is launched more times per graph, up to
-# this, so that its weight copies still exceed L2. With 20 launches, a weight of 1.2 MB and its input and
-# output (gpt2's attention output projection, 1.6 MB in all: 31 MB of copies) stayed hot after the first replay: two schedules
-# timed 3.07 and 3.15 us, ran 4.5 and 3.5 us in the model, and the plan took the first (session 54).
+# this, so that its weight copies still exceed L2. With 20 launches, a weight of 1.2 MB and its input
+# and output (gpt2's attention output projection, 1.6 MB in all: 31 MB of copies) stayed hot after the
+# first replay: two schedules timed 3.07 and 3.15 us, ran 4.5 and 3.5 us in the model, and the plan
+# took the first (session 54).
 MAX_LAUNCHES = 256
 TIMING_VERSION = 2  # in the database's versions: 2: weight copies exceed L2 whatever the kernel's size
 # Float constants from this size on are timed as inputs, rotated like them: in a model, a weight

@@ -225,16 +225,17 @@ def mark_tf32_operands(graph: Graph, precision: str) -> Graph:
     return g
 
 
-
 def internal_accumulations(graph: Graph) -> set[str]:
     """Sums and squares that one ONNX operator's primitives pass among themselves: written by a
-    REDUCE_SUM, a summing WINDOW_REDUCE or a product of a tensor with itself, read only by primitives
-    of the same operator, and not a graph output (nor moved into one); with the copies of them that
-    the operator's layout primitives make (views, an LRN's pad of its squares). They stay float32 in a narrow plan. A plan that
-    stores one between two kernels would otherwise round it, and a sum can pass the narrow type's
-    range where the operator's result does not: ReduceLogSum over 67,600 values stored a
-    float16 infinity before its log (fuzz seed 5401), where onnxruntime's result is 11.29.
-    Fused, nothing changes (kernels compute in float32); stored, a reduced tensor is small."""
+    REDUCE_SUM, a summing WINDOW_REDUCE or a product of a tensor with itself, read only by elementwise,
+    reducing or layout primitives of the same operator (a matmul takes one operand type: the rewrite
+    search makes a sum of squares a product with ones), and not a graph output nor moved into one;
+    with the copies of them that the operator's layout primitives make (views, an LRN's pad and
+    slices). They stay float32 in a narrow plan. A plan that stores one between two kernels would
+    otherwise round it, and a sum can pass the narrow type's range where the operator's result does
+    not: ReduceLogSum over 67,600 values stored a float16 infinity before its log (fuzz seed 5401),
+    where onnxruntime's result is 11.29. Fused, nothing changes (kernels compute in float32);
+    stored, a reduced tensor is small."""
     readers: dict[str, list[Node]] = {}
     for n in graph.nodes:
         for t in n.inputs:
