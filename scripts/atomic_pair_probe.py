@@ -26,7 +26,6 @@ set beside S = 1 (no split, no atomics: X stored in float32) and eager's (a @ b)
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import sys
 
@@ -37,6 +36,7 @@ from triton.runtime.errors import OutOfResources
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from reassoc_probe import SHAPES  # noqa: E402  (batch, M, K, N, L)
+from splitk_chain_probe import menu  # noqa: E402  (session 40's schedule menu: BM, BN, BK, warps, stages)
 
 from tessera.runtime.profile import profile_callable  # noqa: E402
 
@@ -104,16 +104,6 @@ class Pair:
     def __call__(self, a, b, d, out, s, first, second, tf32) -> None:
         self.first(b, d, s, first, tf32)
         self.second(a, out, second, tf32)
-
-
-def menu(rows: int, cols: int, depth: int, itemsize: int) -> list[tuple[int, int, int, int, int]]:
-    """Tiles that divide the problem: (BM, BN, BK, warps, stages)."""
-    steps = (64, 128) if itemsize == 2 else (32, 64)
-    out = []
-    for (bm, bn), bk, st in itertools.product(((64, 32), (32, 32), (64, 64), (32, 64)), steps, (3,)):
-        if rows % bm == 0 and cols % bn == 0 and depth % bk == 0:
-            out.append((bm, bn, bk, 4, st))
-    return out
 
 
 def operands(m, k, n, l_, dtype, device, seed):

@@ -22,19 +22,29 @@ import re
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Iterable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_suite import tessera_entry  # noqa: E402 - the suite's choice of tessera's main entry
 
 
+def _group(name: str) -> str:
+    """A plan kernel's name without its index (`k12_matmul_reshape` -> `matmul_reshape`)."""
+    return re.sub(r"^k\d+_", "", name)
+
+
+def _summed(rows: Iterable[tuple[str, float, float]]) -> dict[str, tuple[float, float]]:
+    """(group, count, µs) rows summed by group."""
+    out: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for name, count, us in rows:
+        out[name][0] += count
+        out[name][1] += us
+    return {n: (c, us) for n, (c, us) in out.items()}
+
+
 def groups(extra: dict) -> dict[str, tuple[float, float]]:
     """Kernel name without its plan index -> (launches per call, GPU µs per call)."""
-    out: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for k in extra["run_profile"]["kernels"]:
-        g = out[re.sub(r"^k\d+_", "", k["name"])]
-        g[0] += k["calls"]
-        g[1] += k["us"]
-    return {n: (c, us) for n, (c, us) in out.items()}
+    return _summed((_group(k["name"]), k["calls"], k["us"]) for k in extra["run_profile"]["kernels"])
 
 
 def schedules(extra: dict) -> dict[str, set[str]]:
@@ -42,35 +52,29 @@ def schedules(extra: dict) -> dict[str, set[str]]:
     out: dict[str, set[str]] = defaultdict(set)
     for k in extra.get("plan", []):
         sch = k.get("schedule")
-        text = "-" if not sch else " ".join(f"{key}={v}" for key, v in sch.items())
-        out[re.sub(r"^k\d+_", "", k["name"])].add(text)
+        out[_group(k["name"])].add("-" if not sch else " ".join(f"{key}={v}" for key, v in sch.items()))
     return out
 
 
 def estimates(extra: dict) -> dict[str, tuple[float, float]]:
     """Kernel group -> (plan kernels, estimated µs per call): the plan's own kernels, library calls
     and the epilogue kernels they launch counted under their plan kernel's name."""
-    out: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for name, us in extra["profile"]["estimate_us"].items():
-        g = out[re.sub(r"^k\d+_", "", name)]
-        g[0] += 1
-        g[1] += us
-    return {n: (c, us) for n, (c, us) in out.items()}
+    return _summed((_group(name), 1, us) for name, us in extra["profile"]["estimate_us"].items())
 
 
 def by_plan_kernel(extra: dict) -> dict[str, tuple[float, float]]:
     """The replay grouped like `estimates`: each CUDA kernel under the plan kernel it ran for (a
-    library call's cuBLAS kernel too), None's kernels under "(unattributed)"."""
-    out: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    seen: set[str] = set()
-    for k in extra["run_profile"]["kernels"]:
+    library call's cuBLAS kernel too), None's kernels under "(unattributed)"; each plan kernel
+    counted once."""
+    seen: set[str | None] = set()
+
+    def row(k: dict) -> tuple[str, float, float]:
         pk = k.get("plan_kernel")
-        g = out[re.sub(r"^k\d+_", "", pk) if pk else "(unattributed)"]
-        if pk not in seen:
-            seen.add(pk)
-            g[0] += 1
-        g[1] += k["us"]
-    return {n: (c, us) for n, (c, us) in out.items()}
+        first = pk not in seen
+        seen.add(pk)
+        return (_group(pk) if pk else "(unattributed)"), float(first), k["us"]
+
+    return _summed(row(k) for k in extra["run_profile"]["kernels"])
 
 
 def _estimate_table(extra: dict, top: int) -> None:

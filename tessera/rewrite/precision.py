@@ -236,10 +236,7 @@ def internal_accumulations(graph: Graph) -> set[str]:
     not: ReduceLogSum over 67,600 values stored a float16 infinity before its log (fuzz seed 5401),
     where onnxruntime's result is 11.29. Fused, nothing changes (kernels compute in float32);
     stored, a reduced tensor is small."""
-    readers: dict[str, list[Node]] = {}
-    for n in graph.nodes:
-        for t in n.inputs:
-            readers.setdefault(t, []).append(n)
+    readers = graph.consumers()
     outputs, found = set(graph.outputs), set()
 
     def kept(t: str, source: tuple[str, ...]) -> set[str] | None:

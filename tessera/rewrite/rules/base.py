@@ -89,8 +89,7 @@ def apply(graph: Graph, rule: Rule, m: Match, reserved: set[str] | None = None) 
 
     `reserved`: names the new nodes and tensors must avoid besides the graph's own (a window of a
     larger graph names what it creates as the whole graph would)."""
-    g = Graph(graph.name, graph.kind, list(graph.inputs), list(graph.outputs), list(graph.nodes),
-              dict(graph.types), dict(graph.constants), dict(graph.opsets), wide_constants=graph.wide_constants)
+    g = graph.clone(copy_constants=False)
     view = View(g)
     roots = [view.nodes[r] for r in m.roots]
     b = PrimBuilder(g, reserved)
