@@ -281,6 +281,16 @@ REGRESSIONS = {
         nodes=[N("LayerNormalization", ["in1", "c2"], ["t3"], {"axis": 1}, family="normalization"),
                N("Relu", ["t3"], ["t4"], family="elementwise")],
         outputs=["t4"], rewrites="on", kernel_nodes=1),
+    # rewrite/precision.py: LRN sums its window of squares with adds of shifted slices, not a
+    # REDUCE_SUM, so a plan of one primitive per kernel stored the partial sums as float16. Values
+    # near 150 (squares near 22,500) overflowed at the second add and the result became 0, where
+    # onnxruntime's is finite. The adds of an operator's own float32 sums are sums too (session 55).
+    "an_lrns_window_sum_stays_float32": GraphSpec(
+        opset=13, precision="fp16", layout="auto", strategy="optimal", seed=0, schedule_seed=0,
+        inputs=[T("in1", (1, 6, 3, 3), "float32")], consts=[C("c2", (), "float32", values=(150.0,))],
+        nodes=[N("Mul", ["in1", "c2"], ["t3"], family="elementwise"),
+               N("LRN", ["t3"], ["t4"], {"size": 5}, family="normalization")],
+        outputs=["t4"], kernel_nodes=1),
 }
 
 

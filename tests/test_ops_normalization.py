@@ -649,14 +649,18 @@ def test_an_operators_own_sums_and_squares_stay_float32_in_a_narrow_plan(precisi
 
 
 def test_an_lrns_squares_stay_float32_through_its_pad_and_slices():
-    """LRN pads its squares and sums slices of them: the copies carry the squares, so they stay float32 too."""
+    """LRN pads its squares and sums slices of them with adds: the copies carry the squares and the adds
+    sum them, so they stay float32 too; what scales the sum is not a sum, and narrows."""
     from tessera.rewrite import convert_precision
 
     pg = fission(load(build_model("LRN", {"x": rand(1, 8, 5, 5, seed=5)}, {"size": 3}, opset=13)).graph).graph
     got = convert_precision(pg, "fp16", io="precision")
     square = next(n.outputs[0] for n in pg.nodes if n.op == "mul" and n.inputs[0] == n.inputs[1])
     moved = {n.outputs[0] for n in pg.nodes if n.op in ("pad", "slice")}
-    assert moved and {got.types[t].dtype for t in moved | {square}} == {DType.FLOAT32}
+    added = {n.outputs[0] for n in pg.nodes if n.op == "add" and moved & set(n.inputs)}
+    assert moved and len(added) == 2 and {got.types[t].dtype for t in moved | added | {square}} == {DType.FLOAT32}
+    scaled = {n.outputs[0] for n in pg.nodes if set(n.inputs) & added and n.outputs[0] not in added}
+    assert scaled and {got.types[t].dtype for t in scaled} == {DType.FLOAT16}
 
 
 @pytest.mark.parametrize("keepdims", [0, 1])

@@ -227,7 +227,8 @@ def mark_tf32_operands(graph: Graph, precision: str) -> Graph:
 
 def internal_accumulations(graph: Graph) -> set[str]:
     """Sums and squares that one ONNX operator's primitives pass among themselves: written by a
-    REDUCE_SUM, a summing WINDOW_REDUCE or a product of a tensor with itself, read only by elementwise,
+    REDUCE_SUM, a summing WINDOW_REDUCE, a product of a tensor with itself or an add of such tensors
+    (LRN sums its window of squares with adds of slices), read only by elementwise,
     reducing or layout primitives of the same operator (a matmul takes one operand type: the rewrite
     search makes a sum of squares a product with ones), and not a graph output nor moved into one;
     with the copies of them that the operator's layout primitives make (views, an LRN's pad and
@@ -258,9 +259,11 @@ def internal_accumulations(graph: Graph) -> set[str]:
                 out |= more
         return out
 
-    for n in graph.nodes:
+    for n in graph.nodes:  # in order: an add's operands are found before it
         summed = n.op == Prim.REDUCE_SUM.value or (n.op == Prim.WINDOW_REDUCE.value and n.attrs.get("kind") == "sum")
         square = n.op == Prim.MUL.value and len(n.inputs) == 2 and n.inputs[0] == n.inputs[1]
-        if n.source and (summed or square):
+        # an add of the operator's own sums or squares sums them too (LRN adds its window's slices)
+        added = n.op == Prim.ADD.value and all(i in found for i in n.inputs)
+        if n.source and (summed or square or added):
             found |= kept(n.outputs[0], n.source) or set()
     return found

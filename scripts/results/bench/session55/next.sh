@@ -13,6 +13,8 @@
 # 3: issue 15's end-to-end rows at HEAD after the cold-weight timing and the float32 internal sums: bert_base
 #    and gpt2 at 8 items beside eager and Inductor (session 53: 0.331 ms, 1.69x; 0.605 ms, 1.11x).
 # 5: a new form for issue 15's GEMM chains (atomic_pair_probe.py); run it first if device time is short.
+# 6: fp16 G4-G10 and tf32 G5-G6 at HEAD (written in session 55, when an H100 was lent for the first time since
+#    session 41).
 # 4: llama at 8 items beside eager and Inductor (session 53: 0.576 ms, 1.38x) and segformer_b0 (0.383 ms).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
@@ -32,5 +34,8 @@ case $1 in
         # the interpreter). A row under 0.67 of eager is worth a template form; else it joins the forms tried.
         (cd .pin16 && PYTHONPATH=/tmp/site:$PWD timeout 540 python3 scripts/atomic_pair_probe.py \
             --cases "fp16:7,8,9,10,4,5,6;tf32:5,6" 2>&1 | tee $OUT/atomic_pair.txt | tail -30) ;;
-    *) echo "next.sh: calls 1-5"; exit 2 ;;
+    6)  # the unmet GEMM-chain rows at HEAD on whatever card comes (the last H100 table is session 41's)
+        gemms gfp16 "$(echo gemm_g{4..10} | tr ' ' ,)" fp16 330
+        gemms gtf32 gemm_g5,gemm_g6 tf32 150 ;;
+    *) echo "next.sh: calls 1-6"; exit 2 ;;
 esac
