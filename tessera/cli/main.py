@@ -520,6 +520,10 @@ def _print_compile(result: Any) -> None:
     if chains:
         print(f"  {len(chains)} GEMM chain(s) run as one kernel each (codegen/chain.py): "
               + ", ".join(k.name for k in chains))
+    if plan.absorbed:
+        saved = sum(a["before_us"] - a["after_us"] for a in plan.absorbed)
+        print(f"  {len(plan.absorbed)} kernel(s) that only fed a GEMM chain joined it after the solve, "
+              f"across the partition's cuts (orchestrate/post_fusion.py): {saved:.1f} us saved")
     if templates.count("matmul"):
         print(f"  {templates.count('matmul')} matmul kernel(s) run as GEMM templates (codegen/gemm.py)")
     if templates.count("conv"):

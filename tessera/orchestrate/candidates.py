@@ -102,6 +102,7 @@ class CandidateRules:
     output_subset_limit: int = 2
     max_candidates: int = 40_000
     max_chain_growth: int = 16  # nodes a GEMM chain may add past max_nodes (`grow_chain`)
+    max_chain_prologue: int = 32  # and then computed prologue nodes (`compute_prologue`)
 
 
 @dataclass(frozen=True)
@@ -303,6 +304,32 @@ def pointwise_epilogue(og: OGraph, mask: int, members: int, limit: int, transpos
     return taken
 
 
+def compute_prologue(og: OGraph, mask: int, members: int, limit: int) -> int:
+    """Elementwise and operand-layout nodes of `members` outside `mask` that feed it and are read
+    nowhere else (at most `limit`): what a template computes where it loads an operand tile (a
+    rotary embedding's products, negation and concatenation of halves before attention), so taking
+    them in removes their kernel and the round trip of its result. Repeated until nothing more
+    joins: a value read twice inside (q, by the product with cos and by the halves rotated) joins
+    once both readers have."""
+    taken = 0
+    grew = True
+    while grew:
+        grew = False
+        inside = mask | taken
+        preds = 0
+        for i in bits(inside):
+            preds |= og.preds[i]
+        for i in bits(preds & members & ~inside):
+            op = og.nodes[i].op
+            if (_pointwise(op) or op in _PROLOGUE_LAYOUT) and not og.succs[i] & ~(mask | taken) \
+                    and not (og.graph_outputs >> i) & 1:
+                if taken.bit_count() == limit:
+                    return taken
+                taken |= 1 << i
+                grew = True
+    return taken
+
+
 def grow_chain(og: OGraph, mask: int, members: int, limit: int) -> int:
     """What a GEMM chain candidate takes in past the size rule: its elementwise epilogue and column
     transposes computed from its own values (`pointwise_epilogue`: a 1x1 convolution pair's result
@@ -408,6 +435,10 @@ def enumerate_candidates(og: OGraph, members: int, rules: CandidateRules,
             if grown not in seen:
                 seen.add(grown)
                 sets.append(grown)
+            computed = grown | compute_prologue(og, grown, members, rules.max_chain_prologue)
+            if computed not in seen:
+                seen.add(computed)
+                sets.append(computed)
 
     legal = [mask for mask in sets if og.is_convex(mask) and legality.check(og, mask) is None]
     kept = set(legal)

@@ -18,6 +18,7 @@ from tessera.orchestrate.greedy import greedy_candidates
 from tessera.orchestrate.layout import is_conversion
 from tessera.orchestrate.partition import Cut, Partitioner, Subgraph
 from tessera.orchestrate.plan import Buffer, Kernel, Plan, SubgraphReport
+from tessera.orchestrate.post_fusion import absorb_prologues
 from tessera.orchestrate.repeats import producers, shifted, structure_key
 
 STRATEGIES = ("optimal", "greedy")
@@ -139,6 +140,9 @@ def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: C
         if progress:
             progress(sub.hi, og.n)
     greedy_total = sum(cost(c) for c in whole)  # the greedy baseline over the whole graph (no partition cuts)
+    absorbed = []
+    if rules.max_linear >= 2 and strategy == "optimal":  # chains on: their operands' kernels, across cuts too
+        chosen, absorbed = absorb_prologues(og, chosen, cost, legality)
     kernels = _kernels(og, chosen)
     return Plan(model=model, strategy=strategy, device=device, precision=precision, cost_model=cost_model,
                 kernels=kernels, buffers=_buffers(og, kernels),
@@ -147,7 +151,7 @@ def orchestrate(og: OGraph, cost: CostFn, *, strategy: str = "optimal", rules: C
                        "lost_fusions": [list(e) for e in c.lost_fusions]} for c in cuts],
                 estimated_total_s=sum(k.cost_s for k in kernels), greedy_total_s=greedy_total,
                 orchestrate_s=time.perf_counter() - start, primitives=len(og.graph.nodes),
-                orchestrated_nodes=og.n)
+                orchestrated_nodes=og.n, absorbed=[a.as_dict() for a in absorbed])
 
 
 def _all_candidates(og: OGraph, parts: Partitioner, strategy: str, rules: CandidateRules, legality: KernelLegality

@@ -66,6 +66,8 @@ class Plan:
     # The rewrite search before orchestration (`rewrite/search.py`, `SearchResult.summary`): each
     # rewrite applied with its window's estimated saving, and what was tried; empty when off
     rewrites: dict[str, Any] = field(default_factory=dict)
+    # Kernels taken into the GEMM chain they alone fed, after the solve (`post_fusion.py`)
+    absorbed: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def greedy_in_subgraphs_s(self) -> float:

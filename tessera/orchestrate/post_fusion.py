@@ -1,0 +1,102 @@
+"""Post-scheduling fusion of an operand prologue into a GEMM-chain kernel (Hidet's post-scheduling
+fusion, applied to the solved plan).
+
+The binary program chooses kernels within each subgraph of the partition. Where attention's
+operands are computed by elementwise and layout work of their own (Llama's rotary embedding: q and
+k multiplied by cos and sin, their halves negated and swapped), the region from the QKV projection
+to the second product holds too many states or candidates for one subgraph, so a cut falls between
+the rotary kernels and the chain and forbids the fusion. The chain template can compute that work
+where it loads its operand tiles (`codegen/chain.py` reads operands through their prologue).
+
+So after the solve, a chain kernel takes in a kernel of the plan that only feeds it: every value
+that kernel writes is read by the chain alone, and none is a graph output. The merged kernel must
+be a legal, convex candidate, and is kept only where the cost model prices it below the two it
+replaces (measured, under a measured compile). Repeated until nothing more joins: the kernel that
+rotates k, once taken in, leaves the one that slices q, k and v from the projection feeding the
+chain alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from tessera.ir.prims import CATEGORY_OF, Category
+from tessera.orchestrate.candidates import _PROLOGUE_LAYOUT, Candidate, KernelLegality, _pointwise
+from tessera.orchestrate.graphview import OGraph, bits
+
+Chosen = tuple[int, Candidate, float]  # (subgraph, kernel, cost in seconds), in execution order
+
+
+@dataclass(frozen=True)
+class Absorbed:
+    """One fusion made: the prologue kernel's primitives, into the chain kernel it fed."""
+
+    prologue: tuple[str, ...]
+    chain_first: str  # the chain kernel's first primitive (kernel ids are assigned after this pass)
+    before_s: float  # the two kernels' cost
+    after_s: float  # the merged kernel's
+
+    def as_dict(self) -> dict[str, object]:
+        return {"prologue": list(self.prologue), "chain": self.chain_first,
+                "before_us": round(self.before_s * 1e6, 3), "after_us": round(self.after_s * 1e6, 3)}
+
+
+def _linear_count(og: OGraph, mask: int) -> int:
+    return sum(1 for i in bits(mask) if CATEGORY_OF[og.nodes[i].op] is Category.LINEAR)
+
+
+def _prologue_only(og: OGraph, mask: int) -> bool:
+    """Work a template can do while loading an operand: elementwise and operand-layout primitives."""
+    return all(_pointwise(og.nodes[i].op) or og.nodes[i].op in _PROLOGUE_LAYOUT for i in bits(mask))
+
+
+def _feeds_only(og: OGraph, chosen: list[Chosen], p: int, c: int) -> bool:
+    """Kernel `p` writes only values that kernel `c` alone reads, none a graph output, and no other
+    kernel computes any of its primitives."""
+    pk, ck = chosen[p][1], chosen[c][1]
+    if pk.outputs & og.graph_outputs:
+        return False
+    for i in bits(pk.outputs):
+        if og.succs[i] & ~pk.nodes & ~ck.nodes:
+            return False
+    for k, (_, other, _) in enumerate(chosen):
+        if k in (p, c):
+            continue
+        if other.nodes & pk.nodes or other.inputs & pk.outputs:
+            return False
+    return True
+
+
+def absorb_prologues(og: OGraph, chosen: list[Chosen], cost: Callable[[Candidate], float],
+                     legality: KernelLegality) -> tuple[list[Chosen], list[Absorbed]]:
+    """`chosen` with each GEMM-chain kernel grown by the kernels that only feed it, where that is
+    legal and priced cheaper; and the fusions made."""
+    chosen = list(chosen)
+    made: list[Absorbed] = []
+    grew = True
+    while grew:
+        grew = False
+        for c, (sub, chain, chain_s) in enumerate(chosen):
+            if _linear_count(og, chain.nodes) != 2:
+                continue
+            for p, (_, pro, pro_s) in enumerate(chosen):
+                if p == c or not chain.inputs & pro.outputs or not _prologue_only(og, pro.nodes) \
+                        or not _feeds_only(og, chosen, p, c):
+                    continue
+                merged = chain.nodes | pro.nodes
+                if not og.is_convex(merged) or legality.check(og, merged) is not None:
+                    continue
+                cand = Candidate(merged, chain.outputs, og.inputs_of(merged))
+                after = cost(cand)
+                if after >= chain_s + pro_s:
+                    continue
+                made.append(Absorbed(tuple(og.nodes[i].name for i in bits(pro.nodes)),
+                                     og.nodes[(chain.nodes & -chain.nodes).bit_length() - 1].name,
+                                     chain_s + pro_s, after))
+                chosen[c] = (sub, cand, after)
+                del chosen[p]  # p runs before c (it feeds it): c's place moves up by one
+                grew = True
+                break
+            if grew:
+                break
+    return chosen, made
