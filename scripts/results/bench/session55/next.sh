@@ -15,6 +15,7 @@
 # 5: a new form for issue 15's GEMM chains (atomic_pair_probe.py); run it first if device time is short.
 # 6: fp16 G4-G10 and tf32 G5-G6 at HEAD (written in session 55, when an H100 was lent for the first time since
 #    session 41).
+# 7: llama with the rotary fusion (ae92e34) against 3c75790 (.pinold rebuilt from 3c75790 for this call).
 # 4: llama at 8 items beside eager and Inductor (session 53: 0.576 ms, 1.38x) and segformer_b0 (0.383 ms).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
@@ -37,5 +38,8 @@ case $1 in
     6)  # the unmet GEMM-chain rows at HEAD on whatever card comes (the last H100 table is session 41's)
         gemms gfp16 "$(echo gemm_g{4..10} | tr ' ' ,)" fp16 330
         gemms gtf32 gemm_g5,gemm_g6 tf32 150 ;;
-    *) echo "next.sh: calls 1-6"; exit 2 ;;
+    7)  # ae92e34's rotary fusion (GEMM chains compute their operands' prologue): llama at HEAD, then at
+        # 3c75790 (.pinold rebuilt from it), each beside eager
+        export PROFILE=1; gemms e2e_llama_new llama fp16 170 eager; PIN=.pinold gemms e2e_llama_old llama fp16 170 eager ;;
+    *) echo "next.sh: calls 1-7"; exit 2 ;;
 esac
