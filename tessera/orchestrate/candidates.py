@@ -56,6 +56,11 @@ def _pointwise(op: str) -> bool:
     return CATEGORY_OF[op] is Category.ELEMENTWISE or op in _POINTWISE
 
 
+def prologue_op(op: str) -> bool:
+    """Work a template can do where it loads an operand tile: elementwise and operand-layout primitives."""
+    return _pointwise(op) or op in _PROLOGUE_LAYOUT
+
+
 def moves_columns(node: Node) -> bool:
     """A transpose that moves its input's last axis (a GEMM chain's columns) inward: a 1x1
     convolution pair's result, computed over pixel rows, put back in NCHW order
@@ -320,8 +325,7 @@ def compute_prologue(og: OGraph, mask: int, members: int, limit: int) -> int:
         for i in bits(inside):
             preds |= og.preds[i]
         for i in bits(preds & members & ~inside):
-            op = og.nodes[i].op
-            if (_pointwise(op) or op in _PROLOGUE_LAYOUT) and not og.succs[i] & ~(mask | taken) \
+            if prologue_op(og.nodes[i].op) and not og.succs[i] & ~(mask | taken) \
                     and not (og.graph_outputs >> i) & 1:
                 if taken.bit_count() == limit:
                     return taken

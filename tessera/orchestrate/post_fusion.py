@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tessera.ir.prims import CATEGORY_OF, Category
-from tessera.orchestrate.candidates import _PROLOGUE_LAYOUT, Candidate, KernelLegality, _pointwise
+from tessera.orchestrate.candidates import Candidate, KernelLegality, prologue_op
 from tessera.orchestrate.graphview import OGraph, bits
 
 Chosen = tuple[int, Candidate, float]  # (subgraph, kernel, cost in seconds), in execution order
@@ -46,8 +46,7 @@ def _linear_count(og: OGraph, mask: int) -> int:
 
 
 def _prologue_only(og: OGraph, mask: int) -> bool:
-    """Work a template can do while loading an operand: elementwise and operand-layout primitives."""
-    return all(_pointwise(og.nodes[i].op) or og.nodes[i].op in _PROLOGUE_LAYOUT for i in bits(mask))
+    return all(prologue_op(og.nodes[i].op) for i in bits(mask))
 
 
 def _feeds_only(og: OGraph, chosen: list[Chosen], p: int, c: int) -> bool:
