@@ -104,6 +104,8 @@ def test_rotary_attention_compiles_to_one_kernel_across_a_cut(max_states, tmp_pa
     else:
         assert not plan.cuts and not plan.absorbed
     assert _run(result, model, feeds, tmp_path) < TOLERANCE["fp32"]
+    report = (tmp_path / "art" / "report.html").read_text()
+    assert ("joined us" in report) == bool(plan.absorbed)  # the report lists each fusion
 
 
 def test_a_rotation_read_elsewhere_stays_its_own_kernel(tmp_path):

@@ -127,6 +127,15 @@ def _cuts(plan: Plan) -> str:
     return _table(["position", "tensors crossing", "bytes", "lost fusions (producer → consumer)"], rows)
 
 
+def _absorbed(plan: Plan) -> str:
+    """The kernels that joined a GEMM chain after the solve (`post_fusion.py`)."""
+    if not plan.absorbed:
+        return '<p class="note">None: no kernel that only fed a GEMM chain was left outside it.</p>'
+    rows = [f"<tr><td>{_names(a['prologue'])}</td><td>{escape(a['chain'])}</td>"
+            f"<td class=num>{a['before_us']:.3f}</td><td class=num>{a['after_us']:.3f}</td></tr>" for a in plan.absorbed]
+    return _table(["kernel's primitives", "chain (first primitive)", "apart us", "joined us"], rows)
+
+
 def _layouts(plan: Plan) -> str:
     """Buffers stored in an order other than row-major, grouped by that order."""
     groups: dict[tuple[int, ...], list[str]] = {}
@@ -296,6 +305,7 @@ def render_report(plan: Plan, og: OGraph) -> str:
 <h2>Graph rewrites</h2>{_rewrites(plan)}
 <h2>Subgraphs</h2>{_subgraphs(plan)}
 <h2>Cuts</h2>{_cuts(plan)}
+<h2>Joined to GEMM chains after the solve</h2>{_absorbed(plan)}
 <h2>Kernels (execution order)</h2>
 <p class="note">Hover a row to highlight its nodes in the graph below. Highlighted prims are computed by
 more than one kernel.</p>{_kernels(plan)}
