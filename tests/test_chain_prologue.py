@@ -20,17 +20,18 @@ from tessera.tolerance import TOLERANCE, rel_l2
 from tessera.verify import run_onnxruntime
 
 
-def rotary_attention(m: int, heads: int, kv_heads: int, d: int, seed: int = 0, q_out: bool = False):
+def rotary_attention(m: int, heads: int, kv_heads: int, d: int, seed: int = 0, q_out: bool = False,
+                     blocks: int = 1):
     """Causal attention of rotated q and k as exported Llama-family models spell it: x * cos +
     rotate_half(x) * sin, rotate_half(x) = concat(-x[..., d/2:], x[..., :d/2]); k and v repeated
-    from `kv_heads` to `heads` (Unsqueeze, Expand, Reshape). `q_out`: the rotated q is an output too."""
+    from `kv_heads` to `heads` (Unsqueeze, Expand, Reshape). `q_out`: the rotated q is an output too.
+    `blocks` > 1: that many such attentions side by side, on inputs of their own, their results summed."""
     h = d // 2
     inv = 1.0 / 10000 ** (np.arange(0, d, 2) / d)
     freqs = np.outer(np.arange(m), inv)
     emb = np.concatenate([freqs, freqs], axis=-1)
-    q, k, v = (rand(1, n, m, d, seed=seed + i) for i, n in enumerate((heads, kv_heads, kv_heads)))
     keep = np.tril(np.ones((m, m), bool))
-    inits: dict = {"q": q, "k": k, "v": v, "cos": Const(np.cos(emb).astype(np.float32)),
+    inits: dict = {"cos": Const(np.cos(emb).astype(np.float32)),
                    "sin": Const(np.sin(emb).astype(np.float32)), "axis3": Const(np.array([3], np.int64)),
                    "lo": Const(np.array([0], np.int64)), "mid": Const(np.array([h], np.int64)),
                    "hi": Const(np.array([d], np.int64)), "axis2": Const(np.array([2], np.int64)),
@@ -38,23 +39,38 @@ def rotary_attention(m: int, heads: int, kv_heads: int, d: int, seed: int = 0, q
                    "all_heads": Const(np.array([1, heads, m, d], np.int64)),
                    "scale": Const(np.array(1 / np.sqrt(d), np.float32)), "keep": Const(keep),
                    "ninf": Const(np.array(-np.inf, np.float32))}
-    nodes = []
-    for x in "qk":
-        nodes += [helper.make_node("Slice", [x, "lo", "mid", "axis3"], [f"{x}1"]),
-                  helper.make_node("Slice", [x, "mid", "hi", "axis3"], [f"{x}2"]),
-                  helper.make_node("Neg", [f"{x}2"], [f"{x}n"]),
-                  helper.make_node("Concat", [f"{x}n", f"{x}1"], [f"{x}h"], axis=3),
-                  helper.make_node("Mul", [x, "cos"], [f"{x}c"]), helper.make_node("Mul", [f"{x}h", "sin"], [f"{x}s"]),
-                  helper.make_node("Add", [f"{x}c", f"{x}s"], [f"{x}r"])]
-    for x, src in (("k", "kr"), ("v", "v")):
-        nodes += [helper.make_node("Unsqueeze", [src, "axis2"], [f"{x}5"]),
-                  helper.make_node("Expand", [f"{x}5", "rep"], [f"{x}e"]),
-                  helper.make_node("Reshape", [f"{x}e", "all_heads"], [f"{x}_all"])]
-    nodes += [helper.make_node("Transpose", ["k_all"], ["kt"], perm=[0, 1, 3, 2]),
-              helper.make_node("MatMul", ["qr", "kt"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"]),
-              helper.make_node("Where", ["keep", "ss", "ninf"], ["sm"]),
-              helper.make_node("Softmax", ["sm"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v_all"], ["out"])]
-    return graph_model(nodes, inits, ["out", "qr"] if q_out else ["out"]), {"q": q, "k": k, "v": v}
+    nodes, feeds, outs = [], {}, []
+    for b in range(blocks):
+        pre = f"b{b}_" if blocks > 1 else ""
+
+        def t(name: str) -> str:
+            return pre + name
+
+        for i, (x, n) in enumerate((("q", heads), ("k", kv_heads), ("v", kv_heads))):
+            feeds[t(x)] = rand(1, n, m, d, seed=seed + 3 * b + i)
+        for x in "qk":
+            nodes += [helper.make_node("Slice", [t(x), "lo", "mid", "axis3"], [t(f"{x}1")]),
+                      helper.make_node("Slice", [t(x), "mid", "hi", "axis3"], [t(f"{x}2")]),
+                      helper.make_node("Neg", [t(f"{x}2")], [t(f"{x}n")]),
+                      helper.make_node("Concat", [t(f"{x}n"), t(f"{x}1")], [t(f"{x}h")], axis=3),
+                      helper.make_node("Mul", [t(x), "cos"], [t(f"{x}c")]),
+                      helper.make_node("Mul", [t(f"{x}h"), "sin"], [t(f"{x}s")]),
+                      helper.make_node("Add", [t(f"{x}c"), t(f"{x}s")], [t(f"{x}r")])]
+        for x, src in (("k", "kr"), ("v", "v")):
+            nodes += [helper.make_node("Unsqueeze", [t(src), "axis2"], [t(f"{x}5")]),
+                      helper.make_node("Expand", [t(f"{x}5"), "rep"], [t(f"{x}e")]),
+                      helper.make_node("Reshape", [t(f"{x}e"), "all_heads"], [t(f"{x}_all")])]
+        nodes += [helper.make_node("Transpose", [t("k_all")], [t("kt")], perm=[0, 1, 3, 2]),
+                  helper.make_node("MatMul", [t("qr"), t("kt")], [t("s")]),
+                  helper.make_node("Mul", [t("s"), "scale"], [t("ss")]),
+                  helper.make_node("Where", ["keep", t("ss"), "ninf"], [t("sm")]),
+                  helper.make_node("Softmax", [t("sm")], [t("p")], axis=-1),
+                  helper.make_node("MatMul", [t("p"), t("v_all")], [t("out")])]
+        outs.append(t("out"))
+    if blocks > 1:
+        nodes.append(helper.make_node("Sum", outs, ["out"]))
+    model = graph_model(nodes, {**feeds, **inits}, ["out", "qr"] if q_out else ["out"])
+    return model, feeds
 
 
 @pytest.mark.parametrize("m,d", [(13, 64), (7, 80)])
@@ -116,3 +132,40 @@ def test_a_rotation_read_elsewhere_stays_its_own_kernel(tmp_path):
     (writer,) = [k for k in result.plan.kernels if qr in k.outputs]
     assert any(p.endswith("/neg") for p in writer.prims) and not any(p.endswith("/matmul") for p in writer.prims)
     assert _run(result, model, feeds, tmp_path) < TOLERANCE["fp32"]
+
+
+class _Recording:
+    """An analytical cost that records its batches, and prices an unknown candidate in a batch of
+    its own when asked for it (as a measured cost does)."""
+
+    def __init__(self, base) -> None:
+        self.base, self.known, self.batches = base, set(), []
+
+    def prepare(self, cands) -> None:
+        self.batches.append(len(cands))
+        self.known |= {(c.nodes, c.outputs) for c in cands}
+
+    def __call__(self, c) -> float:
+        if (c.nodes, c.outputs) not in self.known:
+            self.prepare([c])
+        return self.base(c)
+
+
+def test_the_fusions_after_the_solve_are_priced_a_round_at_a_time():
+    """Two attention blocks side by side, each cut from its rotations: the fusions of both blocks are
+    priced together, a round per step along the rotations (a measured compile times each round as one
+    batch), not one candidate at a time."""
+    from tessera.cost.analytical import AnalyticalCost
+    from tessera.cost.devices import DEVICES
+    from tessera.orchestrate.orchestrator import orchestrate
+
+    model, _ = rotary_attention(13, 4, 2, 64, seed=9, blocks=2)
+    g = whole_kernel(model)[0]
+    og = build_ograph(g)
+    cost = _Recording(AnalyticalCost(og, DEVICES["h100"], "fp32"))
+    plan = orchestrate(og, cost, rules=CandidateRules(max_linear=2), legality=TritonLegality(chains=True),
+                       max_states=30)
+    rounds = len(cost.batches) - 1  # the first batch is every subgraph's candidates
+    chains = [k for k in plan.kernels if sum(p.endswith("/matmul") for p in k.prims) == 2]
+    assert len(chains) == 2 and all(any(p.endswith("/neg") for p in k.prims) for k in chains)
+    assert plan.absorbed and 0 < rounds < len(plan.absorbed), (rounds, cost.batches, len(plan.absorbed))

@@ -66,36 +66,59 @@ def _feeds_only(og: OGraph, chosen: list[Chosen], p: int, c: int) -> bool:
     return True
 
 
+def _mergeable(og: OGraph, chosen: list[Chosen], legality: KernelLegality) -> list[tuple[int, int, Candidate]]:
+    """(chain kernel, kernel that only feeds it, the two as one candidate) for every such legal pair."""
+    out = []
+    for c, (_, chain, _) in enumerate(chosen):
+        if _linear_count(og, chain.nodes) != 2:
+            continue
+        for p, (_, pro, _) in enumerate(chosen):
+            if p == c or not chain.inputs & pro.outputs or not _prologue_only(og, pro.nodes) \
+                    or not _feeds_only(og, chosen, p, c):
+                continue
+            merged = chain.nodes | pro.nodes
+            if og.is_convex(merged) and legality.check(og, merged) is None:
+                out.append((c, p, Candidate(merged, chain.outputs, og.inputs_of(merged))))
+    return out
+
+
 def absorb_prologues(og: OGraph, chosen: list[Chosen], cost: Callable[[Candidate], float],
                      legality: KernelLegality) -> tuple[list[Chosen], list[Absorbed]]:
     """`chosen` with each GEMM-chain kernel grown by the kernels that only feed it, where that is
-    legal and priced cheaper; and the fusions made."""
+    legal and priced cheaper; and the fusions made. Each round prices its merges in one batch (a
+    measured cost times them together), takes every one that pays, at most one per chain, and the
+    next round looks again: a kernel that fed a chain and another kernel absorbed in this round
+    only feeds the chain now."""
     chosen = list(chosen)
     made: list[Absorbed] = []
-    grew = True
-    while grew:
-        grew = False
-        for c, (sub, chain, chain_s) in enumerate(chosen):
-            if _linear_count(og, chain.nodes) != 2:
+    while True:
+        pairs = _mergeable(og, chosen, legality)
+        prepare = getattr(cost, "prepare", None)
+        if pairs and prepare is not None:
+            prepare([cand for _, _, cand in pairs])
+        merges: dict[int, tuple[int, Candidate, float]] = {}
+        busy: set[int] = set()
+        for c, p, cand in pairs:
+            if c in busy or p in busy:
                 continue
-            for p, (_, pro, pro_s) in enumerate(chosen):
-                if p == c or not chain.inputs & pro.outputs or not _prologue_only(og, pro.nodes) \
-                        or not _feeds_only(og, chosen, p, c):
-                    continue
-                merged = chain.nodes | pro.nodes
-                if not og.is_convex(merged) or legality.check(og, merged) is not None:
-                    continue
-                cand = Candidate(merged, chain.outputs, og.inputs_of(merged))
-                after = cost(cand)
-                if after >= chain_s + pro_s:
-                    continue
+            after = cost(cand)
+            if after < chosen[c][2] + chosen[p][2]:
+                merges[c] = (p, cand, after)
+                busy |= {c, p}
+        if not merges:
+            return chosen, made
+        gone = {p for p, _, _ in merges.values()}
+        grown: list[Chosen] = []
+        for k, (sub, kern, s) in enumerate(chosen):
+            if k in gone:
+                continue  # it runs before the chain it joins (it feeds it), which takes its place below
+            if k in merges:
+                p, cand, after = merges[k]
+                pro = chosen[p][1]
                 made.append(Absorbed(tuple(og.nodes[i].name for i in bits(pro.nodes)),
-                                     og.nodes[(chain.nodes & -chain.nodes).bit_length() - 1].name,
-                                     chain_s + pro_s, after))
-                chosen[c] = (sub, cand, after)
-                del chosen[p]  # p runs before c (it feeds it): c's place moves up by one
-                grew = True
-                break
-            if grew:
-                break
-    return chosen, made
+                                     og.nodes[(kern.nodes & -kern.nodes).bit_length() - 1].name,
+                                     s + chosen[p][2], after))
+                grown.append((sub, cand, after))
+            else:
+                grown.append((sub, kern, s))
+        chosen = grown
