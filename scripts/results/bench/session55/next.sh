@@ -3,9 +3,10 @@
 # `bash scripts/results/bench/session55/next.sh N` from the repository root on one nvidia-h200, carrying .whl
 # (the highspy wheel; TESSERA_SOLVER=highs), .pin16 (a `git archive` of the commit measured, its hash in CODE,
 # without scripts/results' session folders) and, for calls 1-2, .pinold: a `git archive` of branch
-# ab-greedy-timing2 (c685ea4: the greedy partition of ce921fe with d32a46e's cold-weight timing; build it with
-# `rm -rf .pinold && mkdir .pinold && git archive ab-greedy-timing2 | tar -x -C .pinold && echo c685ea4 >
-# .pinold/CODE`).
+# ab-greedy-timing2 (the greedy partition of ce921fe with d32a46e's and 767b73a's cold-weight timing; the
+# branch lives only in the checkout that made it: README.md here says how to make it again, then
+# `rm -rf .pinold && mkdir .pinold && git archive ab-greedy-timing2 | tar -x -C .pinold` and its hash in
+# .pinold/CODE). Nothing ran in session 55 (no machine started); the calls carry over.
 # 1-2: the partition A/B (gpt2, then llama) that session 54 could not settle: with the old timing the greedy partition won (gpt2
 #    0.306 against 0.318 ms, llama 0.345 against 0.356) because one schedule's weight was timed hot; with the
 #    cold-weight timing the DP partition ran gpt2 0.306 and llama 0.334. This runs both partitions under the
