@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from tessera.ir.prims import CATEGORY_OF, Category
 from tessera.orchestrate.candidates import Candidate, KernelLegality, prologue_op
 from tessera.orchestrate.graphview import OGraph, bits
+from tessera.orchestrate.partition import linear_nodes
 
 Chosen = tuple[int, Candidate, float]  # (subgraph, kernel, cost in seconds), in execution order
 
@@ -41,23 +41,17 @@ class Absorbed:
                 "before_us": round(self.before_s * 1e6, 3), "after_us": round(self.after_s * 1e6, 3)}
 
 
-def _linear_count(og: OGraph, mask: int) -> int:
-    return sum(1 for i in bits(mask) if CATEGORY_OF[og.nodes[i].op] is Category.LINEAR)
-
-
 def _prologue_only(og: OGraph, mask: int) -> bool:
     return all(prologue_op(og.nodes[i].op) for i in bits(mask))
 
 
 def _feeds_only(og: OGraph, chosen: list[Chosen], p: int, c: int) -> bool:
     """Kernel `p` writes only values that kernel `c` alone reads, none a graph output, and no other
-    kernel computes any of its primitives."""
-    pk, ck = chosen[p][1], chosen[c][1]
+    kernel computes any of its primitives. (Every node is in some kernel, so a reader of p's values
+    outside p and c is another kernel's: it reads them from memory or computes them again.)"""
+    pk = chosen[p][1]
     if pk.outputs & og.graph_outputs:
         return False
-    for i in bits(pk.outputs):
-        if og.succs[i] & ~pk.nodes & ~ck.nodes:
-            return False
     for k, (_, other, _) in enumerate(chosen):
         if k in (p, c):
             continue
@@ -66,11 +60,13 @@ def _feeds_only(og: OGraph, chosen: list[Chosen], p: int, c: int) -> bool:
     return True
 
 
-def _mergeable(og: OGraph, chosen: list[Chosen], legality: KernelLegality) -> list[tuple[int, int, Candidate]]:
-    """(chain kernel, kernel that only feeds it, the two as one candidate) for every such legal pair."""
+def _mergeable(og: OGraph, chosen: list[Chosen], legality: KernelLegality,
+               linear: int) -> list[tuple[int, int, Candidate]]:
+    """(chain kernel, kernel that only feeds it, the two as one candidate) for every such legal pair
+    (`linear`: the graph's linear nodes)."""
     out = []
     for c, (_, chain, _) in enumerate(chosen):
-        if _linear_count(og, chain.nodes) != 2:
+        if (chain.nodes & linear).bit_count() != 2:
             continue
         for p, (_, pro, _) in enumerate(chosen):
             if p == c or not chain.inputs & pro.outputs or not _prologue_only(og, pro.nodes) \
@@ -91,8 +87,9 @@ def absorb_prologues(og: OGraph, chosen: list[Chosen], cost: Callable[[Candidate
     only feeds the chain now."""
     chosen = list(chosen)
     made: list[Absorbed] = []
+    linear = linear_nodes(og)
     while True:
-        pairs = _mergeable(og, chosen, legality)
+        pairs = _mergeable(og, chosen, legality, linear)
         prepare = getattr(cost, "prepare", None)
         if pairs and prepare is not None:
             prepare([cand for _, _, cand in pairs])
