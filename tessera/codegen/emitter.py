@@ -19,8 +19,9 @@ that offset go out of bounds.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from tessera.codegen import index as ix
 from tessera.codegen.index import Ix
@@ -38,7 +39,11 @@ class Scope:
     header: str = ""  # "for ...:" of a nested block; "" for the kernel body
     lines: list["str | Scope"] = field(default_factory=list)
     cache: dict[str, str] = field(default_factory=dict)
-    open_block: bool = False  # the last line is a nested scope being filled
+    # Where new lines go while a nested scope of this one is being filled: just before that scope
+    # (None: appended). It is the nested scope's position, not always the last line: a loop hoisted
+    # out of the one being filled (`Emitter.hoisted`) goes before it.
+    insert_at: int | None = None
+    parent_open: bool = False  # the enclosing scope was itself inserting before a nested one
 
 
 class Emitter:
@@ -75,8 +80,9 @@ class Emitter:
 
     def _place(self, level: int, line: "str | Scope") -> None:
         s = self.stack[level]
-        if s.open_block:
-            s.lines.insert(len(s.lines) - 1, line)
+        if s.insert_at is not None:
+            s.lines.insert(s.insert_at, line)
+            s.insert_at += 1
         else:
             s.lines.append(line)
 
@@ -98,14 +104,31 @@ class Emitter:
 
     def push(self, header: str, tag: str) -> None:
         parent = self.stack[-1]
-        block = Scope(parent.avail | {tag}, header)
-        self._place(len(self.stack) - 1, block)
-        parent.open_block = True
+        block = Scope(parent.avail | {tag}, header, parent_open=parent.insert_at is not None)
+        if parent.insert_at is None:
+            parent.lines.append(block)
+            parent.insert_at = len(parent.lines) - 1
+        else:
+            parent.lines.insert(parent.insert_at, block)  # the new block is now the one being filled
         self.stack.append(block)
 
     def pop(self) -> None:
-        self.stack.pop()
-        self.stack[-1].open_block = False
+        block = self.stack.pop()
+        parent = self.stack[-1]
+        # Back to filling the scope that the block was placed before, or to appending.
+        parent.insert_at = parent.insert_at + 1 if block.parent_open else None
+
+    @contextmanager
+    def hoisted(self, level: int) -> Iterator[None]:
+        """Emit as if scope `level` were the innermost: a loop pushed meanwhile goes there, before
+        the nested scope being filled (a GEMM template's per-row statistic, computed in a loop of its
+        own before the K loop that reads it). Scopes inside `level` are out of reach until the end."""
+        saved = self.stack
+        self.stack = saved[:level + 1]
+        try:
+            yield
+        finally:
+            self.stack = saved
 
     def index_var(self, i: Ix) -> Ix:
         """Name a compound index expression so later uses share it."""

@@ -108,6 +108,7 @@ class CandidateRules:
     max_candidates: int = 40_000
     max_chain_growth: int = 16  # nodes a GEMM chain may add past max_nodes (`grow_chain`)
     max_chain_prologue: int = 32  # and then computed prologue nodes (`compute_prologue`)
+    max_norm_prologue: int = 32  # nodes a one-matmul candidate may add past max_nodes: a norm before it
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,9 @@ class StructuralLegality:
     epilogues allow; with `prologues`, also elementwise and layout primitives
     (reshape, broadcast, transpose, slice, pad, concat) that feed its operands
     (a template computes them while it loads the operand tile; the library
-    cannot). Reductions in one kernel share one shape
+    cannot), and before a matmul the row statistics of a norm that read only
+    what the operand reads (`_statistic_check`; a GEMM template computes them
+    in loops before its K loop). Reductions in one kernel share one shape
     and one set of axes (one reduction loop), and a pooling window does not mix
     with them. Everything else (elementwise, layout) may mix.
 
@@ -168,6 +171,11 @@ class StructuralLegality:
             if self.prologues and (og.desc[i] >> root) & 1:
                 if pointwise or op in _PROLOGUE_LAYOUT:
                     continue  # an operand prologue: computed where the template loads the operand
+                if op in _REDUCE_OPS and og.nodes[root].op == Prim.MATMUL.value:
+                    why = _statistic_check(og, mask, root, i)
+                    if why:
+                        return why
+                    continue  # a row statistic (a norm's): a GEMM template computes it before its K loop
                 return f"{op} cannot join a linear kernel's operand prologue"
             if og.nodes[root].op == Prim.MATMUL.value and transposes_matrix(og.nodes[i]) \
                     and og.succs[i] == 1 << root and not (og.graph_outputs >> i) & 1:
@@ -181,6 +189,37 @@ class StructuralLegality:
                 continue  # an epilogue
             return f"{og.nodes[i].name} is neither computed from the linear result nor feeds its operands"
         return None
+
+
+def _reads(og: OGraph, mask: int, start: int) -> tuple[int, frozenset[str]]:
+    """What `start` and the nodes of `mask` it is computed from read from outside `mask`: the
+    orchestrated producers and the graph inputs. The walk stops at the kernel's reductions (their own
+    reads are theirs) other than `start`."""
+    outside, inputs = 0, set()
+    seen, todo = 0, [start]
+    while todo:
+        i = todo.pop()
+        if (seen >> i) & 1:
+            continue
+        seen |= 1 << i
+        outside |= og.preds[i] & ~mask
+        inputs |= {t for t in og.external[i] if t not in og.graph.constants}
+        todo.extend(j for j in bits(og.preds[i] & mask) if og.nodes[j].op not in _REDUCE_OPS)
+    return outside, frozenset(inputs)
+
+
+def _statistic_check(og: OGraph, mask: int, root: int, stat: int) -> str | None:
+    """Why reduction `stat` is no row statistic of GEMM kernel `mask`'s operand prologue (None: it
+    is). It must read nothing that the operands' own computation does not read: its loop before the
+    K loop then only reads again, from L2, rows the K loop loads anyway (a LayerNorm's mean and
+    variance of the x it normalizes). A statistic of something else (the squares of a norm cut
+    apart, read back from memory) would add a stream of its own, and kernels of such partial norms
+    would only multiply the candidates."""
+    need_nodes, need_inputs = _reads(og, mask, stat)
+    have_nodes, have_inputs = _reads(og, mask, root)
+    if need_nodes & ~have_nodes or need_inputs - have_inputs:
+        return f"{og.nodes[stat].name}: a GEMM prologue's row statistic reads only what its operand reads"
+    return None
 
 
 def _chain_check(og: OGraph, mask: int, a: int, b: int) -> str | None:
@@ -309,13 +348,14 @@ def pointwise_epilogue(og: OGraph, mask: int, members: int, limit: int, transpos
     return taken
 
 
-def compute_prologue(og: OGraph, mask: int, members: int, limit: int) -> int:
+def compute_prologue(og: OGraph, mask: int, members: int, limit: int, statistics: bool = False) -> int:
     """Elementwise and operand-layout nodes of `members` outside `mask` that feed it and are read
     nowhere else (at most `limit`): what a template computes where it loads an operand tile (a
     rotary embedding's products, negation and concatenation of halves before attention), so taking
     them in removes their kernel and the round trip of its result. Repeated until nothing more
     joins: a value read twice inside (q, by the product with cos and by the halves rotated) joins
-    once both readers have."""
+    once both readers have. With `statistics`, reductions too (a norm's row statistics, which a GEMM
+    template computes before its K loop)."""
     taken = 0
     grew = True
     while grew:
@@ -325,7 +365,8 @@ def compute_prologue(og: OGraph, mask: int, members: int, limit: int) -> int:
         for i in bits(inside):
             preds |= og.preds[i]
         for i in bits(preds & members & ~inside):
-            if prologue_op(og.nodes[i].op) and not og.succs[i] & ~(mask | taken) \
+            op = og.nodes[i].op
+            if (prologue_op(op) or (statistics and op in _REDUCE_OPS)) and not og.succs[i] & ~(mask | taken) \
                     and not (og.graph_outputs >> i) & 1:
                 if taken.bit_count() == limit:
                     return taken
@@ -341,6 +382,25 @@ def grow_chain(og: OGraph, mask: int, members: int, limit: int) -> int:
     at most."""
     epi = pointwise_epilogue(og, mask, members, limit, transposes=True)
     return epi | layout_prologue(og, mask | epi, members, limit - epi.bit_count())
+
+
+def norm_prologues(og: OGraph, sets: list[int], members: int, linear: int, limit: int) -> list[int]:
+    """One-matmul sets of `sets` grown by the computed prologue of their operands, row statistics
+    included (`compute_prologue` with `statistics`), where that takes in a reduction: a LayerNorm or
+    RMSNorm whose only reader is the projection after it, which a GEMM template computes where it
+    loads its left operand (`codegen/gemm.py`). The norm with the residual add before it is 16
+    primitives, the size rule's whole budget, so these sets exceed it. New sets only."""
+    seen = set(sets)
+    out = []
+    for mask in sets:
+        roots = mask & linear
+        if roots.bit_count() != 1 or og.nodes[roots.bit_length() - 1].op != Prim.MATMUL.value:
+            continue
+        pro = compute_prologue(og, mask, members, limit, statistics=True)
+        if pro and any(og.nodes[i].op in _REDUCE_OPS for i in bits(pro)) and mask | pro not in seen:
+            seen.add(mask | pro)
+            out.append(mask | pro)
+    return out
 
 
 def stops_short(og: OGraph, mask: int, members: int, linear: int) -> int:
@@ -443,6 +503,9 @@ def enumerate_candidates(og: OGraph, members: int, rules: CandidateRules,
             if computed not in seen:
                 seen.add(computed)
                 sets.append(computed)
+
+    if rules.max_norm_prologue:
+        sets.extend(norm_prologues(og, sets, members, linear, rules.max_norm_prologue))
 
     legal = [mask for mask in sets if og.is_convex(mask) and legality.check(og, mask) is None]
     kept = set(legal)

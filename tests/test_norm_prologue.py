@@ -1,0 +1,144 @@
+"""A norm computed inside the GEMM template of the projection it feeds: a LayerNorm's or an RMSNorm's
+row statistics in loops of their own before the template's K loop (`GemmTemplate.row_statistic`,
+`Emitter.hoisted`), the normalized operand computed where its tile loads; the orchestrator forms such
+candidates past the size rule (`candidates.norm_prologues`). In Triton's interpreter on the CPU."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fake_profiler import TemplatePrologueProfiler
+from kernelcheck import DEVICE
+from onnx import helper
+from opcheck import Const, graph_model, rand
+from test_gemm_template import _prologue_kernel, run_exe
+
+import tessera
+from tessera import compiler
+from tessera.codegen.kernels import GemmSchedule
+from tessera.codegen.select import TritonLegality
+from tessera.compiler import CompileOptions, compile_model, write_artifacts
+from tessera.fission import fission
+from tessera.frontend import load
+from tessera.orchestrate import build_ograph
+from tessera.orchestrate.candidates import CandidateRules, StructuralLegality, enumerate_candidates
+from tessera.tolerance import TOLERANCE, rel_l2
+from tessera.verify import run_onnxruntime
+
+
+def _layernorm_matmul(x: np.ndarray, k: int, n: int, seed: int) -> object:
+    return graph_model([helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5),
+                        helper.make_node("MatMul", ["y", "w"], ["out"])],
+                       {"x": x, "g": Const(rand(k, seed=seed)), "b": Const(rand(k, seed=seed + 1)),
+                        "w": Const(rand(k, n, seed=seed + 2))}, ["out"], opset=17)
+
+
+def _rmsnorm(x: str, out: str, k: int, seed: int) -> tuple[list, dict]:
+    """Llama's RMSNorm as its ONNX export spells it: x * (1 / sqrt(mean(x^2) + eps)) * gamma."""
+    nodes = [helper.make_node("Pow", [x, "two"], [f"{out}_sq"]),
+             helper.make_node("ReduceMean", [f"{out}_sq", "axes"], [f"{out}_ms"], keepdims=1),
+             helper.make_node("Add", [f"{out}_ms", "eps"], [f"{out}_v"]),
+             helper.make_node("Sqrt", [f"{out}_v"], [f"{out}_s"]),
+             helper.make_node("Reciprocal", [f"{out}_s"], [f"{out}_r"]),
+             helper.make_node("Mul", [x, f"{out}_r"], [f"{out}_n"]),
+             helper.make_node("Mul", [f"{out}_n", f"{out}_g"], [out])]
+    consts = {"two": Const(np.array(2.0, np.float32)), "axes": Const(np.array([-1], np.int64)),
+              "eps": Const(np.array(1e-6, np.float32)), f"{out}_g": Const(rand(k, seed=seed))}
+    return nodes, consts
+
+
+@pytest.mark.parametrize("k,block", [(40, 16), (96, 32)])  # a ragged and a whole K walk; statistics over 64 lanes
+def test_a_layernorm_is_computed_before_the_k_loop(k, block):
+    # Mean, then the variance that reads it: two loops hoisted before the K loop, in that order.
+    x = rand(2, 13, k, seed=90)
+    ks = _prologue_kernel(_layernorm_matmul(x, k, 24, 91), {"x": x}, GemmSchedule(16, 16, block, 2, 2, 1, 1))
+    src = ks.source
+    mean, var, walk = src.index("/reduce_sum\n"), src.index("/reduce_sum_1\n"), src.index("for k")
+    assert mean < var < walk
+
+
+def test_split_k_templates_take_the_statistics_too():
+    x = rand(3, 16, 256, seed=92)
+    _prologue_kernel(_layernorm_matmul(x, 256, 16, 93), {"x": x}, GemmSchedule(16, 16, 32, 2, 2, 1, 4))
+
+
+def _measured(model, tmp_path: Path, monkeypatch, precision: str):
+    """A measured compile whose profiler prices every template at 1.5 us (other kernels 1 us a
+    primitive): the fused norm wins wherever it is a legal candidate."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake-gpu")
+    monkeypatch.setattr(compiler, "new_profiler", lambda opt: TemplatePrologueProfiler(GemmSchedule))
+    result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db"), precision=precision))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    return result
+
+
+@pytest.mark.parametrize("precision,kind", [("fp32", "layernorm"), ("fp16", "layernorm"), ("fp16", "rmsnorm")])
+def test_a_pre_norm_block_folds_its_norms_into_the_projections(tmp_path, monkeypatch, precision, kind):
+    # h = x + r; norm(h) @ w1 + b1 -> relu -> @ w2, plus h. The norm (its reductions, root and scale)
+    # joins the first projection's template: a LayerNorm with the bias and relu is past the
+    # 16-primitive size rule. h, read by the residual add too, comes from another kernel.
+    x, r = rand(2, 13, 48, seed=94), rand(2, 13, 48, seed=95)
+    if kind == "rmsnorm":
+        norm, consts = _rmsnorm("h", "y", 48, seed=96)
+    else:
+        norm = [helper.make_node("LayerNormalization", ["h", "g", "b"], ["y"], axis=-1, epsilon=1e-5)]
+        consts = {"g": Const(rand(48, seed=96)), "b": Const(rand(48, seed=106))}
+    model = graph_model([helper.make_node("Add", ["x", "r"], ["h"]), *norm,
+                         helper.make_node("MatMul", ["y", "w1"], ["u"]), helper.make_node("Add", ["u", "b1"], ["ub"]),
+                         helper.make_node("Relu", ["ub"], ["a"]), helper.make_node("MatMul", ["a", "w2"], ["o"]),
+                         helper.make_node("Add", ["o", "h"], ["out"])],
+                        {"x": x, "r": r, **consts, "w1": Const(rand(48, 40, seed=97)), "b1": Const(rand(40, seed=98)),
+                         "w2": Const(rand(40, 48, seed=99))}, ["out"], opset=18)
+    result = _measured(model, tmp_path, monkeypatch, precision)
+    (folded,) = [k for k in result.kernels if {"reduce_sum", "matmul"} <= {n.op for n in k.prims}]
+    assert folded.backend == "template" and {"sqrt", "reciprocal"} <= {n.op for n in folded.prims}
+    assert result.tuning["failed"] == 0
+    write_artifacts(result, tmp_path / "art")
+    feeds = {"x": x, "r": r}
+    got = run_exe(tessera.load(tmp_path / "art", DEVICE), feeds)[0]
+    assert rel_l2(got, run_onnxruntime(model, feeds)["out"]) < TOLERANCE[precision]
+
+
+def test_the_norm_joins_its_projection_past_the_size_rule():
+    # The LayerNorm alone is 14 primitives; under a cap of 8 only the grown set holds it whole.
+    x = rand(2, 13, 40, seed=107)
+    og = build_ograph(fission(load(_layernorm_matmul(x, 40, 24, 108)).graph).graph)
+
+    def whole(rules: CandidateRules) -> bool:
+        cands = enumerate_candidates(og, og.all, rules, TritonLegality(templates=True))
+        return any(c.nodes == og.all for c in cands)
+
+    assert og.n > 8 and whole(CandidateRules(max_nodes=8))
+    assert not whole(CandidateRules(max_nodes=8, max_norm_prologue=0))
+
+
+def test_a_norm_read_elsewhere_is_not_grown_into_the_projection():
+    # Post-norm (BERT): the norm's result feeds the projection and the residual add after the next
+    # one, so the projection would have to write a value of its prologue; no candidate holds both.
+    x = rand(2, 13, 40, seed=100)
+    model = graph_model([helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5),
+                         helper.make_node("MatMul", ["y", "w"], ["u"]), helper.make_node("Relu", ["u"], ["a"]),
+                         helper.make_node("MatMul", ["a", "w2"], ["o"]), helper.make_node("Add", ["o", "y"], ["out"])],
+                        {"x": x, "g": Const(rand(40, seed=101)), "b": Const(rand(40, seed=102)),
+                         "w": Const(rand(40, 40, seed=103)), "w2": Const(rand(40, 40, seed=104))}, ["out"], opset=17)
+    og = build_ograph(fission(load(model).graph).graph)
+    cands = enumerate_candidates(og, og.all, CandidateRules(), TritonLegality(templates=True))
+    assert cands and not any({"reduce_sum", "matmul"} <= {og.nodes[i].op for i in range(og.n) if (c.nodes >> i) & 1}
+                             for c in cands)
+
+
+def test_a_statistic_of_a_value_the_operand_does_not_read_is_refused():
+    # A norm cut apart: the kernel from the variance's reduction on reads the squares from memory,
+    # which the normalized operand itself never reads. Refused, and so is every kernel like it.
+    x = rand(2, 13, 40, seed=104)
+    og = build_ograph(fission(load(_layernorm_matmul(x, 40, 24, 105)).graph).graph)
+    (var,) = [i for i in range(og.n) if og.nodes[i].name.endswith("/reduce_sum_1")]
+    partial = og.desc[var] | (1 << var)  # the variance's reduction and everything after it
+    assert og.preds[var] and not partial & og.preds[var]
+    why = StructuralLegality(prologues=True).check(og, partial)
+    assert why is not None and "row statistic reads only what its operand reads" in why
+    assert StructuralLegality(prologues=True).check(og, og.all) is None
+    assert StructuralLegality().check(og, og.all) is not None  # no prologues: no norm either
