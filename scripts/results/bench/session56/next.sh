@@ -42,8 +42,12 @@ case $1 in
     7)  # ae92e34's rotary fusion (GEMM chains compute their operands' prologue): llama at HEAD, then at
         # 3c75790 (.pinold rebuilt from it), each beside eager
         export PROFILE=1; gemms e2e_llama_new llama fp16 170 eager; PIN=.pinold gemms e2e_llama_old llama fp16 170 eager ;;
+    9)  # session 56: the norm prologue (1040977) with the rotary fusion: llama and gpt2 at HEAD, then llama
+        # at 3c75790 (.pinold), each beside eager (gpt2 against session 54's 0.306 ms at 3865c9e)
+        export PROFILE=1; gemms e2e_llama_new llama fp16 165 eager; gemms e2e_gpt2_new gpt2 fp16 165 eager
+        PIN=.pinold gemms e2e_llama_old llama fp16 165 eager ;;
     8)  # call 7's first half alone, when little device time is left: llama at HEAD beside eager (set
         # against session 54's 0.334 ms at d32a46e, the same protocol on an H200)
         export PROFILE=1; gemms e2e_llama_new llama fp16 200 eager ;;
-    *) echo "next.sh: calls 1-8"; exit 2 ;;
+    *) echo "next.sh: calls 1-9"; exit 2 ;;
 esac
