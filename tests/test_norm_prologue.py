@@ -64,6 +64,28 @@ def test_split_k_templates_take_the_statistics_too():
     _prologue_kernel(_layernorm_matmul(x, 256, 16, 93), {"x": x}, GemmSchedule(16, 16, 32, 2, 2, 1, 4))
 
 
+def _rmsnorm_matmul(x: np.ndarray, k: int, seed: int) -> object:
+    norm, consts = _rmsnorm("x", "y", k, seed=seed)
+    return graph_model([*norm, helper.make_node("MatMul", ["y", "w"], ["out"])],
+                       {"x": x, **consts, "w": Const(rand(k, 24, seed=seed + 1))}, ["out"], opset=18)
+
+
+@pytest.mark.parametrize("k", [40, 96])
+def test_an_rmsnorm_scales_the_accumulator_after_one_walk(k):
+    # rstd is a factor of each row: the operand loads without it, the mean square accumulates from
+    # the same tiles in the K loop, and the accumulator is scaled once after it. One loop in all.
+    x = rand(2, 13, k, seed=110)
+    src = _prologue_kernel(_rmsnorm_matmul(x, k, 111), {"x": x}, GemmSchedule(16, 16, 16, 2, 2, 1, 1)).source
+    assert src.count("for ") == 1 and "deferred" in src and "stat" in src
+
+
+def test_a_split_k_rmsnorm_takes_its_statistic_before_the_walk():
+    # Each program walks a slice of K, so the statistic gets its own loop over the whole row.
+    x = rand(2, 13, 256, seed=112)
+    src = _prologue_kernel(_rmsnorm_matmul(x, 256, 113), {"x": x}, GemmSchedule(16, 16, 32, 2, 2, 1, 4)).source
+    assert "deferred" not in src and src.index("/reduce_sum") < src.index("for k")
+
+
 def _measured(model, tmp_path: Path, monkeypatch, precision: str):
     """A measured compile whose profiler prices every template at 1.5 us (other kernels 1 us a
     primitive): the fused norm wins wherever it is a legal candidate."""

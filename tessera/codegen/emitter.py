@@ -64,6 +64,9 @@ class Emitter:
         # accumulator is the matmul result at the tile's indices, so its epilogue reads no memory.
         self.known: dict[tuple[str, tuple[str, ...]], Val] = {}
         self.on_reduce: Callable[[Node, Sequence[Ix], Mask], Val] | None = None
+        # Tensors the kernel driver computes its own way at any index (a GEMM template's operand
+        # with its row factor deferred to the accumulator).
+        self.intercepts: dict[str, Callable[[Sequence[Ix], Mask], Val]] = {}
         # The block shape of a value depending on some loop tags (the kernel driver sets it).
         self.shape_of: Callable[[frozenset[str]], str] = lambda deps: "[XBLOCK]"
 
@@ -151,6 +154,8 @@ class Emitter:
     # ---- values ----------------------------------------------------------------------
     def value(self, tensor: str, index: Sequence[Ix], mask: Mask) -> Val:
         index = tuple(index)
+        if tensor in self.intercepts:
+            return self.intercepts[tensor](index, mask)
         exprs = tuple(i.expr for i in index)
         if (tensor, exprs) in self.known:
             return self.known[(tensor, exprs)]

@@ -35,10 +35,9 @@ from __future__ import annotations
 from math import prod
 from typing import Sequence
 
-from tessera.codegen import index as ix
 from tessera.codegen.index import Ix
-from tessera.codegen.kernels import (_COMBINE, _REDUCE_FN, GemmSchedule, KernelBody, KernelSource, Launch, _identity,
-                                     _narrow, sanitize)
+from tessera.codegen.kernels import GemmSchedule, KernelBody, KernelSource, Launch, sanitize
+from tessera.codegen.norm import RowFactor, prewalk_statistic
 from tessera.codegen.tile import (GRID_Y_MAX, MIN_BLOCK, Tile, cdiv, check_outputs, describe, dot_math, dot_operand,
                                   jit_function, pow2, store_outputs, sum_slices)
 from tessera.codegen.triton_ops import Unsupported, Val, module_source
@@ -170,56 +169,20 @@ class _Template:
         kmb = frozenset({em.cond(f"{rkb.expr} < {self.k}", kb)}) if ragged else frozenset()
         a_in, b_in = self.root.inputs
         g, mt = self.graph, self.math
+        # A norm's row factor (RMSNorm's rstd) moves onto the accumulator, its statistic into this walk
+        rf = None if split else RowFactor.find(g, self.nodes, self.outputs, self.root)
+        if rf is not None:
+            em.intercepts[rf.mul.outputs[0]] = lambda index, mask: rf.intercept(em, index, mask)
         a = dot_operand(t, g, mt, a_in, [*t.batch, t.rm, rka], t.mmask | kma, kma, "[BLOCK_M, BLOCK_K]", {"m"} | ka)
         b = dot_operand(t, g, mt, b_in, [*t.batch, rkb, t.rn], kmb | t.nmask, kmb, "[BLOCK_K, BLOCK_N]", kb | {"n"},
                         layout=self.b_layout)
         em.stmt(f"acc = tl.dot({a}, {b}, acc{mt.precision})")
+        if rf is not None:
+            rf.walk(t, rka)
         em.pop()
-
-    # ---- row statistics of the operand prologue ----------------------------------------------
-    def row_statistic(self, t: Tile, node: Node, index: Sequence[Ix], mask: frozenset[str]) -> Val:
-        """A reduction that the operand prologue reads once per row of the tile: a LayerNorm's mean
-        and variance, an RMSNorm's mean square, before the projection the norm feeds. It gets a loop
-        of its own over the reduced axes, hoisted before the K loop (before the loop of any other
-        statistic that reads it), and the normalized operand is computed where its tile is loaded,
-        never written. Each column of tiles computes the rows' statistics again, from L2: Korch's
-        recomputation, priced by the compile's cost model against the norm's own kernel."""
-        em = t.em
-        rows = frozenset().union(*(i.deps for i in index))
-        if not rows <= {"b", "m"}:
-            raise Unsupported(f"{node.name}: a reduction in a GEMM template's prologue must give one value "
-                              f"per row of the tile")
-        key = (node.outputs[0], tuple(i.expr for i in index))
-        if key in em.rows:
-            return em.rows[key]
-        g = self.graph
-        x = node.inputs[0]
-        shape = g.types[x].shape
-        axes = node.attrs["axes"]
-        numel = prod(shape[d] for d in axes)
-        block = min(pow2(numel), max(self.s.block_k, 64))
-        ident, acc_type = _identity(node.op, g.types[x].dtype)
-        with em.hoisted(0):
-            acc = em.fresh("stat")
-            em.stmt(f"{acc} = tl.full([{'BLOCK_M' if 'm' in rows else 1}, {block}], {ident}, {acc_type})")
-            tag = em.fresh("r")
-            em.push(f"for {tag} in range(0, {numel}, {block}):  # {node.name}", tag)
-            dep = frozenset({tag})
-            r = Ix(em.emit(f"{tag} + tl.arange(0, {block})[None, :]", dep, "rr"), None, numel, dep)
-            kept = frozenset(c for c in mask if em.cond_deps[c] <= rows)
-            if numel % block:
-                kept |= {em.cond(f"{r.expr} < {numel}", dep)}
-            coords = list(index)
-            for d, c in zip(axes, ix.unravel(r, [shape[d] for d in axes])):
-                coords[d] = c
-            v = em.value(x, coords, kept)
-            m = em.mask_expr(kept)
-            term = f"tl.where({m}, {v.expr}, {ident})" if m else v.expr
-            em.stmt(f"{acc} = {_COMBINE[node.op].format(acc=acc, v=term)}")
-            em.pop()
-            res = em.emit(f"{_REDUCE_FN[node.op]}({acc}, 1)[:, None]{_narrow(g, node)}", rows, "row")
-        em.rows[key] = Val(res, g.types[node.outputs[0]].dtype, rows)
-        return em.rows[key]
+        if rf is not None:
+            em.intercepts.pop(rf.mul.outputs[0], None)
+            rf.apply(t)
 
     # ---- the epilogue ----------------------------------------------------------------------
     def epilogue(self, t: Tile) -> None:
@@ -252,7 +215,8 @@ def generate_gemm(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], n
             ("num_warps", s.num_warps), ("num_stages", s.num_stages))
     main = tp.kernel()
     t = Tile(main, shape, s)
-    main.em.on_reduce = lambda node, index, mask: tp.row_statistic(t, node, index, mask)
+    # a norm's statistics that the operand prologue reads (`codegen/norm.py`)
+    main.em.on_reduce = lambda node, index, mask: prewalk_statistic(t, graph, node, index, mask, s.block_k)
     ins = [f"in{i}" for i in range(len(main.inputs))]
     outs = list(main.out_args.values())
     funcs: list[list[str]] = []

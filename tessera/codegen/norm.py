@@ -1,0 +1,213 @@
+"""A norm inside the GEMM template of the projection it feeds: its row statistics and its row factor.
+
+A LayerNorm or RMSNorm before a matmul reaches the template as operand prologue: reductions along the
+rows of the left operand (mean, variance, mean square) and elementwise work on their results. Two
+forms compute them without writing the normalized operand:
+
+- **Before the K loop** (`prewalk_statistic`, any statistic the prologue reads per row): a loop of
+  its own over the reduced axes, hoisted before the K loop (`Emitter.hoisted`). It reads the rows
+  again, from L2, once per statistic and per column of tiles.
+- **In the K loop** (`RowFactor`, a statistic whose only use is a factor of each row: RMSNorm's
+  x * rstd * gamma). A row factor leaves the sum over K: (sum_k x[m, k] r[m] w[k, n]) = r[m] (sum_k
+  x[m, k] w[k, n]). So the operand is loaded without it, the statistic accumulates in the same walk
+  from the same tiles, and the accumulator is scaled once at the end: no pass of its own. As with
+  the deferred softmax division (`rewrite/deferred.py`), one rounding moves: a float16 operand is
+  rounded before the factor, not after.
+"""
+from __future__ import annotations
+
+from math import prod
+from typing import Sequence
+
+from tessera.codegen import index as ix
+from tessera.codegen.index import Ix
+from tessera.codegen.kernels import _COMBINE, _REDUCE_FN, _identity, _narrow
+from tessera.codegen.tile import Tile, pow2
+from tessera.codegen.triton_ops import Unsupported, Val
+from tessera.ir.graph import Graph, Node
+from tessera.ir.prims import BINARY, REDUCTIONS, UNARY, Prim
+
+ROWS = frozenset({"b", "m"})  # the loop tags of one value per row of the tile
+
+
+def prewalk_statistic(t: Tile, graph: Graph, node: Node, index: Sequence[Ix], mask: frozenset[str],
+                      block_k: int) -> Val:
+    """Reduction `node` at `index` (one row of the tile), computed by a loop of its own over the
+    reduced axes before the K loop, the loops of other statistics it reads before it."""
+    em = t.em
+    rows = frozenset().union(*(i.deps for i in index))
+    if not rows <= ROWS:
+        raise Unsupported(f"{node.name}: a reduction in a GEMM template's prologue must give one value "
+                          f"per row of the tile")
+    key = (node.outputs[0], tuple(i.expr for i in index))
+    if key in em.rows:
+        return em.rows[key]
+    x = node.inputs[0]
+    shape = graph.types[x].shape
+    axes = node.attrs["axes"]
+    numel = prod(shape[d] for d in axes)
+    block = min(pow2(numel), max(block_k, 64))
+    ident, acc_type = _identity(node.op, graph.types[x].dtype)
+    with em.hoisted(0):
+        acc = em.fresh("stat")
+        em.stmt(f"{acc} = tl.full([{'BLOCK_M' if 'm' in rows else 1}, {block}], {ident}, {acc_type})")
+        tag = em.fresh("r")
+        em.push(f"for {tag} in range(0, {numel}, {block}):  # {node.name}", tag)
+        dep = frozenset({tag})
+        r = Ix(em.emit(f"{tag} + tl.arange(0, {block})[None, :]", dep, "rr"), None, numel, dep)
+        kept = frozenset(c for c in mask if em.cond_deps[c] <= rows)
+        if numel % block:
+            kept |= {em.cond(f"{r.expr} < {numel}", dep)}
+        _accumulate(em, graph, node, acc, _walk_coords(index, shape, axes, r), kept)
+        em.pop()
+        res = em.emit(f"{_REDUCE_FN[node.op]}({acc}, 1)[:, None]{_narrow(graph, node)}", rows, "row")
+    em.rows[key] = Val(res, graph.types[node.outputs[0]].dtype, rows)
+    return em.rows[key]
+
+
+def _walk_coords(index: Sequence[Ix], shape: Sequence[int], axes: Sequence[int], r: Ix) -> list[Ix]:
+    """The reduced tensor's coordinates: the row's, with walk index `r` spread over the reduced axes."""
+    coords = list(index)
+    for d, c in zip(axes, ix.unravel(r, [shape[d] for d in axes])):
+        coords[d] = c
+    return coords
+
+
+def _accumulate(em, graph: Graph, node: Node, acc: str, coords: list[Ix], mask: frozenset[str]) -> None:
+    v = em.value(node.inputs[0], coords, mask)
+    m = em.mask_expr(mask)
+    ident = _identity(node.op, graph.types[node.inputs[0]].dtype)[0]
+    term = f"tl.where({m}, {v.expr}, {ident})" if m else v.expr
+    em.stmt(f"{acc} = {_COMBINE[node.op].format(acc=acc, v=term)}")
+
+
+class RowFactor:
+    """A row factor of a GEMM template's left operand moved onto the accumulator.
+
+    `find` looks for it: a product `x * broadcast(r)` with r one value per row (size 1 on its last
+    axis) computed from the kernel's reductions by elementwise work alone, whose result reaches the
+    matmul's left operand through products, float casts and reshapes, each read by the next alone.
+    `intercept` (the emitter's, for that product) loads x alone and notes where r is read; `walk`,
+    inside the K loop, accumulates r's reductions from the same tiles; `apply`, after it, scales the
+    accumulator by r."""
+
+    def __init__(self, graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], mul: Node, factor: str,
+                 other: str, k: int) -> None:
+        self.graph, self.mul, self.factor, self.other, self.k = graph, mul, factor, other, k
+        self.producer = {o: n for n in nodes for o in n.outputs}
+        self.at: tuple[list[Ix], frozenset[str]] | None = None  # r's row index, and the operand's mask
+        self.accs: dict[str, str] = {}  # reduction name -> its accumulator
+
+    @classmethod
+    def find(cls, graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], root: Node) -> "RowFactor | None":
+        producer = {o: n for n in nodes for o in n.outputs}
+        readers: dict[str, int] = {}
+        for n in nodes:
+            for i in n.inputs:
+                readers[i] = readers.get(i, 0) + 1
+        k = graph.types[root.inputs[0]].shape[-1]
+        t = root.inputs[0]
+        while True:
+            n = producer.get(t)
+            if n is None or (t != root.inputs[0] and (readers.get(t, 0) != 1 or t in outputs or t in graph.outputs)):
+                return None
+            if n.op == Prim.MUL.value:
+                a, b = n.inputs
+                for other, f in ((a, b), (b, a)):
+                    r = _row_factor(graph, producer, readers, f)
+                    if r is not None and _statistics(graph, producer, r, k) is not None:
+                        return cls(graph, nodes, outputs, n, r, other, k)
+                computed = [x for x in (a, b) if x in producer and producer[x].op != Prim.BROADCAST.value]
+                if len(computed) != 1:
+                    return None  # two computed factors: which one carries the row factor is not followed
+                t = computed[0]
+            elif n.op == Prim.RESHAPE.value or (n.op == Prim.CAST.value and graph.types[t].dtype.is_float
+                                                and graph.types[n.inputs[0]].dtype.is_float):
+                t = n.inputs[0]
+            else:
+                return None
+
+    def intercept(self, em, index: Sequence[Ix], mask: frozenset[str]) -> Val:
+        """The product at `index` without its row factor (the first time; later reads compute it whole)."""
+        bc = self.producer[self.mul.inputs[1] if self.other == self.mul.inputs[0] else self.mul.inputs[0]]
+        ins, out = self.graph.types[bc.inputs[0]].shape, self.graph.types[bc.outputs[0]].shape
+        rows = [Ix.of(0) if n == 1 and m != 1 else i for i, n, m in zip(index, ins, out)]
+        if self.at is not None or not frozenset().union(*(i.deps for i in rows)) <= ROWS:
+            del em.intercepts[self.mul.outputs[0]]
+            return em.value(self.mul.outputs[0], index, mask)
+        self.at = (rows, mask)
+        return em.value(self.other, index, mask)
+
+    def walk(self, t: Tile, rk: Ix) -> None:
+        """Inside the K loop at index `rk`: each reduction r reads, accumulated from this step's tiles."""
+        if self.at is None:
+            return
+        em, g = t.em, self.graph
+        rows, mask = self.at
+        for node in _statistics(g, self.producer, self.factor, self.k) or ():
+            shape = g.types[node.inputs[0]].shape
+            ident, acc_type = _identity(node.op, g.types[node.inputs[0]].dtype)
+            acc = self.accs[node.name] = em.fresh("stat")
+            with em.hoisted(0):
+                em.stmt(f"{acc} = tl.full([{'BLOCK_M' if 'm' in _deps(rows) else 1}, BLOCK_K], {ident}, {acc_type})")
+            _accumulate(em, g, node, acc, _walk_coords(rows, shape, node.attrs["axes"], rk), mask)
+
+    def apply(self, t: Tile) -> None:
+        """After the K loop: the reductions' rows, r from them, and the accumulator scaled by r."""
+        if self.at is None:
+            return
+        em, g = t.em, self.graph
+        rows, _ = self.at
+        exprs = tuple(i.expr for i in rows)
+        for node in _statistics(g, self.producer, self.factor, self.k) or ():
+            res = em.emit(f"{_REDUCE_FN[node.op]}({self.accs[node.name]}, 1)[:, None]{_narrow(g, node)}",
+                          _deps(rows), "row")
+            em.rows[(node.outputs[0], exprs)] = Val(res, g.types[node.outputs[0]].dtype, _deps(rows))
+        r = em.value(self.factor, rows, frozenset(c for c in t.mmask))
+        em.stmt(f"acc = acc * {r.expr}  # the row factor {self.factor} of {self.mul.name}, deferred")
+
+
+def _deps(index: Sequence[Ix]) -> frozenset[str]:
+    return frozenset().union(*(i.deps for i in index))
+
+
+def _row_factor(graph: Graph, producer: dict[str, Node], readers: dict[str, int], f: str) -> str | None:
+    """r when `f` = broadcast(r), read once, with r of size 1 on a last axis that `f` widens."""
+    bc = producer.get(f)
+    if bc is None or bc.op != Prim.BROADCAST.value or readers.get(f, 0) != 1:
+        return None
+    r = bc.inputs[0]
+    rs, fs = graph.types[r].shape, graph.types[f].shape
+    return r if len(rs) == len(fs) and rs[-1] == 1 and fs[-1] > 1 and r in producer else None
+
+
+def _statistics(graph: Graph, producer: dict[str, Node], r: str, k: int) -> list[Node] | None:
+    """The reductions row factor `r` is computed from, by elementwise work on r's shape (constants
+    and broadcast scalars beside), each over K elements (the K loop's walk); None if r is not."""
+    shape = graph.types[r].shape
+    found: dict[str, Node] = {}
+    todo, seen = [r], set()
+    while todo:
+        t = todo.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        n = producer.get(t)
+        if n is None:
+            if t not in graph.constants:
+                return None  # read from memory: not this kernel's statistic
+            continue
+        p = Prim(n.op)
+        if p in REDUCTIONS:
+            if graph.types[t].shape != shape or prod(graph.types[n.inputs[0]].shape[d] for d in n.attrs["axes"]) != k:
+                return None
+            found[n.name] = n
+        elif p is Prim.BROADCAST and graph.types[n.inputs[0]].numel == 1:
+            todo.extend(n.inputs)
+        elif (p in UNARY or p in BINARY or p is Prim.FILL) and graph.types[t].shape == shape:
+            todo.extend(n.inputs)
+        elif p is Prim.RESHAPE and graph.types[t].numel == 1:
+            todo.extend(n.inputs)
+        else:
+            return None
+    return list(found.values()) if found else None
