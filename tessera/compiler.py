@@ -38,6 +38,7 @@ from tessera.orchestrate.partition import default_max_states
 from tessera.orchestrate.report import write_report
 from tessera.rewrite import convert_precision
 from tessera.rewrite.precision import check_precision, mark_tf32_operands
+from tessera.rewrite.bias_after import BIAS_AFTER, move_bias_after_matmul
 from tessera.rewrite.deferred import DEFERRED, defer_normalization
 from tessera.rewrite.merged import merge_weight_matmuls
 from tessera.rewrite.search import GAIN, MEASURED_GAIN, REPLAN_GAIN, follow_rules, rewrite_rules, search
@@ -107,7 +108,7 @@ class CompileResult:
     layouts: LayoutResult | None = None  # the layout pass's regions and choices
     io: str = "model"  # CompileOptions.io: the boundary dtypes the graph was built with
     chains: dict[str, dict[str, Any]] = field(default_factory=dict)  # chain kernel -> its schedule search
-    # Graph rewrites applied after fission, in order: DEFERRED, then each step the search kept
+    # Graph rewrites applied after fission, in order: merged projections, BIAS_AFTER, DEFERRED, then each step the search kept
     # (`search.Applied.to_json`); an artifact replays them (`runtime/artifact.rebuild_graph`)
     rewrites: list[str | dict[str, Any]] = field(default_factory=list)
     rewrite_search: dict[str, Any] = field(default_factory=dict)  # `SearchResult.summary()`, when on
@@ -164,6 +165,12 @@ def compile_model(source: Any, options: CompileOptions | None = None,
         if merged:
             rewrites += merged
             logger.info("rewrite: %d matmul pair(s) sharing a left operand merged over their weights", len(merged))
+    if cost_kind == "measured" and opt.templates == "auto" and opt.prologues:
+        # a LayerNorm's beta after its projection: rstd can then leave the template's K loop (codegen/norm.py)
+        graph, moved = move_bias_after_matmul(graph)
+        if moved:
+            rewrites.append(BIAS_AFTER)
+            logger.info("rewrite: %d row-constant addend(s) moved after their matmul", moved)
     if chains_enabled(opt, cost_kind):  # softmax's division after the product: attention then chains in one pass
         graph, moved = defer_normalization(graph)
         if moved:

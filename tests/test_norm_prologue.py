@@ -164,3 +164,66 @@ def test_a_statistic_of_a_value_the_operand_does_not_read_is_refused():
     assert why is not None and "row statistic reads only what its operand reads" in why
     assert StructuralLegality(prologues=True).check(og, og.all) is None
     assert StructuralLegality().check(og, og.all) is not None  # no prologues: no norm either
+
+
+def test_a_float16_operand_without_its_row_factor_stays_in_range():
+    # x holds values near float16's largest and gamma is 3: x * gamma alone would overflow, the
+    # normalized operand does not. The operand is scaled by a power of two first (2**-2 here) and
+    # the accumulator takes it back; the result matches the float64 reference.
+    from test_gemm_template import run_template
+    from tessera.codegen.select import implement, prologue_of
+    from tessera.ir import interp
+
+    x = rand(2, 13, 64, seed=114)
+    x[:, :, 5] = 60000.0
+    x[:, 3, 9] = -50000.0
+    norm, consts = _rmsnorm("x", "y", 64, seed=115)
+    consts["y_g"] = Const(np.full(64, 3.0, np.float32))
+    w = Const(rand(64, 24, seed=116).astype(np.float16))
+    for c in ("two", "eps", "y_g"):
+        consts[c] = Const(consts[c].value.astype(np.float16))
+    model = graph_model([*norm, helper.make_node("MatMul", ["y", "w"], ["out"])],
+                        {"x": x.astype(np.float16), **consts, "w": w}, ["out"], opset=18)
+    g = fission(load(model).graph).graph
+    og = build_ograph(g)
+    prims = list(og.nodes)
+    ks = implement(g, prims, prologue_of(og, prims), list(g.outputs), "k0_test", (),
+                   GemmSchedule(16, 16, 16, 2, 2, 1, 1)).triton
+    assert "* 0.25" in ks.source and "* 4.0" in ks.source and "deferred" in ks.source
+    feeds = {"x": x.astype(np.float16)}
+    got = run_template(g, ks, {**g.constants, **feeds})["out"]
+    want = interp.run(g, feeds, exact=True)["out"]
+    assert np.isfinite(got).all() and rel_l2(got, want) < TOLERANCE["fp16"]
+
+
+def test_a_layernorm_beta_moves_after_the_projection():
+    # matmul(u + beta, W) = matmul(u, W) + beta @ W: the product's operand ends in rstd's product,
+    # so a template defers rstd too (the mean keeps its loop before the walk).
+    from tessera.ir import interp
+    from tessera.rewrite.bias_after import move_bias_after_matmul
+
+    x = rand(2, 13, 40, seed=117)
+    g = fission(load(_layernorm_matmul(x, 40, 24, 118)).graph).graph
+    moved, n = move_bias_after_matmul(g)
+    assert n == 1 and move_bias_after_matmul(moved)[1] == 0
+    (mm,) = [m for m in moved.nodes if m.op == "matmul"]
+    producer = {o: m for m in moved.nodes for o in m.outputs}
+    assert all(producer[t].op != "add" for t in mm.inputs if t in producer)
+    want = interp.run(g, {"x": x}, exact=True)["out"]
+    assert rel_l2(interp.run(moved, {"x": x}, exact=True)["out"], want) < 1e-6  # b @ W stored in float32
+    og = build_ograph(moved)
+    prims = list(og.nodes)
+    from tessera.codegen.select import implement, prologue_of
+    src = implement(moved, prims, prologue_of(og, prims), list(moved.outputs), "k0_test", (),
+                    GemmSchedule(16, 16, 16, 2, 2, 1, 1)).triton.source
+    assert "deferred" in src and src.count("for ") == 2  # the mean's loop, then the walk
+
+
+def test_the_bias_stays_where_the_weight_is_computed():
+    # W = transpose(V): not a constant matrix the rule can fold b @ W from.
+    x = rand(2, 13, 40, seed=119)
+    from tessera.rewrite.bias_after import move_bias_after_matmul
+
+    model = graph_model([helper.make_node("Add", ["x", "b"], ["y"]), helper.make_node("MatMul", ["y", "v"], ["out"])],
+                        {"x": x, "b": Const(rand(40, seed=120)), "v": rand(40, 24, seed=121)}, ["out"])
+    assert move_bias_after_matmul(fission(load(model).graph).graph)[1] == 0

@@ -12,18 +12,27 @@ forms compute them without writing the normalized operand:
   x[m, k] w[k, n]). So the operand is loaded without it, the statistic accumulates in the same walk
   from the same tiles, and the accumulator is scaled once at the end: no pass of its own. As with
   the deferred softmax division (`rewrite/deferred.py`), one rounding moves: a float16 operand is
-  rounded before the factor, not after.
+  rounded before the factor, not after. Unnormalized, that operand could leave float16's range where
+  the normalized one does not (a residual stream's outliers times a large gamma). So a float16
+  operand is first scaled by a power of two (exact) that keeps it within range for any float16
+  input: the bound comes from the path's structure (`_bound`: stored float16 values, sums,
+  differences and products with constants), and the accumulator takes the power back with the
+  factor. Where no bound is found, the statistic takes its loop before the walk.
 """
 from __future__ import annotations
 
+import math
 from math import prod
 from typing import Sequence
+
+import numpy as np
 
 from tessera.codegen import index as ix
 from tessera.codegen.index import Ix
 from tessera.codegen.kernels import _COMBINE, _REDUCE_FN, _identity, _narrow
 from tessera.codegen.tile import Tile, pow2
 from tessera.codegen.triton_ops import Unsupported, Val
+from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import BINARY, REDUCTIONS, UNARY, Prim
 
@@ -92,8 +101,9 @@ class RowFactor:
     accumulator by r."""
 
     def __init__(self, graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], mul: Node, factor: str,
-                 other: str, k: int) -> None:
+                 other: str, k: int, shift: int = 0) -> None:
         self.graph, self.mul, self.factor, self.other, self.k = graph, mul, factor, other, k
+        self.shift = shift  # the operand is scaled by 2**-shift, the accumulator by 2**shift
         self.producer = {o: n for n in nodes for o in n.outputs}
         self.at: tuple[list[Ix], frozenset[str]] | None = None  # r's row index, and the operand's mask
         self.accs: dict[str, str] = {}  # reduction name -> its accumulator
@@ -107,6 +117,7 @@ class RowFactor:
                 readers[i] = readers.get(i, 0) + 1
         k = graph.types[root.inputs[0]].shape[-1]
         t = root.inputs[0]
+        path: list[tuple[Node, str]] = []  # the products on the way, each with its other operand
         while True:
             n = producer.get(t)
             if n is None or (t != root.inputs[0] and (readers.get(t, 0) != 1 or t in outputs or t in graph.outputs)):
@@ -116,10 +127,12 @@ class RowFactor:
                 for other, f in ((a, b), (b, a)):
                     r = _row_factor(graph, producer, readers, f)
                     if r is not None and _statistics(graph, producer, r, k) is not None:
-                        return cls(graph, nodes, outputs, n, r, other, k)
+                        shift = _shift(graph, producer, other, path, graph.types[root.inputs[0]].dtype)
+                        return None if shift is None else cls(graph, nodes, outputs, n, r, other, k, shift)
                 computed = [x for x in (a, b) if x in producer and producer[x].op != Prim.BROADCAST.value]
                 if len(computed) != 1:
                     return None  # two computed factors: which one carries the row factor is not followed
+                path.append((n, b if computed[0] == a else a))
                 t = computed[0]
             elif n.op == Prim.RESHAPE.value or (n.op == Prim.CAST.value and graph.types[t].dtype.is_float
                                                 and graph.types[n.inputs[0]].dtype.is_float):
@@ -136,7 +149,10 @@ class RowFactor:
             del em.intercepts[self.mul.outputs[0]]
             return em.value(self.mul.outputs[0], index, mask)
         self.at = (rows, mask)
-        return em.value(self.other, index, mask)
+        v = em.value(self.other, index, mask)
+        if not self.shift:
+            return v
+        return Val(em.emit(f"{v.expr} * {2.0 ** -self.shift!r}", v.deps), v.dtype, v.deps)
 
     def walk(self, t: Tile, rk: Ix) -> None:
         """Inside the K loop at index `rk`: each reduction r reads, accumulated from this step's tiles."""
@@ -164,7 +180,8 @@ class RowFactor:
                           _deps(rows), "row")
             em.rows[(node.outputs[0], exprs)] = Val(res, g.types[node.outputs[0]].dtype, _deps(rows))
         r = em.value(self.factor, rows, frozenset(c for c in t.mmask))
-        em.stmt(f"acc = acc * {r.expr}  # the row factor {self.factor} of {self.mul.name}, deferred")
+        scale = f" * {2.0 ** self.shift!r}" if self.shift else ""
+        em.stmt(f"acc = acc * {r.expr}{scale}  # the row factor {self.factor} of {self.mul.name}, deferred")
 
 
 def _deps(index: Sequence[Ix]) -> frozenset[str]:
@@ -211,3 +228,53 @@ def _statistics(graph: Graph, producer: dict[str, Node], r: str, k: int) -> list
         else:
             return None
     return list(found.values()) if found else None
+
+
+FP16_MAX = 65504.0
+
+
+def _shift(graph: Graph, producer: dict[str, Node], other: str, path: list[tuple[Node, str]],
+           dtype: DType) -> int | None:
+    """The power of two that keeps a float16 operand without its row factor in range: 0 for other
+    types; None where `_bound` finds no bound."""
+    if dtype is not DType.FLOAT16:
+        return 0
+    bound = _bound(graph, producer, other, 0)
+    for _, f in path:
+        fb = _bound(graph, producer, f, 0)
+        if bound is None or fb is None:
+            return None
+        bound *= fb
+    if bound is None or not math.isfinite(bound):
+        return None
+    return max(0, math.ceil(math.log2(bound / FP16_MAX))) if bound > 0 else 0
+
+
+def _bound(graph: Graph, producer: dict[str, Node], t: str, depth: int) -> float | None:
+    """A bound on |t| for any float16 inputs, from its computation: a stored float16 value (a
+    residual stream) is within float16's range; constants are what they are; sums, differences,
+    products, casts, layout and a row sum's mean follow. None where the structure gives none."""
+    if t in graph.constants:
+        v = np.asarray(graph.constants[t], dtype=np.float64)
+        return float(np.abs(v).max()) if v.size else 0.0
+    n = producer.get(t)
+    if n is None:
+        return FP16_MAX if graph.types[t].dtype is DType.FLOAT16 else None
+    if depth > 32:
+        return None
+    p = Prim(n.op)
+    if p is Prim.FILL:
+        return abs(float(n.attrs["value"]))
+    ins = [_bound(graph, producer, i, depth + 1) for i in n.inputs]
+    if any(b is None for b in ins):
+        return None
+    if p in (Prim.RESHAPE, Prim.BROADCAST, Prim.TRANSPOSE, Prim.SLICE, Prim.NEG) or \
+            (p is Prim.CAST and graph.types[t].dtype.is_float):
+        return ins[0]
+    if p in (Prim.ADD, Prim.SUB):
+        return ins[0] + ins[1]
+    if p is Prim.MUL:
+        return ins[0] * ins[1]
+    if p is Prim.REDUCE_SUM:
+        return ins[0] * prod(graph.types[n.inputs[0]].shape[d] for d in n.attrs["axes"])
+    return None

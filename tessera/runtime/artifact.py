@@ -29,6 +29,7 @@ from tessera.frontend import LoadedModel, load as frontend_load
 from tessera.ir.graph import Graph
 from tessera.orchestrate.layout import assign_layouts
 from tessera.rewrite import convert_precision, mark_tf32_operands
+from tessera.rewrite.bias_after import BIAS_AFTER, move_bias_after_matmul
 from tessera.rewrite.deferred import DEFERRED, defer_normalization
 from tessera.rewrite.search import replay
 from tessera.runtime.executable import Executable
@@ -80,6 +81,8 @@ def rebuild_graph(model: Path | bytes | LoadedModel, meta: dict[str, Any]) -> Gr
                 raise ModelLoadError(f"the artifact's rewrites do not replay on its model: {e.args[0]}") from None
         elif rule == DEFERRED:
             graph = defer_normalization(graph)[0]
+        elif rule == BIAS_AFTER:
+            graph = move_bias_after_matmul(graph)[0]
         else:
             raise ModelLoadError(f"the artifact was compiled with the rewrite {rule!r}, which this tessera lacks")
     graph = convert_precision(graph, meta["precision"], meta.get("io", "model"))

@@ -1,0 +1,118 @@
+"""A row-constant addend of a matmul's left operand, added after the product instead.
+
+    matmul(E + broadcast(b), W)  ->  matmul(E, W) + broadcast(b @ W)      (b constant along the rows, W constant)
+
+Each row of the left operand gets the same vector b, so each row of the product gets b @ W, a
+constant folded here (in float64, stored in the graph's float type). A LayerNorm before a projection
+ends in such an add (its beta); without it, what reaches the product is (x - mean) * rstd * gamma,
+and rstd, a factor of each row, can leave the sum over K: a GEMM template then accumulates the
+variance in its K loop and scales the accumulator once (`codegen/norm.py`), instead of a pass of
+its own over the rows. The add after the product is the template's epilogue (or the library call's
+bias). Exact in real arithmetic; in floating point b @ W is rounded once to the graph's type
+instead of each operand element to the operand's.
+
+Reshapes between the add and the product that keep the last axis only regroup rows, so the rule
+moves through them (as `rewrite/deferred.py` does)."""
+from __future__ import annotations
+
+import numpy as np
+
+from tessera.ir.graph import Graph, Node, TensorType, unique_name
+from tessera.ir.prims import Prim
+from tessera.rewrite.deferred import _rows_source
+
+BIAS_AFTER = "bias_after_matmul"  # the rule's name in an artifact's record of rewrites
+
+
+def move_bias_after_matmul(graph: Graph) -> tuple[Graph, int]:
+    """`graph` with every matmul whose left operand is E + broadcast(b), b constant along its rows
+    and the right operand a constant matrix, rewritten to add b @ W to the product (a new graph),
+    and how many were rewritten. The sum (and each reshape between it and the matmul) must be read
+    by the next node alone and be no graph output."""
+    g = graph.clone(copy_constants=False)  # constants are added, never written
+    producers = g.producers()
+    consumers = g.consumers()
+    names = {n.name for n in g.nodes}
+    replaced: dict[str, list[Node]] = {}
+
+    def private(t: str) -> bool:
+        return t not in g.outputs and len(consumers.get(t, [])) == 1
+
+    def node(base: str, op: str, inputs: tuple[str, ...], out: str, attrs: dict, source: tuple) -> Node:
+        name = unique_name(base, names)
+        names.add(name)
+        return Node(name, op, inputs, (out,), attrs, "", source)
+
+    def tensor(base: str, ty: TensorType) -> str:
+        name = unique_name(base, g.types)
+        g.types[name] = ty
+        return name
+
+    for mm in g.nodes:
+        w = mm.inputs[1] if mm.op == Prim.MATMUL.value else None
+        if w is None or w not in g.constants or g.types[w].rank != 2 or not g.types[w].dtype.is_float:
+            continue
+        p = mm.inputs[0]
+        q = _rows_source(g, producers, private, p)
+        add = producers.get(q)
+        if add is None or add.op != Prim.ADD.value or not private(q):
+            continue
+        found = _row_constant(g, producers, add)
+        if found is None:
+            continue
+        e, b = found
+        out = mm.outputs[0]
+        ot = g.types[out]
+        wv = g.constants[w].astype(np.float64)
+        cv = (b.astype(np.float64) @ wv).astype(g.types[w].dtype.to_numpy())
+        c = tensor(f"{w}/bias_after", TensorType((wv.shape[1],), g.types[w].dtype))
+        g.constants[c] = cv
+        new: list[Node] = []
+        if q != p:  # through reshapes: the product reads E regrouped as the old operand was
+            ep = tensor(f"{p}/without_bias", TensorType(g.types[p].shape, g.types[e].dtype))
+            new.append(node(f"{mm.name}/rows", Prim.RESHAPE.value, (e,), ep, {"shape": g.types[p].shape}, add.source))
+            e = ep
+        raw = tensor(f"{out}/without_bias", ot)
+        row = tensor(f"{c}/row", TensorType((1,) * (ot.rank - 1) + (ot.shape[-1],), g.types[c].dtype))
+        wide = tensor(f"{c}/over_{out}", TensorType(ot.shape, g.types[c].dtype))
+        replaced[mm.name] = new + [
+            Node(mm.name, mm.op, (e, w), (raw,), dict(mm.attrs), mm.domain, mm.source),
+            node(f"{mm.name}/bias_after_row", Prim.RESHAPE.value, (c,), row, {"shape": g.types[row].shape}, add.source),
+            node(f"{mm.name}/bias_after_wide", Prim.BROADCAST.value, (row,), wide, {"shape": ot.shape}, add.source),
+            node(f"{mm.name}/bias_after", Prim.ADD.value, (raw, wide), out, {}, tuple(dict.fromkeys(mm.source + add.source))),
+        ]
+    if not replaced:
+        return graph, 0
+    nodes: list[Node] = []
+    for n in g.nodes:
+        nodes.extend(replaced.get(n.name, [n]))
+    g.nodes = nodes
+    g.sort()
+    g.remove_dead()
+    return g, len(replaced)
+
+
+def _row_constant(g: Graph, producers: dict[str, Node], add: Node) -> tuple[str, np.ndarray] | None:
+    """(E, b) when `add` computes E + broadcast(b) (either side), b a constant whose only non-unit
+    dim is the last (the same vector for every row), of E's float type; else None."""
+    for e, f in (add.inputs, add.inputs[::-1]):
+        bc = producers.get(f)
+        if bc is None or bc.op != Prim.BROADCAST.value or g.types[e].shape != g.types[f].shape:
+            continue
+        v = _constant_value(g, producers, bc.inputs[0])
+        bt = g.types[bc.inputs[0]]
+        if v is None or bt.dtype != g.types[e].dtype or any(n != 1 for n in bt.shape[:-1]) \
+                or bt.shape[-1] != g.types[e].shape[-1]:
+            continue
+        return e, v.reshape(-1)
+    return None
+
+
+def _constant_value(g: Graph, producers: dict[str, Node], t: str) -> np.ndarray | None:
+    """The value of `t` where it is a constant or a reshape of one; else None."""
+    while t not in g.constants:
+        n = producers.get(t)
+        if n is None or n.op != Prim.RESHAPE.value:
+            return None
+        t = n.inputs[0]
+    return np.asarray(g.constants[t])
