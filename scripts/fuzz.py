@@ -187,8 +187,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--precisions", default=",".join(PRECISIONS))
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--tuning", choices=("analytical", "measured"), default="analytical",
-                    help="measured: the compile times candidates on the GPU (CompileOptions(cost='measured'))")
+    ap.add_argument("--tuning", choices=("analytical", "measured", "fake"), default="analytical",
+                    help="measured: the compile times candidates on the GPU (CompileOptions(cost='measured')); "
+                         "fake: a measured compile on the CPU whose profiler prices kernels by a hash, templates "
+                         "a third less (tests/fake_profiler.RandomTemplateProfiler): plans with operand "
+                         "prologues, norms and GEMM chains, which analytical compiles never form")
     ap.add_argument("--db", default=None, help="tuning database for --tuning measured (default: a fresh one in a temp dir)")
     ap.add_argument("--random-schedules", choices=("auto", "on", "off"), default="auto",
                     help="run generated kernels at random schedules of their space (auto: on unless measured)")
@@ -268,7 +271,7 @@ class Run:
                                                "spec": spec.to_json(), "spec_repr": repr(spec)}))
         t_call = time.perf_counter()
         try:
-            o = fuzzcheck.check(spec, a.device, a.tuning, self.db if a.tuning == "measured" else None,
+            o = fuzzcheck.check(spec, a.device, a.tuning, self.db if a.tuning in ("measured", "fake") else None,
                                 a.random_schedules)
         except Exception as e:  # noqa: BLE001 - the generator's or the oracle's own bug, not tessera's
             kind = "generator-error" if isinstance(e, fuzzcheck.GeneratorError) else "harness-error"

@@ -99,6 +99,28 @@ class TemplatePrologueProfiler:
                 record(i, 1.5e-6 if isinstance(j.schedule, self.template) else 1e-6 * len(j.prims), "")
 
 
+class RandomTemplateProfiler:
+    """For the fuzzer's `--tuning fake`: every job costs a hash of its signature (so plans mix
+    library calls, templates, operand prologues, norms and chains at random, reproducibly), templates
+    a third less, which makes them win often. A library job holding an operand prologue fails, as the
+    real profiler's build would."""
+
+    def measure(self, jobs: Sequence[Job], record: Record) -> None:
+        from tessera.codegen.kernels import ChainSchedule, ConvSchedule, GemmSchedule
+        from tessera.codegen.select import operand_prologue
+
+        for i, j in enumerate(jobs):
+            template = isinstance(j.schedule, (GemmSchedule, ConvSchedule, ChainSchedule))
+            if not template and operand_prologue(j.prims):
+                record(i, math.inf, "a library call cannot compute its operands' prologue")
+                continue
+            base = 1e-6 + (int(j.key.signature[:6], 16) % 1000) * 1e-9 * len(j.prims)
+            record(i, base * (0.66 if template else 1.0), "")
+
+    def close(self) -> None:
+        pass
+
+
 def plan_with(model: str, db_path: str, log: str | None, delay: float) -> list[list[str]]:
     from tessera.cost.db import TuningDB
     from tessera.codegen.select import TritonLegality

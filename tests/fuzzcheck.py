@@ -25,6 +25,7 @@ onnxruntime's results, raises `GeneratorError`: the generator is wrong, not tess
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import math
 import time
@@ -32,7 +33,7 @@ import traceback
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import ml_dtypes
 
@@ -234,7 +235,9 @@ def rounded(x: Mapping[str, np.ndarray], precision: str) -> dict[str, np.ndarray
 # ---- compiling and running -----------------------------------------------------------------------
 def options(spec: GraphSpec, tuning: str = "analytical", db: str | None = None) -> CompileOptions:
     # (the solver is the default: TESSERA_SOLVER=highs where a GPU machine carries only highspy's wheel)
-    return CompileOptions(cost=tuning, db=db, precision=spec.precision, layout=spec.layout, strategy=spec.strategy,
+    # "fake": a measured compile on the CPU, its profiler `RandomTemplateProfiler` (templates, operand
+    # prologues, norms and GEMM chains join plans, which analytical compiles never form)
+    return CompileOptions(cost="measured" if tuning == "fake" else tuning, db=db, precision=spec.precision, layout=spec.layout, strategy=spec.strategy,
                           rewrites=spec.rewrites, time_limit=20.0, tune_workers=1 if tuning == "measured" else None,
                           max_kernel_nodes=spec.kernel_nodes or CompileOptions.max_kernel_nodes)
 
@@ -242,7 +245,25 @@ def options(spec: GraphSpec, tuning: str = "analytical", db: str | None = None) 
 def shared_profiler(tuning: str) -> Any:
     """Measured tuning: one profiler for the whole run, so its worker processes start once (a GPU
     compile of a one-kernel graph took 15-20 s on the H100, starting workers included), closed at exit."""
+    if tuning == "fake":
+        from fake_profiler import RandomTemplateProfiler
+
+        return RandomTemplateProfiler()
     return _measured_profiler() if tuning == "measured" else None
+
+
+@contextlib.contextmanager
+def fake_gpu(tuning: str) -> Iterator[None]:
+    """Under `--tuning fake`, a compile that believes a GPU is there (its kernels still run on the CPU)."""
+    if tuning != "fake":
+        yield
+        return
+    avail, name = torch.cuda.is_available, torch.cuda.get_device_name
+    torch.cuda.is_available, torch.cuda.get_device_name = (lambda: True), (lambda *a: "fake-gpu")
+    try:
+        yield
+    finally:
+        torch.cuda.is_available, torch.cuda.get_device_name = avail, name
 
 
 @functools.cache
@@ -260,7 +281,7 @@ def pick_schedules(result: CompileResult, seed: int) -> None:
     tuned = {}
     for impl in result.kernels:
         ks = impl.triton
-        if ks is None:
+        if ks is None or impl.backend == "template":  # templates keep their own (tuned or best-ranked)
             continue
         space = schedules(ks.xnumel, ks.rnumel, ks.tile, ks.strided)
         tuned[impl.name] = space[int(rng.integers(len(space)))]
@@ -277,7 +298,11 @@ def kernel_forms(result: CompileResult) -> Counter:
         ks = impl.triton
         if ks is not None:  # the form the kernel's header names (codegen/kernels.py: generate)
             head = next((ln for ln in ks.source.splitlines() if ln.startswith("# tessera kernel")), "")
-            if "row reduction" in head:
+            if impl.backend == "template":  # its form, and a norm's statistics in its prologue (codegen/norm.py)
+                c["template:" + ("chain" if "chain" in head else "conv" if "conv" in head else "gemm")] += 1
+                c["template:row_factor"] += "deferred" in ks.source
+                c["template:row_statistic_loop"] += "  # " in ks.source and "for r" in ks.source
+            elif "row reduction" in head:
                 c["reduction" + ("" if ks.schedule.persistent else ":looped") + (":strided" if ks.strided else "")] += 1
             elif "tiled pointwise" in head:
                 c["tiled"] += 1
@@ -347,7 +372,8 @@ def check(spec: GraphSpec, device: str = "cpu", tuning: str = "analytical", db: 
     x = feeds(spec)
     model, ref = reference(spec, x)
     try:
-        result = compile_model(model, options(spec, tuning, db), profiler=shared_profiler(tuning))
+        with fake_gpu(tuning):
+            result = compile_model(model, options(spec, tuning, db), profiler=shared_profiler(tuning))
     except Exception as e:  # noqa: BLE001 - every exception on a valid graph is a crash
         return _timed(_crash("compile", e), t0)
     opaque = [(o.op_type, o.reason) for o in result.fission.opaque]

@@ -59,6 +59,7 @@ GENERATORS: list[Gen] = [
     Gen("conv_stack", "conv", nn.conv_stack),
     Gen("softmax", "normalization", nn.softmax),
     Gen("layer_norm", "normalization", nn.layer_norm, 17),
+    Gen("norm_projection", "normalization", nn.norm_projection, 17),
     Gen("instance_norm", "normalization", nn.instance_norm),
     Gen("batch_norm", "normalization", nn.batch_norm),
     # GroupNormalization-18 is deprecated: the ONNX checker (and tessera's reader) refuse it.

@@ -256,6 +256,35 @@ def layer_norm(d: Draw, b: Builder) -> None:
     b.node("LayerNormalization", ins, outs, attrs)
 
 
+def norm_projection(d: Draw, b: Builder) -> None:
+    """A pre-norm projection: LayerNorm or RMSNorm over the last axis (of a residual sum, at times),
+    then a matmul with a constant weight and at times a bias: the motif a GEMM template computes with
+    the norm in its prologue (`codegen/norm.py`), which other draws rarely line up."""
+    x = b.float_in(lambda t: t.rank >= 2 and t.shape[-1] > 1)
+    if d.maybe(0.4):
+        x = b.one("Add", [x, b.float_in(lambda t: t.shape == x.shape, rank=x.rank)], [(x.shape, FLOAT)])
+    k = x.shape[-1]
+    if d.maybe(0.5):
+        ins: list = [x, b.const((k,))] + ([b.const((k,), scale=0.5)] if d.maybe(0.7) else [])
+        y = b.one("LayerNormalization", ins, [(x.shape, FLOAT)], {"axis": -1})
+    else:  # RMSNorm as Llama's export spells it
+        sq = b.one("Mul", [x, x], [(x.shape, FLOAT)])
+        stat = x.shape[:-1] + (1,)
+        axes = b.opset >= 18
+        ms = b.one("ReduceMean", [sq] + ([b.ints([-1])] if axes else []), [(stat, FLOAT)],
+                   {"keepdims": 1} if axes else {"axes": [-1], "keepdims": 1})
+        r = b.one("Reciprocal", [b.one("Sqrt", [b.one("Add", [ms, b.scalar(1e-5)], [(stat, FLOAT)])], [(stat, FLOAT)])],
+                  [(stat, FLOAT)])
+        y = b.one("Mul", [b.one("Mul", [x, r], [(x.shape, FLOAT)]), b.const((k,))], [(x.shape, FLOAT)])
+    n = b.dim(1, max(1, b.cap // max(1, x.numel // k)))
+    out = x.shape[:-1] + (n,)
+    if math.prod(out) > 2 * b.cap:
+        return
+    z = b.one("MatMul", [y, b.const((k, n), FLOAT, scale=1 / math.sqrt(k))], [(out, FLOAT)])
+    if d.maybe(0.5):
+        b.one("Add", [z, b.const((n,), scale=0.5)], [(out, FLOAT)])
+
+
 def instance_norm(d: Draw, b: Builder) -> None:
     x = b.float_in(lambda t: t.rank >= 3)
     if x.rank < 3:

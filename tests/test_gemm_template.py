@@ -152,6 +152,16 @@ def test_odd_and_prime_shapes_with_bias_and_relu(m, n, k):
     check_template(model, feeds, GemmSchedule(16, 16, 16, 2, 2, 2, 1))
 
 
+def test_a_one_element_product_stores_at_a_literal_offset():
+    # [1] @ [1, 1]: M = N = K = 1, so the store's offset is the literal 0, which tl.broadcast_to
+    # does not take (the fuzzer's first template plans, session 56).
+    x = rand(1, seed=130)
+    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["out"])], {"x": x, "w": Const(rand(1, 1, seed=131))},
+                        ["out"])
+    ks, _ = check_template(model, {"x": x})
+    assert "tl.full([BLOCK_M, BLOCK_N], 0, tl.int32)" in ks.source
+
+
 @pytest.mark.parametrize("epilogue", ["gelu", "gelu_tanh", "gpt2"])
 @pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # Pow's log(|x|) on masked lanes
 def test_gelu_forms(epilogue):

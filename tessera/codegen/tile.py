@@ -215,7 +215,11 @@ def store_outputs(t: Tile, graph: Graph, outputs: Sequence[str], product: str, c
         flat = em.index_var(ix.ravel_stored(oc, ty.shape, ty.layout))
         if not {"m", "n"} <= flat.deps:  # a size-1 M or N: the store still covers the tile (masked)
             deps = flat.deps | {"m", "n"}
-            flat = Ix(em.emit(f"tl.broadcast_to({flat.expr}, [BLOCK_M, BLOCK_N])", deps, "i"), None, None, deps)
+            # (one element, M = N = 1: a literal offset, which tl.broadcast_to does not take; the fuzzer's
+            # templates, session 56)
+            wide = f"tl.full([BLOCK_M, BLOCK_N], {flat.expr}, tl.int32)" if flat.const is not None \
+                else f"tl.broadcast_to({flat.expr}, [BLOCK_M, BLOCK_N])"
+            flat = Ix(em.emit(wide, deps, "i"), None, None, deps)
         v = em.value(o, oc, mask)
         t.k.store(o, flat, v, mask, "[BLOCK_M, BLOCK_N]", frozenset({"m", "n"}))
 
