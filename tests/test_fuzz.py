@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,23 @@ def test_fuzz_slice(precision):
         _assert_ok(fuzzcheck.check(spec))
 
     run()
+
+
+def test_fuzz_slice_with_templates():
+    """Graphs of linear and normalization ops under `--tuning fake`'s measured compile on the CPU:
+    GEMM templates with operand prologues, norms in them and chains, which analytical plans never
+    form, match onnxruntime too; the slice draws the norm prologue's forms."""
+    forms: Counter = Counter()
+
+    @settings(SLICE, max_examples=30)
+    @given(graph_specs(families=["linear", "normalization"], precisions=["fp32", "fp16"]))
+    def run(spec: GraphSpec) -> None:
+        outcome = fuzzcheck.check(spec, tuning="fake")
+        _assert_ok(outcome)
+        forms.update(outcome.forms)
+
+    run()
+    assert forms["template:gemm"] and forms["template:row_factor"] + forms["template:row_statistic_loop"], forms
 
 
 def test_fuzz_slice_boundary_sizes():
