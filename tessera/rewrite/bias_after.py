@@ -3,13 +3,13 @@
     matmul(E + broadcast(b), W)  ->  matmul(E, W) + broadcast(b @ W)      (b constant along the rows, W constant)
 
 Each row of the left operand gets the same vector b, so each row of the product gets b @ W, a
-constant folded here (in float64, stored in the graph's float type). A LayerNorm before a projection
+constant folded here (in float64, kept float32 in a narrow plan: `Graph.wide_constants`). A LayerNorm before a projection
 ends in such an add (its beta); without it, what reaches the product is (x - mean) * rstd * gamma,
 and rstd, a factor of each row, can leave the sum over K: a GEMM template then accumulates the
 variance in its K loop and scales the accumulator once (`codegen/norm.py`), instead of a pass of
 its own over the rows. The add after the product is the template's epilogue (or the library call's
-bias). Exact in real arithmetic; in floating point b @ W is rounded once to the graph's type
-instead of each operand element to the operand's.
+bias). Exact in real arithmetic; in floating point b @ W is rounded once, to float32, instead of
+each operand element to the operand's type.
 
 Reshapes between the add and the product that keep the last axis only regroup rows, so the rule
 moves through them (as `rewrite/deferred.py` does)."""
@@ -64,21 +64,22 @@ def move_bias_after_matmul(graph: Graph) -> tuple[Graph, int]:
         out = mm.outputs[0]
         ot = g.types[out]
         wv = g.constants[w].astype(np.float64)
-        cv = (b.astype(np.float64) @ wv).astype(g.types[w].dtype.to_numpy())
-        c = tensor(f"{w}/bias_after", TensorType((wv.shape[1],), g.types[w].dtype))
-        g.constants[c] = cv
+        row = (1,) * (ot.rank - 1) + (ot.shape[-1],)
+        c = tensor(f"{w}/bias_after", TensorType(row, g.types[w].dtype))
+        g.constants[c] = (b.astype(np.float64) @ wv).astype(g.types[w].dtype.to_numpy()).reshape(row)
+        # kept float32 in a float16/bfloat16 plan: the epilogue adds it in float32 anyway, so rounding
+        # it to the narrow type would only add an error the model did not have
+        g.wide_constants = g.wide_constants | {c}
         new: list[Node] = []
         if q != p:  # through reshapes: the product reads E regrouped as the old operand was
             ep = tensor(f"{p}/without_bias", TensorType(g.types[p].shape, g.types[e].dtype))
             new.append(node(f"{mm.name}/rows", Prim.RESHAPE.value, (e,), ep, {"shape": g.types[p].shape}, add.source))
             e = ep
         raw = tensor(f"{out}/without_bias", ot)
-        row = tensor(f"{c}/row", TensorType((1,) * (ot.rank - 1) + (ot.shape[-1],), g.types[c].dtype))
         wide = tensor(f"{c}/over_{out}", TensorType(ot.shape, g.types[c].dtype))
         replaced[mm.name] = new + [
             Node(mm.name, mm.op, (e, w), (raw,), dict(mm.attrs), mm.domain, mm.source),
-            node(f"{mm.name}/bias_after_row", Prim.RESHAPE.value, (c,), row, {"shape": g.types[row].shape}, add.source),
-            node(f"{mm.name}/bias_after_wide", Prim.BROADCAST.value, (row,), wide, {"shape": ot.shape}, add.source),
+            node(f"{mm.name}/bias_after_wide", Prim.BROADCAST.value, (c,), wide, {"shape": ot.shape}, add.source),
             node(f"{mm.name}/bias_after", Prim.ADD.value, (raw, wide), out, {}, tuple(dict.fromkeys(mm.source + add.source))),
         ]
     if not replaced:
