@@ -227,3 +227,15 @@ def test_the_bias_stays_where_the_weight_is_computed():
     model = graph_model([helper.make_node("Add", ["x", "b"], ["y"]), helper.make_node("MatMul", ["y", "v"], ["out"])],
                         {"x": x, "b": Const(rand(40, seed=120)), "v": rand(40, 24, seed=121)}, ["out"])
     assert move_bias_after_matmul(fission(load(model).graph).graph)[1] == 0
+
+
+def test_a_product_of_the_normalized_rows_with_themselves_has_no_template_form():
+    # y @ y^T: B needs rstd per column of the tile, which no loop of the template computes. The
+    # kernel is refused (the norm stays a kernel of its own), with the reason.
+    x = rand(2, 13, 40, seed=122)
+    norm, consts = _rmsnorm("x", "y", 40, seed=123)
+    model = graph_model([*norm, helper.make_node("Transpose", ["y"], ["yt"], perm=[0, 2, 1]),
+                         helper.make_node("MatMul", ["y", "yt"], ["out"])], {"x": x, **consts}, ["out"], opset=18)
+    og = build_ograph(fission(load(model).graph).graph)
+    assert StructuralLegality(prologues=True).check(og, og.all) is None
+    assert "one value per row of the tile" in TritonLegality(templates=True).check(og, og.all)

@@ -106,6 +106,7 @@ class RowFactor:
         self.shift = shift  # the operand is scaled by 2**-shift, the accumulator by 2**shift
         self.producer = {o: n for n in nodes for o in n.outputs}
         self.at: tuple[list[Ix], frozenset[str]] | None = None  # r's row index, and the operand's mask
+        self.given: tuple[tuple[str, ...], frozenset[str], Val] | None = None  # what `intercept` returned, where
         self.accs: dict[str, str] = {}  # reduction name -> its accumulator
 
     @classmethod
@@ -117,6 +118,8 @@ class RowFactor:
                 readers[i] = readers.get(i, 0) + 1
         k = graph.types[root.inputs[0]].shape[-1]
         t = root.inputs[0]
+        if _reaches(producer, root.inputs[1], t):
+            return None  # B is computed from A (x @ x^T): the factor would leave both operands
         path: list[tuple[Node, str]] = []  # the products on the way, each with its other operand
         while True:
             n = producer.get(t)
@@ -141,18 +144,22 @@ class RowFactor:
                 return None
 
     def intercept(self, em, index: Sequence[Ix], mask: frozenset[str]) -> Val:
-        """The product at `index` without its row factor (the first time; later reads compute it whole)."""
+        """The product at `index` without its row factor (the first place it is read; elsewhere whole)."""
+        exprs = tuple(i.expr for i in index)
+        if self.given is not None and self.given[:2] == (exprs, mask):
+            return self.given[2]
         bc = self.producer[self.mul.inputs[1] if self.other == self.mul.inputs[0] else self.mul.inputs[0]]
         ins, out = self.graph.types[bc.inputs[0]].shape, self.graph.types[bc.outputs[0]].shape
         rows = [Ix.of(0) if n == 1 and m != 1 else i for i, n, m in zip(index, ins, out)]
-        if self.at is not None or not frozenset().union(*(i.deps for i in rows)) <= ROWS:
+        if self.at is not None or not _deps(rows) <= ROWS:
             del em.intercepts[self.mul.outputs[0]]
             return em.value(self.mul.outputs[0], index, mask)
         self.at = (rows, mask)
         v = em.value(self.other, index, mask)
-        if not self.shift:
-            return v
-        return Val(em.emit(f"{v.expr} * {2.0 ** -self.shift!r}", v.deps), v.dtype, v.deps)
+        if self.shift:
+            v = Val(em.emit(f"{v.expr} * {2.0 ** -self.shift!r}", v.deps), v.dtype, v.deps)
+        self.given = (exprs, mask, v)
+        return v
 
     def walk(self, t: Tile, rk: Ix) -> None:
         """Inside the K loop at index `rk`: each reduction r reads, accumulated from this step's tiles."""
@@ -186,6 +193,20 @@ class RowFactor:
 
 def _deps(index: Sequence[Ix]) -> frozenset[str]:
     return frozenset().union(*(i.deps for i in index))
+
+
+def _reaches(producer: dict[str, Node], t: str, target: str) -> bool:
+    """Is `target` among the kernel's tensors that `t` is computed from (or `t` itself)?"""
+    todo, seen = [t], set()
+    while todo:
+        u = todo.pop()
+        if u == target:
+            return True
+        if u in seen or u not in producer:
+            continue
+        seen.add(u)
+        todo.extend(producer[u].inputs)
+    return False
 
 
 def _row_factor(graph: Graph, producer: dict[str, Node], readers: dict[str, int], f: str) -> str | None:
