@@ -260,9 +260,10 @@ def norm_projection(d: Draw, b: Builder) -> None:
     """A pre-norm projection: LayerNorm or RMSNorm over the last axis (of a residual sum, at times),
     then a matmul with a constant weight and at times a bias: the motif a GEMM template computes with
     the norm in its prologue (`codegen/norm.py`), which other draws rarely line up."""
-    x = b.float_in(lambda t: t.rank >= 2 and t.shape[-1] > 1)
-    if d.maybe(0.4):
-        x = b.one("Add", [x, b.float_in(lambda t: t.shape == x.shape, rank=x.rank)], [(x.shape, FLOAT)])
+    x = b.pick(lambda t: t.is_float and t.rank >= 2 and t.shape[-1] > 1) or b.add_input((b.dim(), b.dim(2)))
+    if d.maybe(0.4):  # (float_in's fresh input would not keep to a predicate: pick, or make one alike)
+        r = b.pick(lambda t: t.is_float and t.shape == x.shape and t is not x) or b.add_input(x.shape)
+        x = b.one("Add", [x, r], [(x.shape, FLOAT)])
     k = x.shape[-1]
     if d.maybe(0.5):
         ins: list = [x, b.const((k,))] + ([b.const((k,), scale=0.5)] if d.maybe(0.7) else [])
