@@ -239,3 +239,44 @@ def test_a_product_of_the_normalized_rows_with_themselves_has_no_template_form()
     og = build_ograph(fission(load(model).graph).graph)
     assert StructuralLegality(prologues=True).check(og, og.all) is None
     assert "one value per row of the tile" in TritonLegality(templates=True).check(og, og.all)
+
+
+class _SplitFavouringProfiler:
+    """Split-K templates 1 us, unsplit 2 us, everything else 3 us; a library call with an operand
+    prologue fails. Keeps every job it saw."""
+
+    def __init__(self) -> None:
+        self.jobs: list = []
+
+    def measure(self, jobs, record) -> None:
+        from tessera.codegen.select import operand_prologue
+
+        for i, j in enumerate(jobs):
+            self.jobs.append(j)
+            if isinstance(j.schedule, GemmSchedule):
+                record(i, 1e-6 if j.schedule.split_k > 1 else 2e-6, "")
+            elif operand_prologue(j.prims):
+                record(i, float("inf"), "a library call cannot compute its operands' prologue")
+            else:
+                record(i, 3e-6, "")
+
+
+def test_a_norm_twin_of_a_split_k_core_is_also_timed_unsplit(tmp_path):
+    # Few output tiles and a long K: the plain product's fastest tile splits K. Its twin with the
+    # RMSNorm in the prologue is timed there (the statistic in a loop of its own) and at an unsplit
+    # tile, where rstd moves onto the accumulator and the walk is the only pass.
+    from tessera.cost.db import TuningDB
+    from tessera.cost.measured import MeasuredCost
+    from tessera.orchestrate import orchestrate
+
+    x = rand(16, 512, seed=124)
+    og = build_ograph(fission(load(_rmsnorm_matmul(x, 512, 125)).graph).graph)
+    prof = _SplitFavouringProfiler()
+    with TuningDB(tmp_path / "t.db") as db:
+        orchestrate(og, MeasuredCost(og, db, prof, "fake", "v1", templates=True),
+                    rules=CandidateRules(max_linear=1), legality=TritonLegality(templates=True))
+    plain = [j.schedule for j in prof.jobs if isinstance(j.schedule, GemmSchedule) and len(j.prims) == 1]
+    norm = [j.schedule for j in prof.jobs if isinstance(j.schedule, GemmSchedule)
+            and any(n.op == "reduce_sum" for n in j.prims)]
+    assert plain and all(s.split_k > 1 for s in plain), plain  # (every head of the first tile shapes splits K)
+    assert any(s.split_k > 1 for s in norm) and any(s.split_k == 1 for s in norm), norm

@@ -26,7 +26,7 @@ from tessera.cost.schedule_model import GEMM_FAMILIES
 from tessera.cost.devices import DEVICES, Device
 from tessera.ir.graph import Graph, Node
 from tessera.ir.signature import kernel_signature
-from tessera.ir.prims import CATEGORY_OF, Category
+from tessera.ir.prims import CATEGORY_OF, REDUCTIONS, Category
 from tessera.log import logger
 from tessera.orchestrate.candidates import Candidate
 from tessera.orchestrate.graphview import OGraph, bits, view_cost
@@ -291,7 +291,15 @@ class MeasuredCost:
                         best = self._core_best(*first)
                         if best is None:
                             return None  # its core's first candidate is not measured yet
+                        unsplit = None
+                        if _has_statistics(prims):  # the core's fastest unsplit, else this one's best-ranked
+                            unsplit = self._core_best_unsplit(*first) or next(
+                                (s for s in ranked if isinstance(s, GemmSchedule) and s.split_k == 1), None)
                         ranked, n_first = [best], 1
+                        if unsplit is not None and unsplit != best:
+                            # a norm in the prologue walks K once unsplit (`codegen/norm.py`), but takes
+                            # a loop of its own under split-K: time the core's best unsplit tile too
+                            ranked, n_first = [best, unsplit], 2
                 self._tspace[sig] = _with(ranked[:n_first], timed)
             self._tjobs[k] = [Job(Key(self.device, self.versions, sig, _schedule_key(s)), self.og.graph, lib.prims,
                                   lib.prologue, lib.outputs, s, self.precision) for s in self._tspace[sig]]
@@ -318,6 +326,12 @@ class MeasuredCost:
         None while any is unmeasured."""
         fastest = self._core_fastest(sig, schedules)
         return None if fastest is None else fastest[0]
+
+    def _core_best_unsplit(self, sig: str, schedules: Sequence[TemplateSchedule]) -> TemplateSchedule | None:
+        """The fastest of a GEMM core's first schedules that does not split K (None if none did)."""
+        whole = [s for s in schedules if isinstance(s, GemmSchedule) and s.split_k == 1]
+        fastest = self._core_fastest(sig, whole) if whole else None
+        return None if fastest is None or not math.isfinite(fastest[1]) else fastest[0]
 
     def _core_fastest(self, sig: str, schedules: Sequence[TemplateSchedule]) -> tuple[TemplateSchedule, float] | None:
         """`_core_best` with its time (infinite where every schedule failed)."""
@@ -611,6 +625,15 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
             if sch is not None:
                 best[name] = (sch, t)
     return best
+
+
+_REDUCTION_OPS = frozenset(p.value for p in REDUCTIONS)
+
+
+def _has_statistics(prims: Sequence[Node]) -> bool:
+    """Does a one-product kernel compute row statistics in its operand prologue (a norm)?"""
+    return any(n.op in _REDUCTION_OPS for n in prims) \
+        and sum(1 for n in prims if CATEGORY_OF[n.op] is Category.LINEAR) == 1
 
 
 def _timed(db: TuningDB | None, device: str, versions: str, signature: str,
