@@ -402,14 +402,16 @@ def _conv(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.de
 
 def _convolve(n: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, strides: tuple,
               padding: Sequence[int], dilations: tuple, groups: int) -> torch.Tensor:
-    """torch's convolution, around a CPU defect: oneDNN's bfloat16 depthwise convolution with two
-    filters a channel and strides (1, 2) on channels-last data of a few columns computes wrong values
-    (torch 2.13 CPU: 32-117% off, the CPU fuzzer in session 48; float16 and float32 are right). On
-    the CPU a grouped bfloat16 convolution of data that is not row-major runs on a row-major copy,
-    and its result comes back channels-last. The CPU runs tests; CUDA is left as it is."""
-    if x.device.type == "cpu" and x.dtype == torch.bfloat16 and groups > 1 and not x.is_contiguous():
-        y = _CONV[n](x.contiguous(), w, bias, strides, tuple(padding), dilations, groups)
-        return y.contiguous(memory_format=torch.channels_last) if y.dim() == 4 else y
+    """torch's convolution, around CPU defects of its bfloat16 convolutions (torch 2.13, oneDNN): a
+    depthwise one with two filters a channel and strides (1, 2) on channels-last data of a few columns
+    (32-117% off, the CPU fuzzer in session 48), and one whose output is a single column at stride 2
+    ([2, 1, 8, 5] by [4, 1, 3, 5] filters: 115% off, row-major too; session 56, seed 5605). On the CPU
+    a bfloat16 convolution runs in float32, rounded once at the end, as the GPU's accumulates (its
+    result keeps the input's memory format). The CPU runs tests; CUDA is left as it is."""
+    if x.device.type == "cpu" and x.dtype == torch.bfloat16:
+        y = _CONV[n](x.float(), w.float(), None if bias is None else bias.float(), strides, tuple(padding),
+                     dilations, groups)
+        return y.to(torch.bfloat16)
     return _CONV[n](x, w, bias, strides, tuple(padding), dilations, groups)
 
 
@@ -432,7 +434,12 @@ def _conv_transpose(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev
     top = [op[i] if takes[i] else 0 for i in range(n)]
     fix = [(sym[i] - p[i], (op[i] - top[i]) - (p[i + n] - sym[i])) for i in range(n)]
     extends = any(v > 0 for f in fix for v in f)  # positions no input reaches hold the bias alone
-    y = _CONV_T[n](x, w, None if extends else bias, tuple(s), tuple(sym), tuple(top), a["group"], tuple(d))
+    b = None if extends else bias
+    if x.device.type == "cpu" and x.dtype == torch.bfloat16:  # in float32 on the CPU, as `_convolve`
+        y = _CONV_T[n](x.float(), w.float(), None if b is None else b.float(), tuple(s), tuple(sym), tuple(top),
+                       a["group"], tuple(d)).to(torch.bfloat16)
+    else:
+        y = _CONV_T[n](x, w, b, tuple(s), tuple(sym), tuple(top), a["group"], tuple(d))
     if any(v for f in fix for v in f):
         y = F.pad(y, [v for f in reversed(fix) for v in f])  # negative pads crop
     if extends and bias is not None:
