@@ -332,3 +332,26 @@ GPU_REGRESSIONS = {
                N("Add", ["t3", "t2"], ["t4"], family="elementwise"), N("Asinh", ["t4"], ["t5"], family="opaque"),
                N("Mul", ["t5", "t2"], ["t6"], family="elementwise")], outputs=["t6", "t3"]),
 }
+
+
+# Graphs that failed under `scripts/fuzz.py --tuning fake` (a measured compile on the CPU whose profiler
+# favours templates, `tests/fake_profiler.RandomTemplateProfiler`), checked the same way.
+FAKE_TUNING_REGRESSIONS = {
+    # rewrite/bias_after.py: a LayerNorm's beta moved after its projection as b @ W, kept float32 (a wide
+    # constant) in an fp16 plan; the plan ran the projection as the library call with b @ W as its bias,
+    # which torch refuses beside float16 operands ("self and mat2 must have the same dtype"; session 56,
+    # scripts/results/fuzz/session56/fuzz_fake_5607.fail2.json). b @ W is now stored in the plan's type.
+    "bias_after_in_the_library_call": GraphSpec(
+        opset=17, precision="fp16", layout="auto", strategy="optimal", seed=0, schedule_seed=0,
+        inputs=[T("in1", (1, 2, 1, 5), "float32"), T("in2", (3,), "float32")],
+        consts=[C("c4", (5,), "float32"), C("c5", (5,), "float32", scale=0.5),
+                C("c7", (5, 1), "float32", scale=0.4472135954999579), C("c9", (1,), "float32", scale=0.5),
+                C("c11", (4,), "int64", values=(1, 1, 2, 2), data=False)],
+        nodes=[N("Add", ["in2", "in2"], ["t3"], family="elementwise"),
+               N("LayerNormalization", ["in1", "c4", "c5"], ["t6"], {"axis": -1}, family="normalization"),
+               N("MatMul", ["t6", "c7"], ["t8"], family="normalization"),
+               N("Add", ["t8", "c9"], ["t10"], family="normalization"),
+               N("Tile", ["t8", "c11"], ["t12"], family="layout"),
+               N("Relu", ["t8"], ["t13"], family="elementwise")],
+        outputs=["t13", "t12", "t10", "t3"], rewrites="on", kernel_nodes=0),
+}

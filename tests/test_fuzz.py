@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 import fuzzcheck
 from fuzzgen import graph_specs
-from fuzzregressions import GPU_REGRESSIONS, REGRESSIONS
+from fuzzregressions import FAKE_TUNING_REGRESSIONS, GPU_REGRESSIONS, REGRESSIONS
 from fuzzspec import FLOAT, PRECISIONS, Builder, C, Draw, GraphSpec, N, T, Tensor, bcast
 from tessera.codegen.interpreter import bf16_bits
 
@@ -130,6 +130,12 @@ def test_a_collection_inside_a_capture_finds_no_earlier_cuda_graph(monkeypatch):
     monkeypatch.setattr(Executable, "_run_steps", collecting)
     again = fuzzcheck.check(copy.deepcopy(GPU_REGRESSIONS["opaque_between_gpu"]), "cuda")
     assert again.status == "pass", f"{again.status}: {again.reason}: {again.detail}"
+
+
+@pytest.mark.parametrize("name", sorted(FAKE_TUNING_REGRESSIONS))
+def test_fuzzer_regressions_under_fake_tuning(name):
+    outcome = fuzzcheck.check(copy.deepcopy(FAKE_TUNING_REGRESSIONS[name]), tuning="fake")
+    assert outcome.status == "pass", f"{outcome.status}: {outcome.reason}: {outcome.detail}"
 
 
 @pytest.mark.parametrize("name", sorted(REGRESSIONS))

@@ -3,13 +3,13 @@
     matmul(E + broadcast(b), W)  ->  matmul(E, W) + broadcast(b @ W)      (b constant along the rows, W constant)
 
 Each row of the left operand gets the same vector b, so each row of the product gets b @ W, a
-constant folded here (in float64, kept float32 in a narrow plan: `Graph.wide_constants`). A LayerNorm before a projection
+constant folded here (in float64, then stored in the graph's float type). A LayerNorm before a projection
 ends in such an add (its beta); without it, what reaches the product is (x - mean) * rstd * gamma,
 and rstd, a factor of each row, can leave the sum over K: a GEMM template then accumulates the
 variance in its K loop and scales the accumulator once (`codegen/norm.py`), instead of a pass of
 its own over the rows. The add after the product is the template's epilogue (or the library call's
-bias). Exact in real arithmetic; in floating point b @ W is rounded once, to float32, instead of
-each operand element to the operand's type.
+bias). Exact in real arithmetic; in floating point b @ W is rounded once to the plan's type
+instead of each operand element to the operand's.
 
 Reshapes between the add and the product that keep the last axis only regroup rows, so the rule
 moves through them (as `rewrite/deferred.py` does)."""
@@ -67,9 +67,8 @@ def move_bias_after_matmul(graph: Graph) -> tuple[Graph, int]:
         row = (1,) * (ot.rank - 1) + (ot.shape[-1],)
         c = tensor(f"{w}/bias_after", TensorType(row, g.types[w].dtype))
         g.constants[c] = (b.astype(np.float64) @ wv).astype(g.types[w].dtype.to_numpy()).reshape(row)
-        # kept float32 in a float16/bfloat16 plan: the epilogue adds it in float32 anyway, so rounding
-        # it to the narrow type would only add an error the model did not have
-        g.wide_constants = g.wide_constants | {c}
+        # (stored in the plan's type like any weight: a float32 one, `Graph.wide_constants`, went into
+        # the library call's bias as it was, which torch refuses beside float16 operands; fuzz seed 5607)
         new: list[Node] = []
         if q != p:  # through reshapes: the product reads E regrouped as the old operand was
             ep = tensor(f"{p}/without_bias", TensorType(g.types[p].shape, g.types[e].dtype))
