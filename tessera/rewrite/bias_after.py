@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from tessera.ir.graph import Graph, Node, TensorType, unique_name
+from tessera.ir.graph import Graph, Node, TensorType
 from tessera.ir.prims import Prim
 from tessera.rewrite.deferred import _rows_source
+from tessera.rewrite.node_edit import NodeEdit
 
 BIAS_AFTER = "bias_after_matmul"  # the rule's name in an artifact's record of rewrites
 
@@ -29,24 +30,9 @@ def move_bias_after_matmul(graph: Graph) -> tuple[Graph, int]:
     and the right operand a constant matrix, rewritten to add b @ W to the product (a new graph),
     and how many were rewritten. The sum (and each reshape between it and the matmul) must be read
     by the next node alone and be no graph output."""
-    g = graph.clone(copy_constants=False)  # constants are added, never written
-    producers = g.producers()
-    consumers = g.consumers()
-    names = {n.name for n in g.nodes}
-    replaced: dict[str, list[Node]] = {}
-
-    def private(t: str) -> bool:
-        return t not in g.outputs and len(consumers.get(t, [])) == 1
-
-    def node(base: str, op: str, inputs: tuple[str, ...], out: str, attrs: dict, source: tuple) -> Node:
-        name = unique_name(base, names)
-        names.add(name)
-        return Node(name, op, inputs, (out,), attrs, "", source)
-
-    def tensor(base: str, ty: TensorType) -> str:
-        name = unique_name(base, g.types)
-        g.types[name] = ty
-        return name
+    ed = NodeEdit(graph)
+    g, producers, replaced = ed.g, ed.producers, ed.replaced
+    private, node, tensor = ed.private, ed.node, ed.tensor
 
     for mm in g.nodes:
         w = mm.inputs[1] if mm.op == Prim.MATMUL.value else None
@@ -81,15 +67,7 @@ def move_bias_after_matmul(graph: Graph) -> tuple[Graph, int]:
             node(f"{mm.name}/bias_after_wide", Prim.BROADCAST.value, (c,), wide, {"shape": ot.shape}, add.source),
             node(f"{mm.name}/bias_after", Prim.ADD.value, (raw, wide), out, {}, tuple(dict.fromkeys(mm.source + add.source))),
         ]
-    if not replaced:
-        return graph, 0
-    nodes: list[Node] = []
-    for n in g.nodes:
-        nodes.extend(replaced.get(n.name, [n]))
-    g.nodes = nodes
-    g.sort()
-    g.remove_dead()
-    return g, len(replaced)
+    return ed.finish()
 
 
 def _row_constant(g: Graph, producers: dict[str, Node], add: Node) -> tuple[str, np.ndarray] | None:

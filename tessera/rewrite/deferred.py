@@ -35,8 +35,9 @@ from __future__ import annotations
 from typing import Callable
 
 from tessera.ir.dtype import DType
-from tessera.ir.graph import Graph, Node, TensorType, scalar_constant, unique_name
+from tessera.ir.graph import Graph, Node, TensorType, scalar_constant
 from tessera.ir.prims import Prim
+from tessera.rewrite.node_edit import NodeEdit
 
 DEFERRED = "deferred_normalization"  # the rule's name in an artifact's record of rewrites
 
@@ -46,24 +47,9 @@ def defer_normalization(graph: Graph) -> tuple[Graph, int]:
     (a new graph), and how many were rewritten. The normalized operand (and every reshape between
     it and the matmul) must be read by the next node alone and be no graph output, so no value
     disappears."""
-    g = graph.clone(copy_constants=False)  # constants are replaced or added, never written
-    producers = g.producers()
-    consumers = g.consumers()
-    names = {n.name for n in g.nodes}
-    replaced: dict[str, list[Node]] = {}  # matmul name -> its replacement nodes
-
-    def private(t: str) -> bool:
-        return t not in g.outputs and len(consumers.get(t, [])) == 1
-
-    def node(base: str, op: str, inputs: tuple[str, ...], out: str, attrs: dict, source: tuple) -> Node:
-        name = unique_name(base, names)
-        names.add(name)
-        return Node(name, op, inputs, (out,), attrs, "", source)
-
-    def tensor(base: str, ty: TensorType) -> str:
-        name = unique_name(base, g.types)
-        g.types[name] = ty
-        return name
+    ed = NodeEdit(graph)
+    g, producers, consumers, replaced = ed.g, ed.producers, ed.consumers, ed.replaced
+    private, node, tensor = ed.private, ed.node, ed.tensor
 
     for mm in g.nodes:
         if mm.op != Prim.MATMUL.value:
@@ -136,15 +122,7 @@ def defer_normalization(graph: Graph) -> tuple[Graph, int]:
                 node(f"{mm.name}/guard_zero_wide", Prim.BROADCAST.value, (zero,), zo, {"shape": ot.shape},
                      guard.source),
                 node(f"{mm.name}/guarded", Prim.WHERE.value, (bad_o, zo, scaled), out, {}, guard.source)]
-    if not replaced:
-        return graph, 0
-    nodes: list[Node] = []
-    for n in g.nodes:
-        nodes.extend(replaced.get(n.name, [n]))
-    g.nodes = nodes
-    g.sort()
-    g.remove_dead()
-    return g, len(replaced)
+    return ed.finish()
 
 
 def _rows_source(g: Graph, producers: dict[str, Node], private: Callable[[str], bool], p: str) -> str:
