@@ -63,6 +63,11 @@ class CompileOptions:
     # With measured templates: elementwise primitives that feed a matmul or convolution operand may
     # join its kernel, computed as the template loads the tile (off: epilogues only, for A/B runs)
     prologues: bool = True
+    # A LayerNorm's beta moved after its projection (`rewrite/bias_after.py`), so a template can defer
+    # its rstd too. Off by default: it makes the product's rounding follow the normalized value instead
+    # of value + beta, 18x further from onnxruntime where they cancel (fuzz seed 5609, fp16), and its
+    # speed is unmeasured. With prologues in measured compiles only.
+    norm_beta_after: bool = False
     # GEMM chains (codegen/chain.py): two matmuls joined through memory-bound primitives (attention,
     # MLPs) may form one kernel, where templates are measured ("auto") or forced. The solver decides.
     chains: bool = True
@@ -165,7 +170,7 @@ def compile_model(source: Any, options: CompileOptions | None = None,
         if merged:
             rewrites += merged
             logger.info("rewrite: %d matmul pair(s) sharing a left operand merged over their weights", len(merged))
-    if cost_kind == "measured" and opt.templates == "auto" and opt.prologues:
+    if opt.norm_beta_after and cost_kind == "measured" and opt.templates == "auto" and opt.prologues:
         # a LayerNorm's beta after its projection: rstd can then leave the template's K loop (codegen/norm.py)
         graph, moved = move_bias_after_matmul(graph)
         if moved:

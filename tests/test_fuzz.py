@@ -133,7 +133,9 @@ def test_a_collection_inside_a_capture_finds_no_earlier_cuda_graph(monkeypatch):
 
 
 @pytest.mark.parametrize("name", sorted(FAKE_TUNING_REGRESSIONS))
-def test_fuzzer_regressions_under_fake_tuning(name):
+def test_fuzzer_regressions_under_fake_tuning(name, monkeypatch):
+    options = fuzzcheck.options  # with the LayerNorm beta moved after its projection (off by default)
+    monkeypatch.setattr(fuzzcheck, "options", lambda *a, **k: dataclasses.replace(options(*a, **k), norm_beta_after=True))
     outcome = fuzzcheck.check(copy.deepcopy(FAKE_TUNING_REGRESSIONS[name]), tuning="fake")
     assert outcome.status == "pass", f"{outcome.status}: {outcome.reason}: {outcome.detail}"
 
