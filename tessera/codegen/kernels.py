@@ -489,7 +489,7 @@ def _reduction(k: KernelBody, sched: Schedule) -> tuple[list[str], int, int]:
             m = em.mask_expr(mask)
             if sched.persistent:
                 term = f"tl.where({m}, {v.expr}, {_identity(n.op, g.types[n.inputs[0]].dtype)[0]})"
-                res = em.emit(f"{_REDUCE_FN[n.op]}({term}, 1)[:, None]{_narrow(g, n)}", xdep, "row")
+                res = em.emit(row_result(g, n, term), xdep, "row")
             else:
                 acc = accs[n.name]
                 em.stmt(f"{acc} = tl.where({m}, {_COMBINE[n.op].format(acc=acc, v=v.expr)}, {acc})")
@@ -498,7 +498,7 @@ def _reduction(k: KernelBody, sched: Schedule) -> tuple[list[str], int, int]:
         if not sched.persistent:
             em.pop()
             for n in group:
-                res = em.emit(f"{_REDUCE_FN[n.op]}({accs[n.name]}, 1)[:, None]{_narrow(g, n)}", xdep, "row")
+                res = em.emit(row_result(g, n, accs[n.name]), xdep, "row")
                 em.rows[(n.outputs[0], natural)] = Val(res, g.types[n.outputs[0]].dtype, xdep)
     per_element = [o for o in k.outputs if g.types[o].numel != xnumel and o not in planes]
     if per_element:
@@ -576,6 +576,12 @@ def _identity(op: str, dtype: DType) -> tuple[str, str]:
     info = np.iinfo(dtype.to_numpy())
     extreme = {Prim.REDUCE_SUM.value: 0, Prim.REDUCE_MAX.value: int(info.min), Prim.REDUCE_MIN.value: int(info.max)}
     return literal(extreme[op], dtype).expr, "tl.int64"
+
+
+def row_result(g: Graph, n: Node, acc: str) -> str:
+    """Reduction `n` of a [rows, block] accumulator `acc` along its block: one value per row, [rows, 1],
+    in the reduction's output type (row kernels, and a GEMM template's row statistics)."""
+    return f"{_REDUCE_FN[n.op]}({acc}, 1)[:, None]{_narrow(g, n)}"
 
 
 def _narrow(g: Graph, n: Node) -> str:

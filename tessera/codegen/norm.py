@@ -29,7 +29,7 @@ import numpy as np
 
 from tessera.codegen import index as ix
 from tessera.codegen.index import Ix
-from tessera.codegen.kernels import _COMBINE, _REDUCE_FN, _identity, _narrow
+from tessera.codegen.kernels import _COMBINE, _identity, row_result
 from tessera.codegen.tile import Tile, pow2
 from tessera.codegen.triton_ops import Unsupported, Val
 from tessera.ir.dtype import DType
@@ -69,7 +69,7 @@ def prewalk_statistic(t: Tile, graph: Graph, node: Node, index: Sequence[Ix], ma
             kept |= {em.cond(f"{r.expr} < {numel}", dep)}
         _accumulate(em, graph, node, acc, _walk_coords(index, shape, axes, r), kept)
         em.pop()
-        res = em.emit(f"{_REDUCE_FN[node.op]}({acc}, 1)[:, None]{_narrow(graph, node)}", rows, "row")
+        res = em.emit(row_result(graph, node, acc), rows, "row")
     em.rows[key] = Val(res, graph.types[node.outputs[0]].dtype, rows)
     return em.rows[key]
 
@@ -100,11 +100,12 @@ class RowFactor:
     inside the K loop, accumulates r's reductions from the same tiles; `apply`, after it, scales the
     accumulator by r."""
 
-    def __init__(self, graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], mul: Node, factor: str,
-                 other: str, k: int, shift: int = 0) -> None:
-        self.graph, self.mul, self.factor, self.other, self.k = graph, mul, factor, other, k
+    def __init__(self, graph: Graph, producer: dict[str, Node], mul: Node, factor: str, other: str,
+                 statistics: list[Node], shift: int = 0) -> None:
+        self.graph, self.mul, self.factor, self.other = graph, mul, factor, other
+        self.statistics = statistics  # the reductions r is computed from
         self.shift = shift  # the operand is scaled by 2**-shift, the accumulator by 2**shift
-        self.producer = {o: n for n in nodes for o in n.outputs}
+        self.producer = producer  # the kernel's nodes (its free prologue too) by what they write
         self.at: tuple[list[Ix], frozenset[str]] | None = None  # r's row index, and the operand's mask
         self.given: tuple[tuple[str, ...], frozenset[str], Val] | None = None  # what `intercept` returned, where
         self.accs: dict[str, str] = {}  # reduction name -> its accumulator
@@ -129,9 +130,10 @@ class RowFactor:
                 a, b = n.inputs
                 for other, f in ((a, b), (b, a)):
                     r = _row_factor(graph, producer, readers, f)
-                    if r is not None and _statistics(graph, producer, r, k) is not None:
+                    stats = None if r is None else _statistics(graph, producer, r, k)
+                    if stats is not None:
                         shift = _shift(graph, producer, other, path, graph.types[root.inputs[0]].dtype)
-                        return None if shift is None else cls(graph, nodes, outputs, n, r, other, k, shift)
+                        return None if shift is None else cls(graph, producer, n, r, other, stats, shift)
                 computed = [x for x in (a, b) if x in producer and producer[x].op != Prim.BROADCAST.value]
                 if len(computed) != 1:
                     return None  # two computed factors: which one carries the row factor is not followed
@@ -167,7 +169,7 @@ class RowFactor:
             return
         em, g = t.em, self.graph
         rows, mask = self.at
-        for node in _statistics(g, self.producer, self.factor, self.k) or ():
+        for node in self.statistics:
             shape = g.types[node.inputs[0]].shape
             ident, acc_type = _identity(node.op, g.types[node.inputs[0]].dtype)
             acc = self.accs[node.name] = em.fresh("stat")
@@ -182,9 +184,8 @@ class RowFactor:
         em, g = t.em, self.graph
         rows, _ = self.at
         exprs = tuple(i.expr for i in rows)
-        for node in _statistics(g, self.producer, self.factor, self.k) or ():
-            res = em.emit(f"{_REDUCE_FN[node.op]}({self.accs[node.name]}, 1)[:, None]{_narrow(g, node)}",
-                          _deps(rows), "row")
+        for node in self.statistics:
+            res = em.emit(row_result(g, node, self.accs[node.name]), _deps(rows), "row")
             em.rows[(node.outputs[0], exprs)] = Val(res, g.types[node.outputs[0]].dtype, _deps(rows))
         r = em.value(self.factor, rows, frozenset(c for c in t.mmask))
         scale = f" * {2.0 ** self.shift!r}" if self.shift else ""

@@ -26,7 +26,7 @@ from tessera.cost.schedule_model import GEMM_FAMILIES
 from tessera.cost.devices import DEVICES, Device
 from tessera.ir.graph import Graph, Node
 from tessera.ir.signature import kernel_signature
-from tessera.ir.prims import CATEGORY_OF, REDUCTIONS, Category
+from tessera.ir.prims import CATEGORY_OF, REDUCTIONS, Category, Prim
 from tessera.log import logger
 from tessera.orchestrate.candidates import Candidate
 from tessera.orchestrate.graphview import OGraph, bits, view_cost
@@ -627,12 +627,9 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
     return best
 
 
-_REDUCTION_OPS = frozenset(p.value for p in REDUCTIONS)
-
-
 def _has_statistics(prims: Sequence[Node]) -> bool:
     """Does a one-product kernel compute row statistics in its operand prologue (a norm)?"""
-    return any(n.op in _REDUCTION_OPS for n in prims) \
+    return any(Prim(n.op) in REDUCTIONS for n in prims) \
         and sum(1 for n in prims if CATEGORY_OF[n.op] is Category.LINEAR) == 1
 
 

@@ -408,11 +408,16 @@ def _convolve(n: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | Non
     ([2, 1, 8, 5] by [4, 1, 3, 5] filters: 115% off, row-major too; session 56, seed 5605). On the CPU
     a bfloat16 convolution runs in float32, rounded once at the end, as the GPU's accumulates (its
     result keeps the input's memory format). The CPU runs tests; CUDA is left as it is."""
-    if x.device.type == "cpu" and x.dtype == torch.bfloat16:
-        y = _CONV[n](x.float(), w.float(), None if bias is None else bias.float(), strides, tuple(padding),
-                     dilations, groups)
-        return y.to(torch.bfloat16)
-    return _CONV[n](x, w, bias, strides, tuple(padding), dilations, groups)
+    return _cpu_bf16_in_fp32(_CONV[n], x, w, bias, strides, tuple(padding), dilations, groups)
+
+
+def _cpu_bf16_in_fp32(conv: Callable[..., torch.Tensor], x: torch.Tensor, w: torch.Tensor,
+                      bias: torch.Tensor | None, *args: Any) -> torch.Tensor:
+    """`conv(x, w, bias, *args)`, in float32 and rounded once where it is a bfloat16 call on the CPU
+    (`_convolve`'s defects); as it is elsewhere."""
+    if x.device.type != "cpu" or x.dtype != torch.bfloat16:
+        return conv(x, w, bias, *args)
+    return conv(x.float(), w.float(), None if bias is None else bias.float(), *args).to(torch.bfloat16)
 
 
 def _conv_transpose(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev: torch.device,
@@ -434,12 +439,8 @@ def _conv_transpose(node: Node, args: Sequence[torch.Tensor], t: TensorType, dev
     top = [op[i] if takes[i] else 0 for i in range(n)]
     fix = [(sym[i] - p[i], (op[i] - top[i]) - (p[i + n] - sym[i])) for i in range(n)]
     extends = any(v > 0 for f in fix for v in f)  # positions no input reaches hold the bias alone
-    b = None if extends else bias
-    if x.device.type == "cpu" and x.dtype == torch.bfloat16:  # in float32 on the CPU, as `_convolve`
-        y = _CONV_T[n](x.float(), w.float(), None if b is None else b.float(), tuple(s), tuple(sym), tuple(top),
-                       a["group"], tuple(d)).to(torch.bfloat16)
-    else:
-        y = _CONV_T[n](x, w, b, tuple(s), tuple(sym), tuple(top), a["group"], tuple(d))
+    y = _cpu_bf16_in_fp32(_CONV_T[n], x, w, None if extends else bias, tuple(s), tuple(sym), tuple(top), a["group"],
+                          tuple(d))
     if any(v for f in fix for v in f):
         y = F.pad(y, [v for f in reversed(fix) for v in f])  # negative pads crop
     if extends and bias is not None:
