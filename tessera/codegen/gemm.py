@@ -35,6 +35,7 @@ from __future__ import annotations
 from math import prod
 from typing import Sequence
 
+from tessera.codegen import index as ix
 from tessera.codegen.index import Ix
 from tessera.codegen.kernels import GemmSchedule, KernelBody, KernelSource, Launch, sanitize
 from tessera.codegen.norm import RowFactor, prewalk_statistic
@@ -113,6 +114,38 @@ def problem(graph: Graph, root: Node) -> tuple[int, int, int, int]:
     return prod(c[:-2]), c[-2], c[-1], graph.types[root.inputs[0]].shape[-1]
 
 
+def column_slices(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], root: Node) -> list[Node] | None:
+    """The slices through which alone a kernel reads its product, where there are two or more and they
+    cut the last axis into distinct pieces of one width, by start (else None). A merged gate and up
+    projection read as silu(y[..., :I]) * y[..., I:] is one: the template then walks a tile of one
+    piece with an accumulator per slice over the same A tiles (`tile_problem`), so the epilogue
+    combines the slices where they are computed and the product is never stored."""
+    y = root.outputs[0]
+    readers = [n for n in nodes if y in n.inputs]
+    if y in outputs or len(readers) < 2 or any(n.op != Prim.SLICE.value for n in readers):
+        return None
+    shape = graph.types[y].shape
+    widths, starts = set(), set()
+    for n in readers:
+        out = graph.types[n.outputs[0]].shape
+        if any(step != 1 for step in n.attrs["steps"]) or any(n.attrs["starts"][:-1]) or out[:-1] != shape[:-1]:
+            return None
+        widths.add(out[-1])
+        starts.add(n.attrs["starts"][-1])
+    if len(widths) != 1 or len(starts) != len(readers):
+        return None
+    return sorted(readers, key=lambda n: n.attrs["starts"][-1])
+
+
+def tile_problem(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str],
+                 root: Node) -> tuple[int, int, int, int, int]:
+    """(batch, M, N, K, accumulators) of the tiles a GEMM template walks: the product's, or where the
+    kernel reads it through `column_slices`, one slice's N with an accumulator per slice."""
+    batch, m, n, k = problem(graph, root)
+    cut = column_slices(graph, nodes, outputs, root)
+    return (batch, m, graph.types[cut[0].outputs[0]].shape[-1], k, len(cut)) if cut else (batch, m, n, k, 1)
+
+
 class _Template:
     """Shared state of one template generation."""
 
@@ -122,13 +155,23 @@ class _Template:
         ta, tb = (graph.types[t] for t in root.inputs)
         self.tc = graph.types[root.outputs[0]]
         self.math = dot_math(ta.dtype, tb.dtype, precision, f"{root.name}: a GEMM template")
-        self.batch, self.m, self.n, self.k = problem(graph, root)
+        # A product read only through column slices (a gate beside its up projection): an accumulator each
+        self.slices = column_slices(graph, nodes, outputs, root)
+        self.batch, self.m, self.n, self.k, _ = tile_problem(graph, nodes, outputs, root)
+        self.accs = [f"acc{i}" for i in range(len(self.slices))] if self.slices else ["acc"]
+        self.tile_shape = (*self.tc.shape[:-1], self.n)
+        if self.slices and s.split_k > 1:
+            raise Unsupported(f"{root.name}: a product read through column slices is not split over K")
         if self.batch > GRID_Y_MAX:
             raise Unsupported(f"{root.name}: {self.batch} batch entries exceed the grid")
         for name in (s.block_m, s.block_n, s.block_k):
             if name < MIN_BLOCK or name & (name - 1):
                 raise Unsupported(f"GEMM blocks must be powers of two >= {MIN_BLOCK}: {s}")
-        check_outputs(graph, nodes, outputs, root.outputs[0], "matmul", "GEMM")
+        if self.slices:
+            check_outputs(graph, nodes, outputs, self.slices[0].outputs[0], "matmul's column slices", "GEMM",
+                          reached=[n.outputs[0] for n in self.slices])
+        else:
+            check_outputs(graph, nodes, outputs, root.outputs[0], "matmul", "GEMM")
         self.b_layout = self.weight_layout()
 
     def kernel(self) -> KernelBody:
@@ -156,7 +199,8 @@ class _Template:
     def mainloop(self, t: Tile, chunk: int, split: bool) -> None:
         """acc = the tile's product over K (over this program's slice of K when `split`)."""
         em, s = t.em, self.s
-        em.stmt("acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
+        for acc in self.accs:
+            em.stmt(f"{acc} = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
         tag = em.fresh("k")
         em.push(f"for {tag} in range(0, {chunk}, BLOCK_K):", tag)
         ka, kb = frozenset({tag}), frozenset({tag + "b"})  # K along A's columns, and along B's rows
@@ -174,20 +218,32 @@ class _Template:
         if rf is not None:
             em.intercepts[rf.mul.outputs[0]] = lambda index, mask: rf.intercept(em, index, mask)
         a = dot_operand(t, g, mt, a_in, [*t.batch, t.rm, rka], t.mmask | kma, kma, "[BLOCK_M, BLOCK_K]", {"m"} | ka)
-        b = dot_operand(t, g, mt, b_in, [*t.batch, rkb, t.rn], kmb | t.nmask, kmb, "[BLOCK_K, BLOCK_N]", kb | {"n"},
-                        layout=self.b_layout)
-        em.stmt(f"acc = tl.dot({a}, {b}, acc{mt.precision})")
+        # each accumulator's columns of B: the whole product's, or its slice's (the same A tile for all)
+        starts = [sl.attrs["starts"][-1] for sl in self.slices] if self.slices else [0]
+        for acc, start in zip(self.accs, starts):
+            rn = ix.add_const(t.rn, start) if start else t.rn
+            b = dot_operand(t, g, mt, b_in, [*t.batch, rkb, rn], kmb | t.nmask, kmb, "[BLOCK_K, BLOCK_N]",
+                            kb | {"n"}, layout=self.b_layout)
+            em.stmt(f"{acc} = tl.dot({a}, {b}, {acc}{mt.precision})")
         if rf is not None:
             rf.walk(t, rka)
         em.pop()
         if rf is not None:
             em.intercepts.pop(rf.mul.outputs[0], None)
-            rf.apply(t)
+            rf.apply(t, self.accs)
 
     # ---- the epilogue ----------------------------------------------------------------------
     def epilogue(self, t: Tile) -> None:
-        """Every output from the accumulator, at its own indices (a reshape of the product's)."""
-        store_outputs(t, self.graph, self.outputs, self.root.outputs[0], t.coords)
+        """Every output from the accumulator, at its own indices (a reshape of the product's); where
+        the product is read through column slices, each slice is its accumulator at the tile's indices."""
+        if not self.slices:
+            store_outputs(t, self.graph, self.outputs, self.root.outputs[0], t.coords)
+            return
+        at = tuple(i.expr for i in t.coords)
+        for acc, sl in zip(self.accs[1:], self.slices[1:]):
+            t.em.known[(sl.outputs[0], at)] = Val(acc, self.graph.types[sl.outputs[0]].dtype, frozenset({"b", "m", "n"}))
+        store_outputs(t, self.graph, self.outputs, self.slices[0].outputs[0], t.coords,
+                      Val(self.accs[0], self.tc.dtype, frozenset({"b", "m", "n"})))
 
 
 def _function(fn: str, params: str, t: Tile, extra: Sequence[str] = ()) -> list[str]:
@@ -209,7 +265,7 @@ def generate_gemm(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], n
     s = schedule
     tp = _Template(graph, nodes, outputs, root, s, precision)
     fn = sanitize(name)
-    shape = tp.tc.shape
+    shape = tp.tile_shape
     tiles = cdiv(tp.m, s.block_m) * cdiv(tp.n, s.block_n)
     meta = (("BLOCK_M", s.block_m), ("BLOCK_N", s.block_n), ("BLOCK_K", s.block_k), ("GROUP_M", s.group_m),
             ("num_warps", s.num_warps), ("num_stages", s.num_stages))
@@ -256,10 +312,14 @@ def _doc(graph: Graph, name: str, form: str, tp: _Template, k: KernelBody, sourc
     doc = [f"# tessera kernel {name}: {form}, batch {tp.batch} x M {tp.m} x N {tp.n} x K {tp.k}, "
            f"{tp.math.label} products, fp32 accumulation",
            f"# matmul: {root.name} ({g.types[a]} @ {g.types[b]} -> {g.types[root.outputs[0]]})"]
+    if tp.slices:
+        doc.append("# read through its column slices, one accumulator each over the same A tiles: "
+                   + ", ".join(f"{acc} = {sl.name} (columns {sl.attrs['starts'][-1]}:{sl.attrs['starts'][-1] + tp.n})"
+                               for acc, sl in zip(tp.accs, tp.slices)))
     doc += describe(g, tp.nodes, root, k, sources, workspace)
     rd = sum(g.types[t].nbytes for t in k.inputs)
     wr = sum(g.types[t].nbytes for t in k.outputs)
-    doc.append(f"# work: {2 * tp.batch * tp.m * tp.n * tp.k} FLOP; memory: reads {rd} B, writes {wr} B"
+    doc.append(f"# work: {2 * tp.batch * tp.m * tp.n * tp.k * len(tp.accs)} FLOP; memory: reads {rd} B, writes {wr} B"
                + (f", workspace {8 * workspace} B" if workspace else "")
                + "; the roofline is the larger of the two at full rate")
     return doc

@@ -177,8 +177,8 @@ class RowFactor:
                 em.stmt(f"{acc} = tl.full([{'BLOCK_M' if 'm' in _deps(rows) else 1}, BLOCK_K], {ident}, {acc_type})")
             _accumulate(em, g, node, acc, _walk_coords(rows, shape, node.attrs["axes"], rk), mask)
 
-    def apply(self, t: Tile) -> None:
-        """After the K loop: the reductions' rows, r from them, and the accumulator scaled by r."""
+    def apply(self, t: Tile, accs: Sequence[str] = ("acc",)) -> None:
+        """After the K loop: the reductions' rows, r from them, and each accumulator scaled by r."""
         if self.at is None:
             return
         em, g = t.em, self.graph
@@ -189,7 +189,8 @@ class RowFactor:
             em.rows[(node.outputs[0], exprs)] = Val(res, g.types[node.outputs[0]].dtype, _deps(rows))
         r = em.value(self.factor, rows, frozenset(c for c in t.mmask))
         scale = f" * {2.0 ** self.shift!r}" if self.shift else ""
-        em.stmt(f"acc = acc * {r.expr}{scale}  # the row factor {self.factor} of {self.mul.name}, deferred")
+        for acc in accs:
+            em.stmt(f"{acc} = {acc} * {r.expr}{scale}  # the row factor {self.factor} of {self.mul.name}, deferred")
 
 
 def _deps(index: Sequence[Ix]) -> frozenset[str]:

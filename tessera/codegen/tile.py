@@ -320,12 +320,13 @@ def sum_slices(t: Tile, pid: str, split: int, elements: int, tiles: int) -> int:
 
 
 def check_outputs(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], product: str, what: str,
-                  form: str) -> None:
+                  form: str, reached: Sequence[str] = ()) -> None:
     """A template writes each product element at most once per output: every output is the product
     or computed from it (an operand's prologue value is read at K indices, never stored at the
-    tile's), and has the product's size, or is a slice of it that `partial_outputs` can map."""
+    tile's), and has the product's size, or is a slice of it that `partial_outputs` can map.
+    `reached`: the tensors the tile holds, where more than `product` (`gemm.column_slices`)."""
     c = graph.types[product].numel
-    reach = {product}
+    reach = {product, *reached}
     for n in nodes:  # topological order
         if any(t in reach for t in n.inputs):
             reach.update(n.outputs)

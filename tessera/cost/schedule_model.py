@@ -39,7 +39,7 @@ from typing import Sequence
 
 from tessera.codegen.chain import chain_roots
 from tessera.codegen.conv import ConvProblem, channels_innermost, conv_problem, conv_root, conv_schedules
-from tessera.codegen.gemm import matmul_root, problem, template_schedules
+from tessera.codegen.gemm import matmul_root, template_schedules, tile_problem
 from tessera.codegen.kernels import ConvSchedule, GemmSchedule, KernelSource, Schedule, TemplateSchedule, schedules
 from tessera.codegen.tile import cdiv
 from tessera.codegen.triton_ops import Unsupported
@@ -342,12 +342,15 @@ def _rank_conv(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], root
 def _rank_gemm(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], root: Node, precision: str = "fp32",
                dev: Device | None = None) -> list[TemplateSchedule]:
     dev = dev or device("h100")
-    batch, m, n, k = problem(graph, root)
+    batch, m, n, k, accs = tile_problem(graph, nodes, outputs, root)
     a_type = graph.types[root.inputs[0]]
     itemsize = a_type.dtype.itemsize
     space = template_schedules(batch, m, n, k, itemsize, dev.sms)
+    if accs > 1:  # a product read through column slices: a tile per slice width, one walk of K for all
+        space = [s for s in space if s.split_k == 1]
     operands = sum(graph.types[t].nbytes for t in root.inputs)
     epilogue = _epilogue_bytes(graph, nodes, outputs, root)
     rate = template_rate(a_type.dtype, precision, dev)
-    return family_heads(sorted(space, key=lambda s: predict_gemm(s, batch, m, n, k, itemsize, operands, epilogue,
-                                                                   rate, dev)))
+    # (priced as one product over accs times the K: the same tile work; it counts A's tiles accs times)
+    return family_heads(sorted(space, key=lambda s: predict_gemm(s, batch, m, n, k * accs, itemsize, operands,
+                                                                   epilogue, rate, dev)))
