@@ -19,6 +19,7 @@ from tessera.codegen.kernels import (AnySchedule, ChainSchedule, ConvSchedule, G
                                      TemplateSchedule)
 from tessera.codegen.select import needs_template, prologue_of
 from tessera.codegen.chain import STAGES as CHAIN_STAGES
+from tessera.codegen.gemm import column_slices, matmul_root
 from tessera.codegen.chain import WARPS as CHAIN_WARPS
 from tessera.cost.chain_search import chain_features, chain_key, chain_space
 from tessera.cost.db import Key, TuningDB
@@ -283,7 +284,8 @@ class MeasuredCost:
                     else:
                         n_first = GEMM_FAMILIES  # the model's best of each of its first tile shapes
                     core = self._core_id(frozenset(i for i in bits(c.nodes)
-                                                   if CATEGORY_OF[self.og.nodes[i].op] is Category.LINEAR))
+                                                   if CATEGORY_OF[self.og.nodes[i].op] is Category.LINEAR)
+                                         | self._sliced(lib))
                     first = self._cores.setdefault(core, (sig, _with(ranked[:n_first], timed)))
                     if first[0] == sig and isinstance(ranked[0], ChainSchedule) and core not in self._warp_pending:
                         self._warp_pending[core] = lib
@@ -304,6 +306,14 @@ class MeasuredCost:
             self._tjobs[k] = [Job(Key(self.device, self.versions, sig, _schedule_key(s)), self.og.graph, lib.prims,
                                   lib.prologue, lib.outputs, s, self.precision) for s in self._tspace[sig]]
         return self._tjobs[k]
+
+    def _sliced(self, lib: Job) -> frozenset[int]:
+        """The column slices a GEMM template reads its product through (`gemm.column_slices`): they
+        belong to its core, whose tiles are a slice's and whose schedules never split K, so its
+        schedules are its own, not those of the product alone."""
+        root = matmul_root(lib.prims)
+        cut = None if root is None else column_slices(self.og.graph, [*lib.prologue, *lib.prims], lib.outputs, root)
+        return frozenset(self.og.index[n.name] for n in cut or ())
 
     def _core_id(self, core: frozenset[int]) -> str:
         """What a template core computes (the signature of its linear primitives alone, and for a
