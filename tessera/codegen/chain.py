@@ -49,7 +49,7 @@ from typing import Sequence
 
 from tessera.codegen import index as ix
 from tessera.codegen.index import Ix
-from tessera.codegen.kernels import _COMBINE, _IDENT, _REDUCE_FN, _REDUCE_OPS
+from tessera.codegen.kernels import COMBINE, REDUCE_IDENT, REDUCE_OPS, row_result
 from tessera.codegen.kernels import ChainSchedule, KernelBody, KernelSource, Launch, sanitize
 from tessera.codegen.tile import (GRID_Y_MAX, MIN_BLOCK, TF32_ROUND, Tile, cdiv, check_outputs, dot_math, dot_operand,
                                   sum_slices,
@@ -131,7 +131,7 @@ def chain_problem(graph: Graph, nodes: Sequence[Node]) -> ChainProblem:
     # stops outputs that are not computed from O.
     middle = tuple(n for n in nodes if n is not first and n.outputs[0] in from_s and n.outputs[0] not in after)
     for n in middle:
-        if n.op in _REDUCE_OPS:
+        if n.op in REDUCE_OPS:
             xt = graph.types[n.inputs[0]]
             if not xt.dtype.is_float:  # the chain accumulates its row values in float32
                 raise Unsupported(f"{n.name}: an integer reduction between a chain's products")
@@ -143,7 +143,7 @@ def chain_problem(graph: Graph, nodes: Sequence[Node]) -> ChainProblem:
                                                                               Prim.RESHAPE.value):
             raise Unsupported(f"{n.name}: {n.op} cannot sit between a chain's products")
     for n in nodes:
-        if n.op in _REDUCE_OPS and n not in middle:
+        if n.op in REDUCE_OPS and n not in middle:
             raise Unsupported(f"{n.name}: a chain's reductions are in its middle, over the first product's rows")
     *batch, m, l = ts.shape
     return ChainProblem(first, second, prod(batch), m, graph.types[first.inputs[0]].shape[-1], l, to.shape[-1],
@@ -243,7 +243,7 @@ def k_pieces(k: int) -> tuple[int, ...]:
 
 def splittable(cp: ChainProblem) -> bool:
     """Can programs share a tile's walk over L? Only when no row reduction reads the whole walk."""
-    return not any(n.op in _REDUCE_OPS for n in cp.middle)
+    return not any(n.op in REDUCE_OPS for n in cp.middle)
 
 
 def split_chunk(l: int, block_l: int, split: int) -> int | None:
@@ -285,7 +285,7 @@ class _Chain:
         """The walks over L, each with the accumulations it makes (reductions, the second product),
         and the max merged online into the next level's walk, if any."""
         cp = self.cp
-        reds = [n for n in cp.middle if n.op in _REDUCE_OPS]
+        reds = [n for n in cp.middle if n.op in REDUCE_OPS]
         by_out = {n.outputs[0]: n for n in reds}
         producer = {o: n for n in self.nodes for o in n.outputs}
 
@@ -376,7 +376,7 @@ class _Chain:
                 em.stmt("acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
             else:
                 accs[n.name] = em.fresh("acc")
-                em.stmt(f"{accs[n.name]} = tl.full([BLOCK_M, 1], {_IDENT[n.op]}, tl.float32)")
+                em.stmt(f"{accs[n.name]} = tl.full([BLOCK_M, 1], {REDUCE_IDENT[n.op]}, tl.float32)")
         tag = em.fresh("l")
         vtag = tag + "v"
         if self.chunk == cp.l:
@@ -415,7 +415,7 @@ class _Chain:
             if alpha is not None:  # a sum proportional to exp(-max): rescaled as the max grows
                 em.stmt(f"{acc} = {acc} * {alpha} + {cur}")
             else:
-                em.stmt(f"{acc} = {_COMBINE[n.op].format(acc=acc, v=cur)}")
+                em.stmt(f"{acc} = {COMBINE[n.op].format(acc=acc, v=cur)}")
         em.pop()
         # Values computed inside the walk are gone after it (Triton scopes loop bodies).
         em.values = {k: v for k, v in em.values.items() if tag not in v.deps and vtag not in v.deps}
@@ -443,8 +443,8 @@ class _Chain:
             x = f"tl.broadcast_to({x}, [BLOCK_M, BLOCK_L])"
         m = em.mask_expr(mask)
         if m:
-            x = f"tl.where({m}, {x}, {_IDENT[n.op]})"
-        return em.emit(f"{_REDUCE_FN[n.op]}({x}, 1)[:, None]", full, "r")
+            x = f"tl.where({m}, {x}, {REDUCE_IDENT[n.op]})"
+        return em.emit(row_result(self.graph, n, x), full, "r")
 
     def _p_operand(self, t: Tile, p: Val, lmask: frozenset[str], full: frozenset[str]) -> str:
         """The second product's left operand chunk in the dot's type, zero past L."""

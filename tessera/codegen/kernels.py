@@ -396,7 +396,7 @@ def _tiled(k: KernelBody, sched: Schedule) -> tuple[list[str], int, int]:
 
 def _reduction(k: KernelBody, sched: Schedule) -> tuple[list[str], int, int]:
     em, g = k.em, k.graph
-    reds = [n for n in k.nodes if n.op in _REDUCE_OPS]
+    reds = [n for n in k.nodes if n.op in REDUCE_OPS]
     loops = {(g.types[n.inputs[0]].shape, tuple(n.attrs["axes"])) for n in reds}
     if len(loops) != 1:
         raise Unsupported("reductions over different shapes or axes")
@@ -478,7 +478,7 @@ def _reduction(k: KernelBody, sched: Schedule) -> tuple[list[str], int, int]:
         if not sched.persistent:
             for n in group:
                 accs[n.name] = em.fresh("acc")
-                ident, acc_type = _identity(n.op, g.types[n.inputs[0]].dtype)
+                ident, acc_type = reduction_identity(n.op, g.types[n.inputs[0]].dtype)
                 em.stmt(f"{accs[n.name]} = tl.full([XBLOCK, RBLOCK], {ident}, {acc_type})")
         coords, rmask = persistent_coords if persistent_coords else walk()
         mask = frozenset({"xmask", rmask})
@@ -488,11 +488,11 @@ def _reduction(k: KernelBody, sched: Schedule) -> tuple[list[str], int, int]:
                 v = Val(f"({v.expr}).to(tl.int64)", v.dtype, v.deps)
             m = em.mask_expr(mask)
             if sched.persistent:
-                term = f"tl.where({m}, {v.expr}, {_identity(n.op, g.types[n.inputs[0]].dtype)[0]})"
+                term = f"tl.where({m}, {v.expr}, {reduction_identity(n.op, g.types[n.inputs[0]].dtype)[0]})"
                 res = em.emit(row_result(g, n, term), xdep, "row")
             else:
                 acc = accs[n.name]
-                em.stmt(f"{acc} = tl.where({m}, {_COMBINE[n.op].format(acc=acc, v=v.expr)}, {acc})")
+                em.stmt(f"{acc} = tl.where({m}, {COMBINE[n.op].format(acc=acc, v=v.expr)}, {acc})")
             if sched.persistent:
                 em.rows[(n.outputs[0], natural)] = Val(res, g.types[n.outputs[0]].dtype, xdep)
         if not sched.persistent:
@@ -565,14 +565,16 @@ def _reduce_ancestors(n: Node, k: KernelBody, by_out: dict[str, Node]) -> list[s
     return found
 
 
-_REDUCE_OPS = {p.value for p in REDUCTIONS}
-_IDENT = {Prim.REDUCE_SUM.value: "0.0", Prim.REDUCE_MAX.value: '-float("inf")', Prim.REDUCE_MIN.value: 'float("inf")'}
-def _identity(op: str, dtype: DType) -> tuple[str, str]:
+REDUCE_OPS = {p.value for p in REDUCTIONS}
+REDUCE_IDENT = {Prim.REDUCE_SUM.value: "0.0", Prim.REDUCE_MAX.value: '-float("inf")', Prim.REDUCE_MIN.value: 'float("inf")'}
+
+
+def reduction_identity(op: str, dtype: DType) -> tuple[str, str]:
     """(identity literal, accumulator type) of a reduction over `dtype`. Integers accumulate in int64
     (a narrower sum wraps the same once cast back), from their type's extreme for max and min (written
     by `literal`, which spells int64's least)."""
     if dtype.is_float:
-        return _IDENT[op], "tl.float32"
+        return REDUCE_IDENT[op], "tl.float32"
     info = np.iinfo(dtype.to_numpy())
     extreme = {Prim.REDUCE_SUM.value: 0, Prim.REDUCE_MAX.value: int(info.min), Prim.REDUCE_MIN.value: int(info.max)}
     return literal(extreme[op], dtype).expr, "tl.int64"
@@ -581,7 +583,7 @@ def _identity(op: str, dtype: DType) -> tuple[str, str]:
 def row_result(g: Graph, n: Node, acc: str) -> str:
     """Reduction `n` of a [rows, block] accumulator `acc` along its block: one value per row, [rows, 1],
     in the reduction's output type (row kernels, and a GEMM template's row statistics)."""
-    return f"{_REDUCE_FN[n.op]}({acc}, 1)[:, None]{_narrow(g, n)}"
+    return f"{REDUCE_FN[n.op]}({acc}, 1)[:, None]{_narrow(g, n)}"
 
 
 def _narrow(g: Graph, n: Node) -> str:
@@ -590,9 +592,9 @@ def _narrow(g: Graph, n: Node) -> str:
     return "" if dt.is_float or dt is DType.INT64 else f".to({COMPUTE[dt]})"
 
 
-_REDUCE_FN = {Prim.REDUCE_SUM.value: "tl.sum", Prim.REDUCE_MAX.value: "tl.max", Prim.REDUCE_MIN.value: "tl.min"}
-_COMBINE = {Prim.REDUCE_SUM.value: "{acc} + {v}", Prim.REDUCE_MAX.value: "tl.maximum({acc}, {v})",
-            Prim.REDUCE_MIN.value: "tl.minimum({acc}, {v})"}
+REDUCE_FN = {Prim.REDUCE_SUM.value: "tl.sum", Prim.REDUCE_MAX.value: "tl.max", Prim.REDUCE_MIN.value: "tl.min"}
+COMBINE = {Prim.REDUCE_SUM.value: "{acc} + {v}", Prim.REDUCE_MAX.value: "tl.maximum({acc}, {v})",
+           Prim.REDUCE_MIN.value: "tl.minimum({acc}, {v})"}
 
 
 def render(scope: Scope, indent: str, out: list[str]) -> None:
@@ -608,7 +610,7 @@ def render(scope: Scope, indent: str, out: list[str]) -> None:
 def rows_strided(graph: Graph, nodes: Sequence[Node]) -> bool:
     """Are the elements of a reduction's row apart in memory? True when the reduced axes are not
     the innermost dims of the input's storage order (H and W of an NHWC tensor)."""
-    red = next((n for n in nodes if n.op in _REDUCE_OPS), None)
+    red = next((n for n in nodes if n.op in REDUCE_OPS), None)
     if red is None:
         return False
     t = graph.types[red.inputs[0]]
@@ -617,7 +619,7 @@ def rows_strided(graph: Graph, nodes: Sequence[Node]) -> bool:
 
 
 def kind_of(nodes: Sequence[Node]) -> str:
-    return "reduction" if any(n.op in _REDUCE_OPS for n in nodes) else "pointwise"
+    return "reduction" if any(n.op in REDUCE_OPS for n in nodes) else "pointwise"
 
 
 def generate(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], name: str,
@@ -665,7 +667,7 @@ def _default_schedule(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str
                       strided: bool = False) -> Schedule:
     if not reduction:
         return schedules(max(graph.types[o].numel for o in outputs), 1)[0]
-    red = next(n for n in nodes if n.op in _REDUCE_OPS)
+    red = next(n for n in nodes if n.op in REDUCE_OPS)
     shape = graph.types[red.inputs[0]].shape
     axes = red.attrs["axes"]
     rnumel = prod(shape[d] for d in axes)

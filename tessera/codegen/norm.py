@@ -29,7 +29,7 @@ import numpy as np
 
 from tessera.codegen import index as ix
 from tessera.codegen.index import Ix
-from tessera.codegen.kernels import _COMBINE, _identity, row_result
+from tessera.codegen.kernels import COMBINE, reduction_identity, row_result
 from tessera.codegen.tile import Tile, pow2
 from tessera.codegen.triton_ops import Unsupported, Val
 from tessera.ir.dtype import DType
@@ -56,7 +56,7 @@ def prewalk_statistic(t: Tile, graph: Graph, node: Node, index: Sequence[Ix], ma
     axes = node.attrs["axes"]
     numel = prod(shape[d] for d in axes)
     block = min(pow2(numel), max(block_k, 64))
-    ident, acc_type = _identity(node.op, graph.types[x].dtype)
+    ident, acc_type = reduction_identity(node.op, graph.types[x].dtype)
     with em.hoisted(0):
         acc = em.fresh("stat")
         em.stmt(f"{acc} = tl.full([{'BLOCK_M' if 'm' in rows else 1}, {block}], {ident}, {acc_type})")
@@ -85,9 +85,9 @@ def _walk_coords(index: Sequence[Ix], shape: Sequence[int], axes: Sequence[int],
 def _accumulate(em, graph: Graph, node: Node, acc: str, coords: list[Ix], mask: frozenset[str]) -> None:
     v = em.value(node.inputs[0], coords, mask)
     m = em.mask_expr(mask)
-    ident = _identity(node.op, graph.types[node.inputs[0]].dtype)[0]
+    ident = reduction_identity(node.op, graph.types[node.inputs[0]].dtype)[0]
     term = f"tl.where({m}, {v.expr}, {ident})" if m else v.expr
-    em.stmt(f"{acc} = {_COMBINE[node.op].format(acc=acc, v=term)}")
+    em.stmt(f"{acc} = {COMBINE[node.op].format(acc=acc, v=term)}")
 
 
 class RowFactor:
@@ -171,7 +171,7 @@ class RowFactor:
         rows, mask = self.at
         for node in self.statistics:
             shape = g.types[node.inputs[0]].shape
-            ident, acc_type = _identity(node.op, g.types[node.inputs[0]].dtype)
+            ident, acc_type = reduction_identity(node.op, g.types[node.inputs[0]].dtype)
             acc = self.accs[node.name] = em.fresh("stat")
             with em.hoisted(0):
                 em.stmt(f"{acc} = tl.full([{'BLOCK_M' if 'm' in _deps(rows) else 1}, BLOCK_K], {ident}, {acc_type})")
