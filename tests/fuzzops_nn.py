@@ -286,6 +286,31 @@ def norm_projection(d: Draw, b: Builder) -> None:
         b.one("Add", [z, b.const((n,), scale=0.5)], [(out, FLOAT)])
 
 
+def gated_mlp(d: Draw, b: Builder) -> None:
+    """A gated MLP's first half: act(x @ wg) * (x @ wu) with constant weights of one width (SiLU as
+    Llama's export spells it, or GELU or ReLU), the factors either way round, at times a third
+    projection beside them. Merged over their weights (`rewrite/merged.py`), the product is read only
+    through its column slices: the GEMM template's accumulator-per-slice form (`gemm.column_slices`)."""
+    x = b.pick(lambda t: t.is_float and t.rank >= 2 and t.shape[-1] > 1) or b.add_input((b.dim(), b.dim(2)))
+    k = x.shape[-1]
+    n = b.dim(1, max(1, b.cap // max(1, x.numel // k)))
+    out = x.shape[:-1] + (n,)
+    if math.prod(out) > b.cap:
+        return
+    gate, up = (b.one("MatMul", [x, b.const((k, n), FLOAT, scale=1 / math.sqrt(k))], [(out, FLOAT)]) for _ in "gu")
+    act = d.pick(["silu", "gelu", "relu"])
+    if act == "silu":
+        a = b.one("Mul", [gate, b.one("Sigmoid", [gate], [(out, FLOAT)])], [(out, FLOAT)])
+    elif act == "gelu" and b.opset >= 20:
+        a = b.one("Gelu", [gate], [(out, FLOAT)], {"approximate": d.pick(["none", "tanh"])})
+    else:
+        a = b.one("Relu", [gate], [(out, FLOAT)])
+    b.one("Mul", [a, up] if d.maybe(0.5) else [up, a], [(out, FLOAT)])
+    if d.maybe(0.25):  # a third projection of x, read on its own
+        w = b.dim(1, 9)
+        b.one("MatMul", [x, b.const((k, w), FLOAT, scale=1 / math.sqrt(k))], [(x.shape[:-1] + (w,), FLOAT)])
+
+
 def instance_norm(d: Draw, b: Builder) -> None:
     x = b.float_in(lambda t: t.rank >= 3)
     if x.rank < 3:
