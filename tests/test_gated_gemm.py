@@ -104,3 +104,20 @@ def test_a_measured_compile_runs_norm_gate_and_up_as_one_template(tmp_path, monk
     write_artifacts(result, tmp_path / "art")
     got = run_exe(tessera.load(tmp_path / "art", DEVICE), {"x": x})[0]
     assert rel_l2(got, run_onnxruntime(model, {"x": x})["out"]) < TOLERANCE[precision]
+
+
+def test_the_ranked_schedules_fit_two_accumulators():
+    # 128 rows x K 768 -> 2 x 2048 (the zoo llama's MLP) in fp16: no split K, the accumulators within
+    # one 128 x 256 tile's registers, every stage's A tile and two B tiles within shared memory.
+    from tessera.cost.devices import device
+    from tessera.cost.schedule_model import rank_templates
+    from tessera.rewrite.precision import convert_precision
+
+    g = convert_precision(_merged(_swiglu(rand(1, 128, 768, seed=133), 768, 2048, 134)), "fp16")
+    prims, pro, outputs = matmul_kernel(g)
+    ranked = rank_templates(g, pro + prims, outputs, "fp16")
+    assert ranked and all(s.split_k == 1 and s.block_m * s.block_n <= 128 * 128 for s in ranked)
+    assert all(s.num_stages * (s.block_m + 2 * s.block_n) * s.block_k * 2 <= device("h100").smem_bytes for s in ranked)
+    (root,) = [n for n in prims if n.op == "matmul"]
+    alone = rank_templates(g, [*pro, root], [root.outputs[0]], "fp16")  # the product itself splits K here
+    assert any(s.split_k > 1 for s in alone)

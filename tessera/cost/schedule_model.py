@@ -346,8 +346,12 @@ def _rank_gemm(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], root
     a_type = graph.types[root.inputs[0]]
     itemsize = a_type.dtype.itemsize
     space = template_schedules(batch, m, n, k, itemsize, dev.sms)
-    if accs > 1:  # a product read through column slices: a tile per slice width, one walk of K for all
-        space = [s for s in space if s.split_k == 1]
+    if accs > 1:  # a product read through column slices: a tile per slice width, one walk of K for all,
+        # and the accumulators together no larger than the menu's largest tile (128 x 256 floats: 128
+        # registers a thread at 8 warps), past which they spill; each pipeline stage holds a B tile per
+        # accumulator, within the SM's shared memory
+        space = [s for s in space if s.split_k == 1 and s.block_m * s.block_n * accs <= 128 * 256
+                 and s.num_stages * (s.block_m + accs * s.block_n) * s.block_k * itemsize <= dev.smem_bytes]
     operands = sum(graph.types[t].nbytes for t in root.inputs)
     epilogue = _epilogue_bytes(graph, nodes, outputs, root)
     rate = template_rate(a_type.dtype, precision, dev)
