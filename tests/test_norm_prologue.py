@@ -166,6 +166,20 @@ def test_a_statistic_of_a_value_the_operand_does_not_read_is_refused():
     assert StructuralLegality().check(og, og.all) is not None  # no prologues: no norm either
 
 
+def test_a_statistic_over_more_than_the_row_the_k_loop_walks_is_refused():
+    # An InstanceNorm's statistics reduce 36 pixels per channel; the projection after it walks the
+    # 4 channels of each pixel. Every program would recompute them for each of its rows.
+    x = rand(1, 4, 6, 6, seed=116)
+    model = graph_model([helper.make_node("InstanceNormalization", ["x", "g", "b"], ["n"], epsilon=1e-5),
+                         helper.make_node("Transpose", ["n"], ["t"], perm=[0, 2, 3, 1]),
+                         helper.make_node("MatMul", ["t", "w"], ["out"])],
+                        {"x": x, "g": Const(rand(4, seed=117)), "b": Const(rand(4, seed=118)),
+                         "w": Const(rand(4, 5, seed=119))}, ["out"])
+    og = build_ograph(fission(load(model).graph).graph)
+    why = StructuralLegality(prologues=True).check(og, og.all)
+    assert why is not None and "reduces at most the 4 elements" in why
+
+
 def test_a_float16_operand_without_its_row_factor_stays_in_range():
     # x holds values near float16's largest and gamma is 3: x * gamma alone would overflow, the
     # normalized operand does not. The operand is scaled by a power of two first (2**-2 here) and

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import combinations
+from math import prod
 from typing import Protocol
 
 from tessera.ir.dtype import DType
@@ -214,7 +215,15 @@ def _statistic_check(og: OGraph, mask: int, root: int, stat: int) -> str | None:
     K loop then only reads again, from L2, rows the K loop loads anyway (a LayerNorm's mean and
     variance of the x it normalizes). A statistic of something else (the squares of a norm cut
     apart, read back from memory) would add a stream of its own, and kernels of such partial norms
-    would only multiply the candidates."""
+    would only multiply the candidates. Nor may it reduce more elements per row than the K loop
+    walks: a statistic over other axes (an InstanceNorm's, over the pixels that are the product's
+    rows) is recomputed by every program for each of its rows, thousands of times the norm's own
+    work (the fuzzer's fake-tuned Einsum of a 32 x 128 x 32 InstanceNorm, session 57)."""
+    node, g = og.nodes[stat], og.graph
+    shape, k = g.types[node.inputs[0]].shape, g.types[og.nodes[root].inputs[0]].shape[-1]
+    if prod(shape[d] for d in node.attrs["axes"]) > k:
+        return (f"{node.name}: a GEMM prologue's row statistic reduces at most the {k} elements of a row that "
+                f"the K loop walks")
     need_nodes, need_inputs = _reads(og, mask, stat)
     have_nodes, have_inputs = _reads(og, mask, root)
     if need_nodes & ~have_nodes or need_inputs - have_inputs:
