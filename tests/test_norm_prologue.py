@@ -77,6 +77,8 @@ def test_an_rmsnorm_scales_the_accumulator_after_one_walk(k):
     x = rand(2, 13, k, seed=110)
     src = _prologue_kernel(_rmsnorm_matmul(x, k, 111), {"x": x}, GemmSchedule(16, 16, 16, 2, 2, 1, 1)).source
     assert src.count("for ") == 1 and "deferred" in src and "stat" in src
+    # each step's squares are summed per row at once: no [BLOCK_M, BLOCK_K] sum is held across the walk
+    assert "= tl.full([BLOCK_M, 1], 0.0, tl.float32)" in src and "tl.full([BLOCK_M, BLOCK_K]" not in src
 
 
 def test_a_split_k_rmsnorm_takes_its_statistic_before_the_walk():

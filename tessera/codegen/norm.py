@@ -29,7 +29,7 @@ import numpy as np
 
 from tessera.codegen import index as ix
 from tessera.codegen.index import Ix
-from tessera.codegen.kernels import COMBINE, reduction_identity, row_result
+from tessera.codegen.kernels import COMBINE, REDUCE_FN, reduction_identity, row_result
 from tessera.codegen.tile import Tile, pow2
 from tessera.codegen.triton_ops import Unsupported, Val
 from tessera.ir.dtype import DType
@@ -82,11 +82,20 @@ def _walk_coords(index: Sequence[Ix], shape: Sequence[int], axes: Sequence[int],
     return coords
 
 
-def _accumulate(em, graph: Graph, node: Node, acc: str, coords: list[Ix], mask: frozenset[str]) -> None:
+def _accumulate(em, graph: Graph, node: Node, acc: str, coords: list[Ix], mask: frozenset[str],
+                rows: str | None = None) -> None:
+    """acc = node's reduction of acc and its input's values at `coords` (a [rows, block] tile). With
+    `rows` (the tile's row count: "BLOCK_M" or "1"), each step's tile is reduced to one value per row
+    first, so acc is [rows, 1]."""
     v = em.value(node.inputs[0], coords, mask)
     m = em.mask_expr(mask)
     ident = reduction_identity(node.op, graph.types[node.inputs[0]].dtype)[0]
-    term = f"tl.where({m}, {v.expr}, {ident})" if m else v.expr
+    x = v.expr
+    if rows:  # the whole step's tile (a value constant along K counts once for each of its lanes)
+        x = f"tl.full([{rows}, BLOCK_K], {x}, tl.float32)" if v.is_literal else f"tl.broadcast_to({x}, [{rows}, BLOCK_K])"
+    term = f"tl.where({m}, {x}, {ident})" if m else x
+    if rows:
+        term = f"{REDUCE_FN[node.op]}({term}, 1)[:, None]"
     em.stmt(f"{acc} = {COMBINE[node.op].format(acc=acc, v=term)}")
 
 
@@ -173,9 +182,12 @@ class RowFactor:
             shape = g.types[node.inputs[0]].shape
             ident, acc_type = reduction_identity(node.op, g.types[node.inputs[0]].dtype)
             acc = self.accs[node.name] = em.fresh("stat")
+            # One value per row, reduced at each step: a [BLOCK_M, BLOCK_K] float32 sum kept across the
+            # walk would hold as many registers again as the accumulators (64 a thread at 64 x 128 on 4 warps)
+            per = "BLOCK_M" if "m" in _deps(rows) else "1"
             with em.hoisted(0):
-                em.stmt(f"{acc} = tl.full([{'BLOCK_M' if 'm' in _deps(rows) else 1}, BLOCK_K], {ident}, {acc_type})")
-            _accumulate(em, g, node, acc, _walk_coords(rows, shape, node.attrs["axes"], rk), mask)
+                em.stmt(f"{acc} = tl.full([{per}, 1], {ident}, {acc_type})")
+            _accumulate(em, g, node, acc, _walk_coords(rows, shape, node.attrs["axes"], rk), mask, per)
 
     def apply(self, t: Tile, accs: Sequence[str] = ("acc",)) -> None:
         """After the K loop: the reductions' rows, r from them, and each accumulator scaled by r."""
