@@ -26,5 +26,13 @@ case $1 in
     3)
         (cd .pin16 && PYTHONPATH=/tmp/site:$PWD timeout 500 python3 scripts/atomic_pair_probe.py \
             --cases "fp16:7,8,9,10,4,5,6;tf32:5,6" 2>&1 | tee $OUT/atomic_pair.txt | tail -30) ;;
-    *) echo "next.sh: calls 1-3"; exit 2 ;;
+    4)  # for session 58: the GPU tests of the column-slice and norm templates (the harness fix after
+        # 4997f90), then llama fp16 at HEAD: replay its log (scripts/replay_tuning.py --grep
+        # reduce_sum,matmul,sigmoid) for the one-walk RMSNorm with per-row sums against call 1's 6.27 us
+        (cd .pin16 && TESSERA_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -p no:cacheprovider \
+            tests/test_gated_gemm.py tests/test_norm_prologue.py 2>&1 | tail -3)
+        export PROFILE=1; gemms e2e_llama_head llama fp16 170 eager ;;
+    5)  # for session 58: llama fp16 with windows of 4000 states (fewer cuts) beside eager
+        export PROFILE=1 TESSERA_MAX_STATES=4000; gemms e2e_llama_s4000 llama fp16 230 eager ;;
+    *) echo "next.sh: calls 1-5"; exit 2 ;;
 esac
