@@ -19,8 +19,8 @@ from tessera.codegen.kernels import (AnySchedule, ChainSchedule, ConvSchedule, G
                                      TemplateSchedule)
 from tessera.codegen.select import needs_template, prologue_of
 from tessera.codegen.chain import STAGES as CHAIN_STAGES
-from tessera.codegen.gemm import column_slices, matmul_root
 from tessera.codegen.chain import WARPS as CHAIN_WARPS
+from tessera.codegen.gemm import column_slices, matmul_root
 from tessera.cost.chain_search import chain_features, chain_key, chain_space
 from tessera.cost.db import Key, TuningDB
 from tessera.cost.schedule_model import GEMM_FAMILIES
