@@ -121,3 +121,14 @@ def test_the_ranked_schedules_fit_two_accumulators():
     (root,) = [n for n in prims if n.op == "matmul"]
     alone = rank_templates(g, [*pro, root], [root.outputs[0]], "fp16")  # the product itself splits K here
     assert any(s.split_k > 1 for s in alone)
+
+
+def test_the_compile_summary_counts_column_slice_templates(tmp_path, capsys):
+    import onnx
+
+    from tessera.cli.main import main
+
+    onnx.save(_swiglu(rand(2, 13, 48, seed=142), 48, 40, 143), tmp_path / "mlp.onnx")
+    assert main(["compile", str(tmp_path / "mlp.onnx"), "-o", str(tmp_path / "out"), "--templates", "force",
+                 "--cost", "analytical", "--precision", "fp16"]) == 0
+    assert "1 reading their product through column slices" in capsys.readouterr().out

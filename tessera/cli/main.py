@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from tessera import cache
+from tessera.codegen.gemm import column_slices
 from tessera.codegen.kernels import ChainSchedule
 from tessera.compiler import CompileOptions, compile_model, write_artifacts
 from tessera.cost import DEVICES, PRECISIONS
@@ -525,7 +526,11 @@ def _print_compile(result: Any) -> None:
         print(f"  {len(plan.absorbed)} kernel(s) that only fed a GEMM chain joined it after the solve, "
               f"across the partition's cuts (orchestrate/post_fusion.py): {saved:.1f} us saved")
     if templates.count("matmul"):
-        print(f"  {templates.count('matmul')} matmul kernel(s) run as GEMM templates (codegen/gemm.py)")
+        sliced = sum(1 for k in result.kernels if k.backend == "template" and k.linear is not None
+                     and k.linear.op == "matmul" and column_slices(result.graph, k.nodes, k.outputs, k.linear))
+        print(f"  {templates.count('matmul')} matmul kernel(s) run as GEMM templates (codegen/gemm.py)"
+              + (f", {sliced} reading their product through column slices (a gated MLP's gate and up)"
+                 if sliced else ""))
     if templates.count("conv"):
         print(f"  {templates.count('conv')} convolution kernel(s) run as convolution templates (codegen/conv.py)")
     print(f"  estimated {plan.estimated_total_s * 1e6:.1f} us; {greedy_baselines(plan)}")
