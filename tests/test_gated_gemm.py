@@ -52,7 +52,7 @@ def test_gate_and_up_share_one_walk_and_the_product_is_never_stored(precision, w
     prims, pro, outputs = matmul_kernel(g)
     (root,) = [n for n in prims if n.op == "matmul"]
     assert [sl.attrs["starts"][-1] for sl in column_slices(g, prims, outputs, root)] == [0, width]
-    batch, m, n, k, accs = tile_problem(g, prims, outputs, root)
+    batch, m, n, k, accs = tile_problem(g, root, column_slices(g, prims, outputs, root))
     assert (batch * m, n, k, accs) == (26, width, 24, 2)
     ks, _ = check_template(None, {"x": x}, GemmSchedule(16, block_n, 16, 2, 2, 1, 1), precision, graph=g)
     src = ks.source

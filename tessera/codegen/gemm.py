@@ -137,12 +137,10 @@ def column_slices(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], r
     return sorted(readers, key=lambda n: n.attrs["starts"][-1])
 
 
-def tile_problem(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str],
-                 root: Node) -> tuple[int, int, int, int, int]:
+def tile_problem(graph: Graph, root: Node, cut: Sequence[Node] | None) -> tuple[int, int, int, int, int]:
     """(batch, M, N, K, accumulators) of the tiles a GEMM template walks: the product's, or where the
-    kernel reads it through `column_slices`, one slice's N with an accumulator per slice."""
+    kernel reads it through the slices `cut` (`column_slices`), one slice's N with an accumulator each."""
     batch, m, n, k = problem(graph, root)
-    cut = column_slices(graph, nodes, outputs, root)
     return (batch, m, graph.types[cut[0].outputs[0]].shape[-1], k, len(cut)) if cut else (batch, m, n, k, 1)
 
 
@@ -157,7 +155,7 @@ class _Template:
         self.math = dot_math(ta.dtype, tb.dtype, precision, f"{root.name}: a GEMM template")
         # A product read only through column slices (a gate beside its up projection): an accumulator each
         self.slices = column_slices(graph, nodes, outputs, root)
-        self.batch, self.m, self.n, self.k, _ = tile_problem(graph, nodes, outputs, root)
+        self.batch, self.m, self.n, self.k, _ = tile_problem(graph, root, self.slices)
         self.accs = [f"acc{i}" for i in range(len(self.slices))] if self.slices else ["acc"]
         self.tile_shape = (*self.tc.shape[:-1], self.n)
         if self.slices and s.split_k > 1:

@@ -39,7 +39,7 @@ from typing import Sequence
 
 from tessera.codegen.chain import chain_roots
 from tessera.codegen.conv import ConvProblem, channels_innermost, conv_problem, conv_root, conv_schedules
-from tessera.codegen.gemm import matmul_root, template_schedules, tile_problem
+from tessera.codegen.gemm import column_slices, matmul_root, template_schedules, tile_problem
 from tessera.codegen.kernels import ConvSchedule, GemmSchedule, KernelSource, Schedule, TemplateSchedule, schedules
 from tessera.codegen.tile import cdiv
 from tessera.codegen.triton_ops import Unsupported
@@ -342,7 +342,7 @@ def _rank_conv(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], root
 def _rank_gemm(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], root: Node, precision: str = "fp32",
                dev: Device | None = None) -> list[TemplateSchedule]:
     dev = dev or device("h100")
-    batch, m, n, k, accs = tile_problem(graph, nodes, outputs, root)
+    batch, m, n, k, accs = tile_problem(graph, root, column_slices(graph, nodes, outputs, root))
     a_type = graph.types[root.inputs[0]]
     itemsize = a_type.dtype.itemsize
     space = template_schedules(batch, m, n, k, itemsize, dev.sms)

@@ -9,7 +9,7 @@ from tessera.ir.graph import Graph, Node, TensorType, unique_name
 
 
 class NodeEdit:
-    """A graph being rewritten: `replace(name, nodes)` puts `nodes` where node `name` was."""
+    """A graph being rewritten: `replaced[name] = nodes` puts `nodes` where node `name` was."""
 
     def __init__(self, graph: Graph) -> None:
         self.source = graph
@@ -35,9 +35,6 @@ class NodeEdit:
         name = unique_name(base, self.g.types)
         self.g.types[name] = ty
         return name
-
-    def replace(self, name: str, nodes: list[Node]) -> None:
-        self.replaced[name] = nodes
 
     def finish(self) -> tuple[Graph, int]:
         """The rewritten graph (the original where nothing was replaced), sorted and without dead
