@@ -25,6 +25,7 @@ from typing import Callable, Iterator, Sequence
 
 from tessera.codegen import index as ix
 from tessera.codegen.index import Ix
+from tessera.codegen.rotary import HalvesSwap, halves_swap
 from tessera.codegen.triton_ops import COMPUTE, Unsupported, Val, elementwise, fold_literal, literal
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import BINARY, REDUCTIONS, UNARY, Prim
@@ -67,6 +68,9 @@ class Emitter:
         # Tensors the kernel driver computes its own way at any index (a GEMM template's operand
         # with its row factor deferred to the accumulator).
         self.intercepts: dict[str, Callable[[Sequence[Ix], Mask], Val]] = {}
+        # A concat that swaps the halves of an axis (rotate_half) read from registers instead of at other
+        # indices: the kernel driver's swap of x at `index`, or None (`codegen/rotary.py`).
+        self.swap: Callable[[HalvesSwap, tuple[Ix, ...], Mask], Val | None] | None = None
         # The block shape of a value depending on some loop tags (the kernel driver sets it).
         self.shape_of: Callable[[frozenset[str]], str] = lambda deps: "[XBLOCK]"
 
@@ -371,6 +375,16 @@ def _pad(em: Emitter, node: Node, index: tuple[Ix, ...], mask: Mask) -> Val:
 
 
 def _concat(em: Emitter, node: Node, index: tuple[Ix, ...], mask: Mask) -> Val:
+    sw = halves_swap(em.graph, em.producer, node) if em.swap is not None else None
+    v = em.swap(sw, index, mask) if sw is not None else None
+    if v is not None:  # sign(d) * x[d XOR s], x's partner lanes already in v
+        lo, hi = (em.emit(f"-{v.expr}", v.deps) if sgn < 0 else v.expr for sgn in sw.signs)
+        pos = index[sw.axis]
+        if lo == hi:
+            return Val(lo, v.dtype, v.deps)
+        c = em.cond(f"{pos.expr} < {sw.half}", pos.deps)
+        deps = v.deps | pos.deps
+        return Val(em.emit(f"tl.where({c}, {lo}, {hi})", deps), v.dtype, deps)
     axis = node.attrs["axis"]
     pos = index[axis]
     parts: list[tuple[str | None, Val]] = []

@@ -39,6 +39,7 @@ from tessera.codegen import index as ix
 from tessera.codegen.index import Ix
 from tessera.codegen.kernels import GemmSchedule, KernelBody, KernelSource, Launch, sanitize
 from tessera.codegen.norm import RowFactor, prewalk_statistic
+from tessera.codegen.rotary import HalvesSwap, partner_columns, swap_halves
 from tessera.codegen.tile import (GRID_Y_MAX, MIN_BLOCK, Tile, cdiv, check_outputs, describe, dot_math, dot_operand,
                                   jit_function, pow2, store_outputs, sum_slices)
 from tessera.codegen.triton_ops import Unsupported, Val, module_source
@@ -231,10 +232,29 @@ class _Template:
             rf.apply(t, self.accs)
 
     # ---- the epilogue ----------------------------------------------------------------------
+    def allow_swaps(self, t: Tile, acc: str) -> None:
+        """Let the epilogue read the product's rotate_half from the accumulator's registers
+        (`codegen/rotary.py`): where every element's partner is the column n XOR s of the same row,
+        and a tile holds whole runs of 2s columns."""
+        em, product = t.em, self.root.outputs[0]
+
+        def swap(sw: HalvesSwap, index: tuple[Ix, ...], mask: frozenset[str]) -> Val | None:
+            if self.slices or not partner_columns(self.graph, em.producer, product, sw):
+                return None
+            if self.s.block_n % (2 * sw.half):
+                raise Unsupported(f"{self.root.name}: rotate_half over {2 * sw.half} columns needs BLOCK_N a "
+                                  f"multiple of them, not {self.s.block_n}")
+            v = em.value(sw.x, index, mask)
+            if v.expr != acc:  # x at the tile's own lanes is the accumulator, else no swap of registers
+                return None
+            return swap_halves(em.emit, v, sw.half)
+        em.swap = swap
+
     def epilogue(self, t: Tile) -> None:
         """Every output from the accumulator, at its own indices (a reshape of the product's); where
         the product is read through column slices, each slice is its accumulator at the tile's indices."""
         if not self.slices:
+            self.allow_swaps(t, "acc")
             store_outputs(t, self.graph, self.outputs, self.root.outputs[0], t.coords)
             return
         at = tuple(i.expr for i in t.coords)
@@ -282,6 +302,7 @@ def generate_gemm(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], n
         tp.mainloop(t, chunk, split=True)
         workspace = sum_slices(t, "pid_k", s.split_k, tp.batch * tp.m * tp.n, tp.batch * tiles)
         summed = Val("tot", tp.tc.dtype, frozenset({"b", "m", "n", "fix"}))
+        tp.allow_swaps(t, summed.expr)
         store_outputs(t, graph, tp.outputs, root.outputs[0], t.coords, summed)  # inside the last's block
         t.em.pop()
         funcs.append(_function(fn, params, t, ["pid_k = tl.program_id(2)"]))

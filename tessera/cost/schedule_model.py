@@ -41,6 +41,7 @@ from tessera.codegen.chain import chain_roots
 from tessera.codegen.conv import ConvProblem, channels_innermost, conv_problem, conv_root, conv_schedules
 from tessera.codegen.gemm import column_slices, matmul_root, template_schedules, tile_problem
 from tessera.codegen.kernels import ConvSchedule, GemmSchedule, KernelSource, Schedule, TemplateSchedule, schedules
+from tessera.codegen.rotary import swap_width
 from tessera.codegen.tile import cdiv
 from tessera.codegen.triton_ops import Unsupported
 from tessera.cost.devices import Device, device
@@ -352,6 +353,9 @@ def _rank_gemm(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], root
         # accumulator, within the SM's shared memory
         space = [s for s in space if s.split_k == 1 and s.block_m * s.block_n * accs <= 128 * 256
                  and s.num_stages * (s.block_m + accs * s.block_n) * s.block_k * itemsize <= dev.smem_bytes]
+    heads = swap_width(graph, nodes, root)
+    if heads > 1:  # rotate_half in the epilogue swaps columns within a tile: whole heads to a tile
+        space = [s for s in space if s.block_n % heads == 0]
     operands = sum(graph.types[t].nbytes for t in root.inputs)
     epilogue = _epilogue_bytes(graph, nodes, outputs, root)
     rate = template_rate(a_type.dtype, precision, dev)

@@ -42,6 +42,7 @@ from tessera.ir.dtype import DType
 from tessera.ir.graph import Node
 from tessera.ir.prims import CATEGORY_OF, Category, Prim
 from tessera.orchestrate.graphview import OGraph, bits
+from tessera.orchestrate.rotary import rotary_epilogues, rotary_nodes
 
 
 _REDUCE_OPS = {Prim.REDUCE_SUM.value, Prim.REDUCE_MAX.value, Prim.REDUCE_MIN.value}
@@ -110,6 +111,7 @@ class CandidateRules:
     max_chain_growth: int = 16  # nodes a GEMM chain may add past max_nodes (`grow_chain`)
     max_chain_prologue: int = 32  # and then computed prologue nodes (`compute_prologue`)
     max_norm_prologue: int = 32  # nodes a one-matmul candidate may add past max_nodes: a norm before it
+    max_rotary_epilogue: int = 32  # and the rotations of q and k after it (`orchestrate/rotary.py`)
 
 
 @dataclass(frozen=True)
@@ -166,9 +168,12 @@ class StructuralLegality:
         if len(linear) > 1:
             return "two linear primitives share a kernel only as a GEMM chain"
         (root,) = linear
+        rotary = rotary_nodes(og, mask, root) if og.nodes[root].op == Prim.MATMUL.value else 0
         for i in bits(mask & ~(1 << root)):
             op = og.nodes[i].op
             pointwise = _pointwise(op)
+            if (rotary >> i) & 1:
+                continue  # a rotation in the epilogue, from the accumulator's registers (`orchestrate/rotary.py`)
             if self.prologues and (og.desc[i] >> root) & 1:
                 if pointwise or op in _PROLOGUE_LAYOUT:
                     continue  # an operand prologue: computed where the template loads the operand
@@ -515,6 +520,8 @@ def enumerate_candidates(og: OGraph, members: int, rules: CandidateRules,
 
     if rules.max_norm_prologue:
         sets.extend(norm_prologues(og, sets, members, linear, rules.max_norm_prologue))
+    if rules.max_rotary_epilogue:
+        sets.extend(rotary_epilogues(og, sets, members, linear, rules.max_rotary_epilogue))
 
     legal = [mask for mask in sets if og.is_convex(mask) and legality.check(og, mask) is None]
     kept = set(legal)

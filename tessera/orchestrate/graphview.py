@@ -58,6 +58,7 @@ class OGraph:
     external: list[frozenset[str]] = field(default_factory=list)  # graph inputs and constants read
     out_bytes: list[int] = field(default_factory=list)
     graph_outputs: int = 0  # nodes whose output is a graph output
+    memo: dict = field(default_factory=dict)  # facts about the graph computed once (`orchestrate/rotary.py`)
 
     @property
     def n(self) -> int:

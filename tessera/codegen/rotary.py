@@ -1,0 +1,127 @@
+"""Rotary positions in a GEMM template's epilogue: the halves of a head swapped in registers.
+
+Llama-family attention rotates q and k right after their projection: `q * cos + rotate_half(q) * sin`,
+where rotate_half(q) = concat(-q[..., s:], q[..., :s]) over a head of 2s values. Element d of the result
+reads q at d + s or d - s: the other half of the same head. A GEMM template holds q as the accumulator of its
+tile, where a head's 2s columns lie side by side in one tile when the tile is a whole number of heads
+wide. So the partner of every lane is another lane of the same tile, and rotate_half is a permutation of
+the accumulator's registers (`swap_halves`), not a read of the product at other indices, which a template
+cannot do. This moves the rotary kernels of a Llama layer (q's and k's) into the projection before them.
+
+`halves_swap` recognises the concat; `partner_columns` checks, on the index map of the layout primitives
+between the product and q, that q's element d ± s is the product's column n ± s of the same row, so
+the permutation within the tile is exact; the template (`codegen/gemm.py`) then reads q at the tile's
+lanes and emits the swap. Any other kernel computes the concat as before, by reading at other indices.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tessera.codegen.triton_ops import Val
+from tessera.ir.graph import Graph, Node
+from tessera.ir.prims import Prim
+
+
+@dataclass(frozen=True)
+class HalvesSwap:
+    """concat(±x[..., s:2s], ±x[..., :s]) along `axis`: element d is sign(d) * x at d + s (d < s) or d - s."""
+
+    x: str
+    axis: int
+    half: int  # s
+    signs: tuple[int, int]  # of the first half's elements (d < s) and of the second's
+
+
+def _signed_slice(graph: Graph, producer: dict[str, Node], t: str) -> tuple[int, Node] | None:
+    """(sign, slice node) where t is a slice, or the negation of one."""
+    n = producer.get(t)
+    sign = 1
+    if n is not None and n.op == Prim.NEG.value:
+        sign, n = -1, producer.get(n.inputs[0])
+    if n is None or n.op != Prim.SLICE.value:
+        return None
+    return sign, n
+
+
+def halves_swap(graph: Graph, producer: dict[str, Node], node: Node) -> HalvesSwap | None:
+    """The concat `node` as a swap of the two halves of one tensor's axis, or None."""
+    if node.op != Prim.CONCAT.value or len(node.inputs) != 2:
+        return None
+    parts = [_signed_slice(graph, producer, t) for t in node.inputs]
+    if None in parts:
+        return None
+    (s0, a), (s1, b) = parts  # type: ignore[misc]
+    x = a.inputs[0]
+    shape = graph.types[x].shape
+    axis = node.attrs["axis"] % len(shape)
+    if b.inputs[0] != x or shape[axis] % 2:
+        return None
+    half = shape[axis] // 2
+    for sl, start in ((a, half), (b, 0)):
+        out = graph.types[sl.outputs[0]].shape
+        if any(step != 1 for step in sl.attrs["steps"]) or out[axis] != half \
+                or any(st != (start if d == axis else 0) for d, st in enumerate(sl.attrs["starts"])) \
+                or any(o != (half if d == axis else n) for d, (o, n) in enumerate(zip(out, shape))):
+            return None
+    return HalvesSwap(x, axis, half, (s0, s1))
+
+
+def _index_map(graph: Graph, producer: dict[str, Node], product: str, t: str) -> np.ndarray | None:
+    """For each element of t, the flat index of the product element it is, where t is the product
+    through reshapes, transposes and unit-step slices only (else None)."""
+    if t == product:
+        shape = graph.types[product].shape
+        return np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    n = producer.get(t)
+    if n is None or n.op not in (Prim.RESHAPE.value, Prim.TRANSPOSE.value, Prim.SLICE.value):
+        return None
+    src = _index_map(graph, producer, product, n.inputs[0])
+    if src is None:
+        return None
+    if n.op == Prim.RESHAPE.value:
+        return src.reshape(graph.types[t].shape)
+    if n.op == Prim.TRANSPOSE.value:
+        return src.transpose(n.attrs["perm"])
+    if any(step != 1 for step in n.attrs["steps"]):
+        return None
+    out = graph.types[t].shape
+    return src[tuple(slice(st, st + o) for st, o in zip(n.attrs["starts"], out))]
+
+
+def partner_columns(graph: Graph, producer: dict[str, Node], product: str, sw: HalvesSwap) -> bool:
+    """Whether x's partner along the swap's axis (element d + s, or d - s in the second half) is, for every
+    element, the product's element of the same row whose column is the partner within an aligned run of
+    2s columns (n + s where n mod 2s < s, else n - s): the swap is then one of columns within any tile
+    whose width is a multiple of 2s."""
+    idx = _index_map(graph, producer, product, sw.x)
+    if idx is None:
+        return False
+    s, width = sw.half, graph.types[product].shape[-1]
+    partner = np.take(idx, (np.arange(2 * s) + s) % (2 * s), axis=sw.axis)
+    col = idx % width
+    swapped = np.where(col % (2 * s) < s, col + s, col - s)
+    return bool(np.array_equal(partner, idx - col + swapped))
+
+
+def swap_halves(emit, v: Val, half: int) -> Val:
+    """v, a [BLOCK_M, BLOCK_N] tile, with each run of 2 * half columns' halves exchanged: column j holds
+    v's column j XOR half (j ± half: 2 * half divides BLOCK_N, a power of two). Triton splits and joins a trailing axis of 2, so the halves go there first."""
+    deps = v.deps
+    runs = f"[BLOCK_M, BLOCK_N // {2 * half}, 2, {half}]"
+    pairs = emit(f"tl.split(tl.permute(tl.reshape({v.expr}, {runs}), (0, 1, 3, 2)))", deps)
+    joined = emit(f"tl.join({pairs}[1], {pairs}[0])", deps)
+    return Val(emit(f"tl.reshape(tl.permute({joined}, (0, 1, 3, 2)), [BLOCK_M, BLOCK_N])", deps), v.dtype, deps)
+
+
+def swap_width(graph: Graph, nodes, root: Node) -> int:
+    """The widest run of columns (2s) whose halves a template holding `nodes` swaps in its epilogue: its
+    tile must be a multiple of it wide (1 where it swaps none)."""
+    producer = {o: n for n in graph.nodes for o in n.outputs}
+    width = 1
+    for n in nodes:
+        sw = halves_swap(graph, producer, n) if n.op == Prim.CONCAT.value else None
+        if sw is not None and partner_columns(graph, producer, root.outputs[0], sw):
+            width = max(width, 2 * sw.half)
+    return width

@@ -1,0 +1,91 @@
+"""Rotary positions as a projection's epilogue: which candidates may hold them, and the sets that do.
+
+A Llama layer's q and k leave their projection, are cut into heads, transposed to [batch, heads, rows,
+head] and rotated: `q * cos + rotate_half(q) * sin`. A GEMM template computes rotate_half from its
+accumulator's registers (`codegen/rotary.py`), so the rotation, and the transposes on the way to it, may
+join the projection's kernel. Epilogue transposes are otherwise kept out of single-matmul kernels (they
+multiply the candidates, `candidates.moves_columns`); these are admitted only on the path to such a
+rotation. A layer's projection with both rotations is about 24 primitives, past the size rule, so
+`rotary_epilogues` grows each one-matmul candidate by the rotations after it.
+"""
+from __future__ import annotations
+
+from tessera.codegen.rotary import halves_swap, partner_columns
+from tessera.ir.prims import CATEGORY_OF, Category, Prim
+from tessera.orchestrate.graphview import OGraph, bits
+
+_LAYOUT = (Prim.RESHAPE.value, Prim.TRANSPOSE.value, Prim.SLICE.value)
+
+
+def _swaps(og: OGraph) -> dict[int, tuple[int, int]]:
+    """Each concat that a GEMM template can compute as a swap of its accumulator's halves: concat
+    index -> (its matmul, the layout nodes between the matmul and the swapped tensor). Once per graph."""
+    memo = og.memo.get("rotary")
+    if memo is not None:
+        return memo
+    g = og.graph
+    producer = {o: n for n in g.nodes for o in n.outputs}
+    out: dict[int, tuple[int, int]] = {}
+    for c, node in enumerate(og.nodes):
+        sw = halves_swap(g, producer, node) if node.op == Prim.CONCAT.value else None
+        if sw is None:
+            continue
+        chain, t = 0, sw.x
+        while t in producer and producer[t].op in _LAYOUT and producer[t].name in og.index:
+            chain |= 1 << og.index[producer[t].name]
+            t = producer[t].inputs[0]
+        root = producer.get(t)
+        if root is None or root.op != Prim.MATMUL.value or root.name not in og.index:
+            continue
+        if partner_columns(g, producer, t, sw):
+            out[c] = (og.index[root.name], chain)
+    og.memo["rotary"] = out
+    return out
+
+
+def rotary_nodes(og: OGraph, mask: int, root: int) -> int:
+    """The nodes of candidate `mask` that its matmul `root`'s epilogue may hold as rotations only: each
+    rotate_half concat whose swapped tensor the candidate computes from `root` through layout nodes, and
+    the transposes among those."""
+    allowed = 0
+    for c, (r, chain) in _swaps(og).items():
+        if r == root and (mask >> c) & 1 and chain & ~mask == 0:
+            allowed |= (1 << c) | chain
+    return allowed
+
+
+def rotary_epilogues(og: OGraph, sets: list[int], members: int, linear: int, limit: int) -> list[int]:
+    """One-matmul sets of `sets` grown by the rotations after their matmul: the layout nodes down to each
+    swapped tensor, the swap's slices, negations and concat, and the element-wise nodes computed from
+    the kernel's values alone (the products with cos and sin, their sum), `limit` nodes past the set at
+    most. Nothing that grows a tensor (a broadcast of k to every query head) is taken. New sets only."""
+    swaps = _swaps(og)
+    if not swaps:
+        return []
+    seen, out = set(sets), []
+    for mask in sets:
+        roots = mask & linear
+        if roots.bit_count() != 1:
+            continue
+        root = roots.bit_length() - 1
+        mine = [(c, chain) for c, (r, chain) in swaps.items() if r == root and (members >> c) & 1]
+        if not mine:
+            continue
+        grown = mask | (1 << root)
+        for c, chain in mine:
+            grown |= chain & members
+        added = True
+        while added and (grown & ~mask).bit_count() < limit:
+            added = False
+            for t in bits(og.readers_of(grown) & members & ~grown):
+                node = og.nodes[t]
+                swap = any(c == t for c, _ in mine)
+                pointwise = CATEGORY_OF[node.op] is Category.ELEMENTWISE or node.op == Prim.RESHAPE.value \
+                    or (node.op == Prim.SLICE.value and all(s == 1 for s in node.attrs["steps"]))
+                if (swap or pointwise) and not og.preds[t] & ~grown and (og.anc[t] >> root) & 1:
+                    grown |= 1 << t
+                    added = True
+        if any((grown >> c) & 1 for c, _ in mine) and grown not in seen:
+            seen.add(grown)
+            out.append(grown)
+    return out

@@ -1,0 +1,126 @@
+"""Rotary positions in a GEMM template's epilogue (`codegen/rotary.py`, `orchestrate/rotary.py`): Llama's
+`q * cos + rotate_half(q) * sin` after q's projection, with rotate_half read as a swap of the accumulator's
+halves in registers. In Triton's interpreter on the CPU, against float64 and onnxruntime."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+from opcheck import Const, graph_model, rand
+from kernelcheck import DEVICE
+from test_gemm_template import check_template, run_exe
+from test_norm_prologue import _measured
+
+import tessera
+from tessera.codegen.kernels import GemmSchedule
+from tessera.codegen.rotary import halves_swap, partner_columns
+from tessera.codegen.triton_ops import Unsupported
+from tessera.compiler import CompileOptions, compile_model, write_artifacts
+from tessera.fission import fission
+from tessera.frontend import load
+from tessera.orchestrate import build_ograph
+from tessera.orchestrate.candidates import StructuralLegality
+from tessera.tolerance import TOLERANCE, rel_l2
+from tessera.verify import run_onnxruntime
+
+
+def _i64(*v: int) -> Const:
+    return Const(np.array(v, np.int64))
+
+
+def rotary_model(s: int = 13, k: int = 24, heads: int = 2, d: int = 16, seed: int = 0, rows_last: bool = False,
+                 neg_second: bool = False):
+    """x @ w cut into heads and transposed to [1, heads, s, d], then q * cos + rotate_half(q) * sin over the
+    last axis (rotate_half = concat(-q[..., d/2:], q[..., :d/2]); with `neg_second` the other sign). With
+    `rows_last`, q is the product transposed to [1, heads * d, s] instead: its last axis is the product's
+    rows, which no tile holds whole, so no template can swap it (s must then be even)."""
+    if rows_last:
+        layout = [helper.make_node("Transpose", ["y"], ["q"], perm=[0, 2, 1])]
+        q_shape = (heads * d, s)
+    else:
+        layout = [helper.make_node("Reshape", ["y", "shape"], ["yh"]),
+                  helper.make_node("Transpose", ["yh"], ["q"], perm=[0, 2, 1, 3])]
+        q_shape = (s, d)
+    h = q_shape[-1] // 2
+    neg = helper.make_node("Neg", ["x1" if neg_second else "x2"], ["nx"])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), *layout,
+             helper.make_node("Slice", ["q", "z", "half", "ax"], ["x1"]),
+             helper.make_node("Slice", ["q", "half", "big", "ax"], ["x2"]),
+             neg, helper.make_node("Concat", ["x2", "nx"] if neg_second else ["nx", "x1"], ["rot"], axis=-1),
+             helper.make_node("Mul", ["q", "cos"], ["qc"]),
+             helper.make_node("Mul", ["rot", "sin"], ["rs"]),
+             helper.make_node("Add", ["qc", "rs"], ["out"])]
+    feeds = {"x": rand(1, s, k, seed=seed)}
+    return graph_model(nodes, {**feeds, "w": Const(rand(k, heads * d, seed=seed + 1, lo=-0.5, hi=0.5)),
+                               "shape": _i64(1, s, heads, d), "z": _i64(0), "half": _i64(h),
+                               "big": _i64(2 * h), "ax": _i64(-1), "cos": Const(rand(*q_shape, seed=seed + 2)),
+                               "sin": Const(rand(*q_shape, seed=seed + 3))}, ["out"], opset=18), feeds
+
+
+def _concat_and_graph(model):
+    g = fission(load(model).graph).graph
+    producer = {o: n for n in g.nodes for o in n.outputs}
+    (cat,) = [n for n in g.nodes if n.op == "concat"]
+    (mm,) = [n for n in g.nodes if n.op == "matmul"]
+    return g, producer, cat, mm
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("d,block_n", [(16, 16), (16, 64), (64, 64), (8, 32)])
+def test_rotate_half_is_a_swap_of_the_accumulator_halves(precision, d, block_n):
+    # 13 rows (ragged M), heads of d columns: the template computes q * cos + rotate_half(q) * sin itself
+    model, feeds = rotary_model(s=13, k=24, heads=3, d=d, seed=d)
+    ks, err = check_template(model, feeds, GemmSchedule(16, block_n, 16, 2, 2, 1, 1), precision)
+    assert "tl.join(" in ks.source and "tl.split(" in ks.source
+    assert err < TOLERANCE[precision]
+
+
+@pytest.mark.parametrize("neg_second", [False, True])
+def test_both_signs_of_the_swap_are_recognised(neg_second):
+    model, feeds = rotary_model(neg_second=neg_second)
+    g, producer, cat, mm = _concat_and_graph(model)
+    sw = halves_swap(g, producer, cat)
+    assert sw is not None and sw.half == 8 and sw.axis == 3
+    assert sw.signs == ((1, -1) if neg_second else (-1, 1))
+    assert partner_columns(g, producer, mm.outputs[0], sw)
+    check_template(model, feeds, GemmSchedule(16, 32, 16, 2, 2, 1, 1), "fp32")
+
+
+def test_a_tile_narrower_than_a_head_is_refused_by_name():
+    model, feeds = rotary_model(d=32)
+    with pytest.raises(Unsupported, match="BLOCK_N a multiple"):
+        check_template(model, feeds, GemmSchedule(16, 16, 16, 2, 2, 1, 1), "fp32")
+
+
+def test_a_swap_over_the_products_rows_stays_out_of_the_template():
+    # q's last axis is the product's rows: a partner is another tile's, so no epilogue may hold the concat
+    model, _ = rotary_model(s=12, rows_last=True)
+    g, producer, cat, mm = _concat_and_graph(model)
+    sw = halves_swap(g, producer, cat)
+    assert sw is not None and not partner_columns(g, producer, mm.outputs[0], sw)
+    og = build_ograph(g)
+    everything = sum(1 << i for i in range(og.n))
+    assert "cannot join" in StructuralLegality(prologues=True).check(og, everything)
+    good, _ = rotary_model(s=12)
+    og = build_ograph(fission(load(good).graph).graph)
+    assert StructuralLegality(prologues=True).check(og, sum(1 << i for i in range(og.n))) is None
+
+
+@pytest.mark.parametrize("cost,rows_last", [("analytical", False), ("analytical", True), ("measured", False)])
+def test_compiled_plans_hold_the_rotation_where_they_can_and_pass(tmp_path, monkeypatch, cost, rows_last):
+    # Analytical, and measured with a profiler that prices templates low (`_measured`; on the GPU with
+    # TESSERA_TEST_DEVICE=cuda the plan then runs there): one template computes the projection and the
+    # rotation; with the swap over the product's rows the concat stays in a kernel of its own.
+    model, _ = rotary_model(s=18, k=40, heads=4, d=16, seed=7, rows_last=rows_last)
+    if cost == "measured":
+        result = _measured(model, tmp_path, monkeypatch, "fp16")
+    else:
+        result = compile_model(model, CompileOptions(precision="fp16", cost="analytical", templates="force"))
+    fused = [k for k in result.kernels if k.backend == "template" and any(n.op == "concat" for n in k.prims)]
+    assert len(fused) == (0 if rows_last else 1), [k.name for k in result.kernels]
+    if fused:
+        assert "tl.join(" in fused[0].triton.source and len(result.kernels) <= 2  # the input cast, the template
+    write_artifacts(result, tmp_path / "art")
+    x = rand(1, 18, 40, seed=99)  # fresh inputs, not the export's
+    got = run_exe(tessera.load(tmp_path / "art", DEVICE), {"x": x})[0]
+    assert rel_l2(got, run_onnxruntime(model, {"x": x})["out"]) < TOLERANCE["fp16"]
