@@ -61,6 +61,7 @@ GENERATORS: list[Gen] = [
     Gen("layer_norm", "normalization", nn.layer_norm, 17),
     Gen("norm_projection", "normalization", nn.norm_projection, 17),
     Gen("gated_mlp", "linear", nn.gated_mlp),
+    Gen("rotary_projection", "linear", nn.rotary_projection),
     Gen("instance_norm", "normalization", nn.instance_norm),
     Gen("batch_norm", "normalization", nn.batch_norm),
     # GroupNormalization-18 is deprecated: the ONNX checker (and tessera's reader) refuse it.

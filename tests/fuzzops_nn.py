@@ -311,6 +311,37 @@ def gated_mlp(d: Draw, b: Builder) -> None:
         b.one("MatMul", [x, b.const((k, w), FLOAT, scale=1 / math.sqrt(k))], [(x.shape[:-1] + (w,), FLOAT)])
 
 
+def rotary_projection(d: Draw, b: Builder) -> None:
+    """Rotary positions after a projection, as Llama's export spells them: x @ w cut into heads of 2h
+    values, at times transposed to [.., heads, rows, head], then q * cos + rotate_half(q) * sin with
+    rotate_half = concat(-q[.., h:], q[.., :h]) (or the other sign) over the last axis. A GEMM template
+    computes rotate_half from its accumulator's registers where a tile holds whole heads
+    (`codegen/rotary.py`); other draws never line the concat up this way."""
+    x = b.pick(lambda t: t.is_float and t.rank >= 2 and t.shape[-1] > 1) or b.add_input((b.dim(), b.dim(2)))
+    k = x.shape[-1]
+    h = d.pick([1, 2, 3, 4, 8, 16])
+    heads = b.dim(1, max(1, b.cap // max(1, x.numel // k * 2 * h)))
+    out = x.shape[:-1] + (heads * 2 * h,)
+    if math.prod(out) > b.cap:
+        return
+    y = b.one("MatMul", [x, b.const((k, heads * 2 * h), FLOAT, scale=1 / math.sqrt(k))], [(out, FLOAT)])
+    split = x.shape[:-1] + (heads, 2 * h)
+    q = b.one("Reshape", [y, b.ints(split)], [(split, FLOAT)])
+    if d.maybe(0.7):  # [.., heads, rows, head], as attention takes it
+        r = len(split)
+        perm = list(range(r - 3)) + [r - 2, r - 3, r - 1]
+        q = b.one("Transpose", [q], [(tuple(split[p] for p in perm), FLOAT)], {"perm": perm})
+    half = q.shape[:-1] + (h,)
+    x1, x2 = (b.one("Slice", [q, b.ints([a]), b.ints([a + h]), b.ints([-1])], [(half, FLOAT)]) for a in (0, h))
+    if d.maybe(0.8):
+        rot = b.one("Concat", [b.one("Neg", [x2], [(half, FLOAT)]), x1], [(q.shape, FLOAT)], {"axis": -1})
+    else:
+        rot = b.one("Concat", [x2, b.one("Neg", [x1], [(half, FLOAT)])], [(q.shape, FLOAT)], {"axis": -1})
+    table = q.shape[-2:] if d.maybe(0.7) else q.shape[-1:]
+    qc = b.one("Mul", [q, b.const(table)], [(q.shape, FLOAT)])
+    b.one("Add", [qc, b.one("Mul", [rot, b.const(table)], [(q.shape, FLOAT)])], [(q.shape, FLOAT)])
+
+
 def instance_norm(d: Draw, b: Builder) -> None:
     x = b.float_in(lambda t: t.rank >= 3)
     if x.rank < 3:

@@ -86,6 +86,13 @@ def test_both_signs_of_the_swap_are_recognised(neg_second):
     check_template(model, feeds, GemmSchedule(16, 32, 16, 2, 2, 1, 1), "fp32")
 
 
+def test_a_split_k_template_swaps_the_summed_tile():
+    # the tile's last program sums the K slices, then rotates the sum (`tot`) the same way
+    model, feeds = rotary_model(s=13, k=64, heads=2, d=16, seed=3)
+    ks, _ = check_template(model, feeds, GemmSchedule(16, 32, 16, 2, 2, 1, 2), "fp16")
+    assert "tl.join(" in ks.source and "tot" in ks.source
+
+
 def test_a_tile_narrower_than_a_head_is_refused_by_name():
     model, feeds = rotary_model(d=32)
     with pytest.raises(Unsupported, match="BLOCK_N a multiple"):

@@ -377,7 +377,7 @@ def _pad(em: Emitter, node: Node, index: tuple[Ix, ...], mask: Mask) -> Val:
 def _concat(em: Emitter, node: Node, index: tuple[Ix, ...], mask: Mask) -> Val:
     sw = halves_swap(em.graph, em.producer, node) if em.swap is not None else None
     v = em.swap(sw, index, mask) if sw is not None else None
-    if v is not None:  # sign(d) * x[d XOR s], x's partner lanes already in v
+    if v is not None:  # sign(d) * x[d ± s]: v holds each lane's partner already
         lo, hi = (em.emit(f"-{v.expr}", v.deps) if sgn < 0 else v.expr for sgn in sw.signs)
         pos = index[sw.axis]
         if lo == hi:

@@ -234,7 +234,7 @@ class _Template:
     # ---- the epilogue ----------------------------------------------------------------------
     def allow_swaps(self, t: Tile, acc: str) -> None:
         """Let the epilogue read the product's rotate_half from the accumulator's registers
-        (`codegen/rotary.py`): where every element's partner is the column n XOR s of the same row,
+        (`codegen/rotary.py`): where every element's partner is the column n ± s of the same row,
         and a tile holds whole runs of 2s columns."""
         em, product = t.em, self.root.outputs[0]
 

@@ -1,13 +1,13 @@
 #!/bin/bash
 # Session 58's device calls: `bash scripts/results/bench/session58/next.sh N` from the repository root on one
 # H100 or H200, carrying .whl (the highspy wheel) and .pin16 (a `git archive` of the commit measured, its hash
-# in CODE, without scripts/results' session folders).
+# in CODE, without scripts/results' session folders); call 3 also .pinold (the same of 70caa64).
 # 1: session 57's call 4: the GPU tests of the column-slice and norm templates (the harness fix after 4997f90),
 #    then llama fp16 at HEAD (replay its log with scripts/replay_tuning.py --grep reduce_sum,matmul,sigmoid for
 #    the one-walk RMSNorm with per-row sums, against session 57's 6.27 us).
 # 2: session 57's call 5: llama fp16 with windows of 4000 states (fewer partition cuts) beside eager.
 # 3: the rotary epilogue (q's and k's rotation in the QKV projection's template): its tests on the GPU, then
-#    llama fp16 at HEAD beside eager (call 1: 0.330 ms, 121 kernels).
+#    llama fp16 at HEAD beside eager (call 1: 0.330 ms, 121 kernels), then at 70caa64 (.pinold), the same card.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
@@ -23,8 +23,9 @@ case $1 in
         export PROFILE=1; gemms e2e_llama_head llama fp16 190 eager
         TESSERA_MAX_STATES=4000 gemms e2e_llama_s4000 llama fp16 250 eager ;;
     3)  # the rotary epilogue (codegen/rotary.py): its GPU tests, then llama fp16 at HEAD beside eager
-        (cd .pin16 && TESSERA_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -p no:cacheprovider \
-            tests/test_rotary_epilogue.py tests/test_gated_gemm.py 2>&1 | tail -3)
-        export PROFILE=1; gemms e2e_llama_rot llama fp16 230 eager ;;
+        (cd .pin16 && TESSERA_TEST_DEVICE=cuda timeout 100 python3 -m pytest -q -p no:cacheprovider \
+            tests/test_rotary_epilogue.py 2>&1 | tail -3)
+        export PROFILE=1; gemms e2e_llama_rot llama fp16 220 eager
+        PIN=.pinold gemms e2e_llama_base llama fp16 200 eager ;;
     *) echo "next.sh: calls 1, 2, 12, 3"; exit 2 ;;
 esac
