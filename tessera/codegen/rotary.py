@@ -16,6 +16,7 @@ lanes and emits the swap. Any other kernel computes the concat as before, by rea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -105,7 +106,7 @@ def partner_columns(graph: Graph, producer: dict[str, Node], product: str, sw: H
     return bool(np.array_equal(partner, idx - col + swapped))
 
 
-def swap_halves(emit, v: Val, half: int) -> Val:
+def swap_halves(emit: Callable[[str, frozenset[str]], str], v: Val, half: int) -> Val:
     """v, a [BLOCK_M, BLOCK_N] tile, with each run of 2 * half columns' halves exchanged: column j holds
     v's column j XOR half (j ± half: 2 * half divides BLOCK_N, a power of two). Triton splits and joins a trailing axis of 2, so the halves go there first."""
     deps = v.deps
@@ -115,7 +116,7 @@ def swap_halves(emit, v: Val, half: int) -> Val:
     return Val(emit(f"tl.reshape(tl.permute({joined}, (0, 1, 3, 2)), [BLOCK_M, BLOCK_N])", deps), v.dtype, deps)
 
 
-def swap_width(graph: Graph, nodes, root: Node) -> int:
+def swap_width(graph: Graph, nodes: Sequence[Node], root: Node) -> int:
     """The widest run of columns (2s) whose halves a template holding `nodes` swaps in its epilogue: its
     tile must be a multiple of it wide (1 where it swaps none)."""
     producer = {o: n for n in graph.nodes for o in n.outputs}

@@ -46,7 +46,7 @@ def _swaps(og: OGraph) -> dict[int, tuple[int, int]]:
 def rotary_nodes(og: OGraph, mask: int, root: int) -> int:
     """The nodes of candidate `mask` that its matmul `root`'s epilogue may hold as rotations only: each
     rotate_half concat whose swapped tensor the candidate computes from `root` through layout nodes, and
-    the transposes among those."""
+    those layout nodes (the transposes among them are admitted nowhere else)."""
     allowed = 0
     for c, (r, chain) in _swaps(og).items():
         if r == root and (mask >> c) & 1 and chain & ~mask == 0:
