@@ -44,19 +44,27 @@ def matmul(d: Draw, b: Builder) -> None:
 
 def einsum(d: Draw, b: Builder) -> None:
     """x contracted with a constant matrix over one of its axes, the result's axes in a drawn order
-    (since session 51 Einsum lowers to a batched MATMUL between transposes)."""
+    (since session 51 Einsum lowers to a batched MATMUL between transposes). At times two axes of x of one
+    size share a label: x's diagonal first (since session 58), that label kept once or summed (a trace)."""
     x = b.float_in()
-    lx = "abcdefgh"[:x.rank]  # (rank 5 and up too: a Pad and an Unsqueeze make them)
+    lx = list("abcdefgh"[:x.rank])  # (rank 5 and up too: a Pad and an Unsqueeze make them)
     c = d.int(0, x.rank - 1)
+    pairs = [(i, j) for i in range(x.rank) for j in range(i + 1, x.rank) if x.shape[i] == x.shape[j]]
+    traced = None
+    if pairs and d.maybe(0.3):
+        i, j = d.pick(pairs)
+        lx[j] = lx[i]
+        traced = lx[i] if d.maybe(0.5) and lx[i] != lx[c] else None
     n = b.dim(1, max(1, b.cap // max(1, x.numel // x.shape[c])))
     w = b.const((x.shape[c], n), FLOAT, scale=1 / math.sqrt(x.shape[c]))
-    kept = [label for i, label in enumerate(lx) if i != c] + ["z"]
+    kept = [label for label in dict.fromkeys(lx) if label != lx[c] and label != traced] + ["z"]
     turn = d.int(0, len(kept) - 1)
     out_labels = kept[turn:] + kept[:turn]
     size = dict(zip(lx, x.shape)) | {"z": n}
     out = tuple(size[label] for label in out_labels)
     if math.prod(out) > 2 * b.cap:
         return
+    lx = "".join(lx)
     b.one("Einsum", [x, w], [(out, FLOAT)], {"equation": f"{lx},{lx[c]}z->{''.join(out_labels)}"})
 
 

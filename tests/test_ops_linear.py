@@ -363,10 +363,29 @@ def test_einsum_contractions_are_matmuls():
     assert [n.op for n in pg.nodes].count("matmul") == 1
 
 
-def test_einsum_half_and_what_stays_opaque():
+def test_einsum_half():
     check_op("Einsum", {"a": rand(4, 6, seed=97).astype(np.float16), "b": rand(6, 3, seed=98).astype(np.float16)},
              {"equation": "ij,jk->ik"}, opset=12, tol=2e-3)
-    for eq, shape in (("ii->i", (4, 4)), ("ii", (4, 4))):  # a diagonal, a trace
-        model = build_model("Einsum", {"x": rand(*shape, seed=99)}, {"equation": eq}, opset=12)
-        reasons = [o.reason for o in fission(load(model).graph).opaque]
-        assert len(reasons) == 1 and "label twice" in reasons[0], reasons
+
+
+# A label twice in one operand: its diagonal (session 58; until then the node stayed opaque)
+EINSUM_DIAGONALS = [
+    ("ii->i", [(4, 4)]), ("ii", [(5, 5)]), ("ii->", [(4, 4)]),  # a diagonal; traces, implicit and explicit
+    ("bii->bi", [(3, 4, 4)]), ("iib->bi", [(4, 4, 3)]), ("ibi->ib", [(4, 3, 4)]), ("iii->i", [(3, 3, 3)]),
+    ("ijij->ij", [(2, 3, 2, 3)]), ("...ii->...i", [(2, 3, 5, 5)]), ("ii,ij->j", [(4, 4), (4, 5)]),
+    ("bij,bjj->bi", [(2, 3, 4), (2, 4, 4)]), ("iij->ij", [(1, 1, 3)]),
+]
+
+
+@pytest.mark.parametrize("equation,shapes", EINSUM_DIAGONALS, ids=[c[0] for c in EINSUM_DIAGONALS])
+def test_einsum_diagonals_and_traces(equation, shapes):
+    inputs = {f"x{i}": rand(*s, seed=80 + i) for i, s in enumerate(shapes)}
+    pg = check_op("Einsum", inputs, {"equation": equation}, opset=12)
+    assert not any(n.op == "opaque" for n in pg.nodes)
+    assert any(n.op == "slice" and max(n.attrs["steps"]) > 1 for n in pg.nodes) or max(max(s) for s in shapes) == 1
+
+
+def test_einsum_diagonal_of_unequal_axes_is_refused_by_name():
+    model = build_model("Einsum", {"x": rand(3, 4, seed=99)}, {"equation": "ii->i"}, opset=12)
+    with pytest.raises(Exception, match="label 'i' repeats in one operand over axes of sizes 3 and 4"):
+        fission(load(model).graph)

@@ -330,15 +330,18 @@ def einsum(ctx: OpCtx) -> list[str]:
     the output or a later operand keeps are the batch, the others the contraction, the rest the rows and
     columns (transposed and reshaped into place; a pair with nothing to contract is a broadcast product).
     Labels in one operand alone that nothing keeps are summed first; the result is transposed to the
-    output's order. An ellipsis is labels of its own (size-1 dims broadcast). Stays opaque: a label twice
-    in one operand (a diagonal or trace), integer operands."""
+    output's order. An ellipsis is labels of its own (size-1 dims broadcast). A label twice in one operand
+    takes that operand's diagonal first (`_diagonal`; a trace is then a diagonal summed out). Stays
+    opaque: integer operands."""
     b = ctx.b
     ins, out = _einsum_terms(ctx, str(ctx.attr("equation")))
     xs = [ctx.input(i) for i in range(len(ins))]
     for x in xs:
         float_dtype_check(ctx, x)
-    if any(len(set(t)) != len(t) for t in ins):
-        raise Unsupported("Einsum with a label twice in one operand (a diagonal or a trace)")
+    # occurrences as written: an implicit output drops a label repeated in one operand (a trace)
+    counts = {label: sum(t.count(label) for t in ins) for t in ins for label in t}
+    for i, (t, x) in enumerate(zip(ins, xs)):  # a label twice in one operand: its diagonal first
+        ins[i], xs[i] = _diagonal(ctx, t, x)
     sizes: dict[str, int] = {}
     for t, x in zip(ins, xs):
         for label, d in zip(t, b.shape(x)):
@@ -346,7 +349,6 @@ def einsum(ctx: OpCtx) -> list[str]:
                 raise ctx.fail(f"label '{label}' has sizes {sizes[label]} and {d}")
             sizes[label] = max(sizes.get(label, 1), d)
     if out is None:  # implicit: the ellipsis, then the letters used once, in alphabetical order
-        counts = {label: sum(t.count(label) for t in ins) for label in sizes}
         out = sorted((label for label in sizes if label.startswith("…")), key=lambda label: int(label[1:])) + \
             sorted(label for label in sizes if not label.startswith("…") and counts[label] == 1)
     if len(set(out)) != len(out) or any(label not in sizes for label in out):
@@ -362,6 +364,31 @@ def einsum(ctx: OpCtx) -> list[str]:
         acc = _contract(b, acc, terms[i], keep)
     t, y = _sum_out(b, *acc, [label for label in acc[0] if label not in out])
     return [b.transpose(y, [t.index(label) for label in out])]
+
+
+def _diagonal(ctx: OpCtx, labels: list[str], x: str) -> _Term:
+    """The operand's elements whose repeated labels agree, each label once (its first place): the two
+    axes of a repeated label moved last and merged, every (n + 1)-th element of the merged axis kept
+    (a strided slice: a view's index arithmetic in any kernel)."""
+    b = ctx.b
+    labels = list(labels)
+    while len(set(labels)) != len(labels):
+        label = next(lb for k, lb in enumerate(labels) if lb in labels[:k])
+        p, q = labels.index(label), labels.index(label, labels.index(label) + 1)
+        shape = b.shape(x)
+        if shape[p] != shape[q]:
+            raise ctx.fail(f"label '{label}' repeats in one operand over axes of sizes {shape[p]} and {shape[q]}")
+        n = shape[p]
+        rest = [k for k in range(len(labels)) if k not in (p, q)]
+        y = b.reshape(b.transpose(x, rest + [p, q]), [shape[k] for k in rest] + [n * n])
+        y = b.slice(y, [0] * (len(rest) + 1), [1] * len(rest) + [n + 1], [shape[k] for k in rest] + [n])
+        at = sum(1 for k in rest if k < p)  # the label back at its first place
+        order = list(range(len(rest)))
+        order.insert(at, len(rest))
+        x = b.transpose(y, order)
+        labels = [labels[k] for k in rest]
+        labels.insert(at, label)
+    return labels, x
 
 
 def _sum_out(b, labels: list[str], x: str, gone: list[str]) -> _Term:
