@@ -320,8 +320,8 @@ def gated_mlp(d: Draw, b: Builder) -> None:
 
 
 def rotary_projection(d: Draw, b: Builder) -> None:
-    """Rotary positions after a projection, as Llama's export spells them: x @ w cut into heads of 2h
-    values, at times transposed to [.., heads, rows, head], then q * cos + rotate_half(q) * sin with
+    """Rotary positions after a projection, as Llama's export spells them: x @ w (at times plus a bias) cut
+    into heads of 2h values, at times transposed to [.., heads, rows, head], then q * cos + rotate_half(q) * sin with
     rotate_half = concat(-q[.., h:], q[.., :h]) (or the other sign) over the last axis. A GEMM template
     computes rotate_half from its accumulator's registers where a tile holds whole heads
     (`codegen/rotary.py`); other draws never line the concat up this way."""
@@ -333,6 +333,8 @@ def rotary_projection(d: Draw, b: Builder) -> None:
     if math.prod(out) > b.cap:
         return
     y = b.one("MatMul", [x, b.const((k, heads * 2 * h), FLOAT, scale=1 / math.sqrt(k))], [(out, FLOAT)])
+    if d.maybe(0.4):  # a bias before the heads (Qwen2's projections)
+        y = b.one("Add", [y, b.const((heads * 2 * h,), scale=0.5)], [(out, FLOAT)])
     split = x.shape[:-1] + (heads, 2 * h)
     q = b.one("Reshape", [y, b.ints(split)], [(split, FLOAT)])
     if d.maybe(0.7):  # [.., heads, rows, head], as attention takes it

@@ -29,11 +29,12 @@ def _i64(*v: int) -> Const:
 
 
 def rotary_model(s: int = 13, k: int = 24, heads: int = 2, d: int = 16, seed: int = 0, rows_last: bool = False,
-                 neg_second: bool = False):
+                 neg_second: bool = False, bias: bool = False):
     """x @ w cut into heads and transposed to [1, heads, s, d], then q * cos + rotate_half(q) * sin over the
     last axis (rotate_half = concat(-q[..., d/2:], q[..., :d/2]); with `neg_second` the other sign). With
     `rows_last`, q is the product transposed to [1, heads * d, s] instead: its last axis is the product's
-    rows, which no tile holds whole, so no template can swap it (s must then be even)."""
+    rows, which no tile holds whole, so no template can swap it (s must then be even). With `bias`, q's
+    projection adds a bias first (Qwen2's)."""
     if rows_last:
         layout = [helper.make_node("Transpose", ["y"], ["q"], perm=[0, 2, 1])]
         q_shape = (heads * d, s)
@@ -43,7 +44,10 @@ def rotary_model(s: int = 13, k: int = 24, heads: int = 2, d: int = 16, seed: in
         q_shape = (s, d)
     h = q_shape[-1] // 2
     neg = helper.make_node("Neg", ["x1" if neg_second else "x2"], ["nx"])
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), *layout,
+    project = [helper.make_node("MatMul", ["x", "w"], ["y0" if bias else "y"])]
+    if bias:
+        project.append(helper.make_node("Add", ["y0", "bias"], ["y"]))
+    nodes = [*project, *layout,
              helper.make_node("Slice", ["q", "z", "half", "ax"], ["x1"]),
              helper.make_node("Slice", ["q", "half", "big", "ax"], ["x2"]),
              neg, helper.make_node("Concat", ["x2", "nx"] if neg_second else ["nx", "x1"], ["rot"], axis=-1),
@@ -54,7 +58,8 @@ def rotary_model(s: int = 13, k: int = 24, heads: int = 2, d: int = 16, seed: in
     return graph_model(nodes, {**feeds, "w": Const(rand(k, heads * d, seed=seed + 1, lo=-0.5, hi=0.5)),
                                "shape": _i64(1, s, heads, d), "z": _i64(0), "half": _i64(h),
                                "big": _i64(2 * h), "ax": _i64(-1), "cos": Const(rand(*q_shape, seed=seed + 2)),
-                               "sin": Const(rand(*q_shape, seed=seed + 3))}, ["out"], opset=18), feeds
+                               "sin": Const(rand(*q_shape, seed=seed + 3)), "bias": Const(rand(heads * d, seed=seed + 4))},
+                       ["out"], opset=18), feeds
 
 
 def _concat_and_graph(model):
@@ -73,6 +78,15 @@ def test_rotate_half_is_a_swap_of_the_accumulator_halves(precision, d, block_n):
     ks, err = check_template(model, feeds, GemmSchedule(16, block_n, 16, 2, 2, 1, 1), precision)
     assert "tl.join(" in ks.source and "tl.split(" in ks.source
     assert err < TOLERANCE[precision]
+
+
+def test_a_bias_before_the_rotation_is_swapped_with_the_accumulator():
+    # q = x @ w + b (Qwen2's projection): the swapped tensor is the accumulator plus the bias, lane by lane
+    model, feeds = rotary_model(s=13, k=24, heads=3, d=16, seed=11, bias=True)
+    g, producer, cat, mm = _concat_and_graph(model)
+    assert partner_columns(g, producer, mm.outputs[0], halves_swap(g, producer, cat))
+    ks, _ = check_template(model, feeds, GemmSchedule(16, 32, 16, 2, 2, 1, 1), "fp16")
+    assert "tl.join(" in ks.source
 
 
 @pytest.mark.parametrize("neg_second", [False, True])
@@ -113,12 +127,13 @@ def test_a_swap_over_the_products_rows_stays_out_of_the_template():
     assert StructuralLegality(prologues=True).check(og, sum(1 << i for i in range(og.n))) is None
 
 
-@pytest.mark.parametrize("cost,rows_last", [("analytical", False), ("analytical", True), ("measured", False)])
-def test_compiled_plans_hold_the_rotation_where_they_can_and_pass(tmp_path, monkeypatch, cost, rows_last):
+@pytest.mark.parametrize("cost,rows_last,bias", [("analytical", False, False), ("analytical", True, False),
+                                                 ("measured", False, False), ("analytical", False, True)])
+def test_compiled_plans_hold_the_rotation_where_they_can_and_pass(tmp_path, monkeypatch, cost, rows_last, bias):
     # Analytical, and measured with a profiler that prices templates low (`_measured`; on the GPU with
     # TESSERA_TEST_DEVICE=cuda the plan then runs there): one template computes the projection and the
     # rotation; with the swap over the product's rows the concat stays in a kernel of its own.
-    model, _ = rotary_model(s=18, k=40, heads=4, d=16, seed=7, rows_last=rows_last)
+    model, _ = rotary_model(s=18, k=40, heads=4, d=16, seed=7, rows_last=rows_last, bias=bias)
     if cost == "measured":
         result = _measured(model, tmp_path, monkeypatch, "fp16")
     else:

@@ -232,7 +232,7 @@ class _Template:
             rf.apply(t, self.accs)
 
     # ---- the epilogue ----------------------------------------------------------------------
-    def allow_swaps(self, t: Tile, acc: str) -> None:
+    def allow_swaps(self, t: Tile) -> None:
         """Let the epilogue read the product's rotate_half from the accumulator's registers
         (`codegen/rotary.py`): where every element's partner is the column n ± s of the same row,
         and a tile holds whole runs of 2s columns."""
@@ -244,8 +244,10 @@ class _Template:
             if self.s.block_n % (2 * sw.half):
                 raise Unsupported(f"{self.root.name}: rotate_half over {2 * sw.half} columns needs BLOCK_N a "
                                   f"multiple of them, not {self.s.block_n}")
+            # x at the tile's own lanes: the accumulator, or values computed from it lane by lane (a bias
+            # added); every lane holds x at the position it maps to, so the swap gives each its partner
             v = em.value(sw.x, index, mask)
-            if v.expr != acc:  # x at the tile's own lanes is the accumulator, else no swap of registers
+            if not {"m", "n"} <= v.deps:
                 return None
             return swap_halves(em.emit, v, sw.half)
         em.swap = swap
@@ -254,7 +256,7 @@ class _Template:
         """Every output from the accumulator, at its own indices (a reshape of the product's); where
         the product is read through column slices, each slice is its accumulator at the tile's indices."""
         if not self.slices:
-            self.allow_swaps(t, "acc")
+            self.allow_swaps(t)
             store_outputs(t, self.graph, self.outputs, self.root.outputs[0], t.coords)
             return
         at = tuple(i.expr for i in t.coords)
@@ -302,7 +304,7 @@ def generate_gemm(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], n
         tp.mainloop(t, chunk, split=True)
         workspace = sum_slices(t, "pid_k", s.split_k, tp.batch * tp.m * tp.n, tp.batch * tiles)
         summed = Val("tot", tp.tc.dtype, frozenset({"b", "m", "n", "fix"}))
-        tp.allow_swaps(t, summed.expr)
+        tp.allow_swaps(t)
         store_outputs(t, graph, tp.outputs, root.outputs[0], t.coords, summed)  # inside the last's block
         t.em.pop()
         funcs.append(_function(fn, params, t, ["pid_k = tl.program_id(2)"]))

@@ -22,7 +22,7 @@ import numpy as np
 
 from tessera.codegen.triton_ops import Val
 from tessera.ir.graph import Graph, Node
-from tessera.ir.prims import Prim
+from tessera.ir.prims import CATEGORY_OF, Category, Prim
 
 
 @dataclass(frozen=True)
@@ -69,26 +69,72 @@ def halves_swap(graph: Graph, producer: dict[str, Node], node: Node) -> HalvesSw
     return HalvesSwap(x, axis, half, (s0, s1))
 
 
-def _index_map(graph: Graph, producer: dict[str, Node], product: str, t: str) -> np.ndarray | None:
-    """For each element of t, the flat index of the product element it is, where t is the product
-    through reshapes, transposes and unit-step slices only (else None)."""
+_DEPTH = 12  # nodes between a product and the tensor rotated: Qwen2's is 4 (bias, reshape, transpose, slice)
+
+
+def mapped_input(graph: Graph, producer: dict[str, Node], product: str, n: Node,
+                 depth: int = _DEPTH, memo: dict | None = None) -> str | None:
+    """The input of `n` through which n's output is the product at other positions: a layout node's only
+    input, or an element-wise node's one input of its own shape that is (a bias added to q: Qwen2's,
+    Phi's). None where there is no such input, or more than one, or the product is over `depth` nodes up."""
+    if n.op in (Prim.RESHAPE.value, Prim.TRANSPOSE.value, Prim.SLICE.value):
+        return n.inputs[0]
+    if CATEGORY_OF[n.op] is not Category.ELEMENTWISE:
+        return None
+    out = graph.types[n.outputs[0]].shape
+    mapped = [i for i in dict.fromkeys(n.inputs)
+              if graph.types[i].shape == out and _index_map(graph, producer, product, i, depth - 1, memo) is not None]
+    return mapped[0] if len(mapped) == 1 else None
+
+
+def _index_map(graph: Graph, producer: dict[str, Node], product: str, t: str,
+               depth: int = _DEPTH, memo: dict | None = None) -> np.ndarray | None:
+    """For each element of t, the flat index of the product element it stands at, where t is the product
+    through reshapes, transposes, unit-step slices and element-wise nodes (`mapped_input`), at most `depth`
+    nodes down, else None."""
+    memo = {} if memo is None else memo  # (tensor, depth) -> map: a residual stream's adds branch twice a node
+    if (t, depth) in memo:
+        return memo[(t, depth)]
+    memo[(t, depth)] = got = _compute_map(graph, producer, product, t, depth, memo)
+    return got
+
+
+def _compute_map(graph: Graph, producer: dict[str, Node], product: str, t: str, depth: int,
+                 memo: dict) -> np.ndarray | None:
     if t == product:
         shape = graph.types[product].shape
         return np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
     n = producer.get(t)
-    if n is None or n.op not in (Prim.RESHAPE.value, Prim.TRANSPOSE.value, Prim.SLICE.value):
+    if n is None or depth <= 0:
         return None
-    src = _index_map(graph, producer, product, n.inputs[0])
+    src_name = mapped_input(graph, producer, product, n, depth, memo)
+    src = _index_map(graph, producer, product, src_name, depth - 1, memo) if src_name is not None else None
     if src is None:
         return None
     if n.op == Prim.RESHAPE.value:
         return src.reshape(graph.types[t].shape)
     if n.op == Prim.TRANSPOSE.value:
         return src.transpose(n.attrs["perm"])
+    if n.op != Prim.SLICE.value:  # element-wise
+        return src
     if any(step != 1 for step in n.attrs["steps"]):
         return None
     out = graph.types[t].shape
     return src[tuple(slice(st, st + o) for st, o in zip(n.attrs["starts"], out))]
+
+
+def path_from(graph: Graph, producer: dict[str, Node], product: str, t: str) -> list[Node] | None:
+    """The nodes through which t is the product at other positions (`mapped_input`, from t back to the
+    product), or None where t is not."""
+    path: list[Node] = []
+    while t != product:
+        n = producer.get(t)
+        up = mapped_input(graph, producer, product, n) if n is not None else None
+        if up is None:
+            return None
+        path.append(n)
+        t = up
+    return path
 
 
 def partner_columns(graph: Graph, producer: dict[str, Node], product: str, sw: HalvesSwap) -> bool:

@@ -10,12 +10,9 @@ rotation. A layer's projection with both rotations is about 24 primitives, past 
 """
 from __future__ import annotations
 
-from tessera.codegen.rotary import halves_swap, partner_columns
+from tessera.codegen.rotary import halves_swap, partner_columns, path_from
 from tessera.ir.prims import CATEGORY_OF, Category, Prim
 from tessera.orchestrate.graphview import OGraph, bits
-
-_LAYOUT = (Prim.RESHAPE.value, Prim.TRANSPOSE.value, Prim.SLICE.value)
-
 
 def _swaps(og: OGraph) -> dict[int, tuple[int, int]]:
     """Each concat that a GEMM template can compute as a swap of its accumulator's halves: concat
@@ -30,15 +27,13 @@ def _swaps(og: OGraph) -> dict[int, tuple[int, int]]:
         sw = halves_swap(g, producer, node) if node.op == Prim.CONCAT.value else None
         if sw is None:
             continue
-        chain, t = 0, sw.x
-        while t in producer and producer[t].op in _LAYOUT and producer[t].name in og.index:
-            chain |= 1 << og.index[producer[t].name]
-            t = producer[t].inputs[0]
-        root = producer.get(t)
-        if root is None or root.op != Prim.MATMUL.value or root.name not in og.index:
-            continue
-        if partner_columns(g, producer, t, sw):
-            out[c] = (og.index[root.name], chain)
+        for r in bits(og.anc[c]):  # the matmul whose product the swapped tensor is, at other positions
+            root = og.nodes[r]
+            path = path_from(g, producer, root.outputs[0], sw.x) if root.op == Prim.MATMUL.value else None
+            if path is not None and all(n.name in og.index for n in path) \
+                    and partner_columns(g, producer, root.outputs[0], sw):
+                out[c] = (r, sum(1 << og.index[n.name] for n in path))
+                break
     og.memo["rotary"] = out
     return out
 
