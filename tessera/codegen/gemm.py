@@ -235,11 +235,12 @@ class _Template:
     def allow_swaps(self, t: Tile) -> None:
         """Let the epilogue read the product's rotate_half from the accumulator's registers
         (`codegen/rotary.py`): where every element's partner is the column n ± s of the same row,
-        and a tile holds whole runs of 2s columns."""
+        and a tile holds whole runs of 2s columns. (Templates reading column slices never call it: their
+        accumulators are the slices, not the product.)"""
         em, product = t.em, self.root.outputs[0]
 
         def swap(sw: HalvesSwap, index: tuple[Ix, ...], mask: frozenset[str]) -> Val | None:
-            if self.slices or not partner_columns(self.graph, em.producer, product, sw):
+            if not partner_columns(self.graph, em.producer, product, sw):
                 return None
             if self.s.block_n % (2 * sw.half):
                 raise Unsupported(f"{self.root.name}: rotate_half over {2 * sw.half} columns needs BLOCK_N a "

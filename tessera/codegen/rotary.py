@@ -35,7 +35,7 @@ class HalvesSwap:
     signs: tuple[int, int]  # of the first half's elements (d < s) and of the second's
 
 
-def _signed_slice(graph: Graph, producer: dict[str, Node], t: str) -> tuple[int, Node] | None:
+def _signed_slice(producer: dict[str, Node], t: str) -> tuple[int, Node] | None:
     """(sign, slice node) where t is a slice, or the negation of one."""
     n = producer.get(t)
     sign = 1
@@ -50,7 +50,7 @@ def halves_swap(graph: Graph, producer: dict[str, Node], node: Node) -> HalvesSw
     """The concat `node` as a swap of the two halves of one tensor's axis, or None."""
     if node.op != Prim.CONCAT.value or len(node.inputs) != 2:
         return None
-    parts = [_signed_slice(graph, producer, t) for t in node.inputs]
+    parts = [_signed_slice(producer, t) for t in node.inputs]
     if None in parts:
         return None
     (s0, a), (s1, b) = parts  # type: ignore[misc]
@@ -164,9 +164,12 @@ def swap_halves(emit: Callable[[str, frozenset[str]], str], v: Val, half: int) -
 
 def swap_width(graph: Graph, nodes: Sequence[Node], root: Node) -> int:
     """The widest run of columns (2s) whose halves a template holding `nodes` swaps in its epilogue: its
-    tile must be a multiple of it wide (1 where it swaps none)."""
-    producer = {o: n for n in graph.nodes for o in n.outputs}
+    tile must be a multiple of it wide (1 where it swaps none). The path from the product to each swapped
+    tensor lies in `nodes`, as the template's emitter sees them."""
     width = 1
+    if not any(n.op == Prim.CONCAT.value for n in nodes):  # (ranked for every template candidate)
+        return width
+    producer = {o: n for n in nodes for o in n.outputs}
     for n in nodes:
         sw = halves_swap(graph, producer, n) if n.op == Prim.CONCAT.value else None
         if sw is not None and partner_columns(graph, producer, root.outputs[0], sw):

@@ -7,6 +7,7 @@ so everything ONNX does implicitly is spelled out here.
 """
 from __future__ import annotations
 
+from collections import Counter
 import math
 from typing import Sequence
 
@@ -339,7 +340,7 @@ def einsum(ctx: OpCtx) -> list[str]:
     for x in xs:
         float_dtype_check(ctx, x)
     # occurrences as written: an implicit output drops a label repeated in one operand (a trace)
-    counts = {label: sum(t.count(label) for t in ins) for t in ins for label in t}
+    counts = Counter(label for t in ins for label in t)
     for i, (t, x) in enumerate(zip(ins, xs)):  # a label twice in one operand: its diagonal first
         ins[i], xs[i] = _diagonal(ctx, t, x)
     sizes: dict[str, int] = {}

@@ -21,7 +21,7 @@ def _swaps(og: OGraph) -> dict[int, tuple[int, int]]:
     if memo is not None:
         return memo
     g = og.graph
-    producer = {o: n for n in g.nodes for o in n.outputs}
+    producer = g.producers()
     out: dict[int, tuple[int, int]] = {}
     for c, node in enumerate(og.nodes):
         sw = halves_swap(g, producer, node) if node.op == Prim.CONCAT.value else None
@@ -63,24 +63,24 @@ def rotary_epilogues(og: OGraph, sets: list[int], members: int, linear: int, lim
         if roots.bit_count() != 1:
             continue
         root = roots.bit_length() - 1
-        mine = [(c, chain) for c, (r, chain) in swaps.items() if r == root and (members >> c) & 1]
+        mine = {c: chain for c, (r, chain) in swaps.items() if r == root and (members >> c) & 1}
         if not mine:
             continue
         grown = mask | (1 << root)
-        for c, chain in mine:
+        for chain in mine.values():
             grown |= chain & members
         added = True
         while added and (grown & ~mask).bit_count() < limit:
             added = False
             for t in bits(og.readers_of(grown) & members & ~grown):
                 node = og.nodes[t]
-                swap = any(c == t for c, _ in mine)
+                swap = t in mine
                 pointwise = CATEGORY_OF[node.op] is Category.ELEMENTWISE or node.op == Prim.RESHAPE.value \
                     or (node.op == Prim.SLICE.value and all(s == 1 for s in node.attrs["steps"]))
                 if (swap or pointwise) and not og.preds[t] & ~grown and (og.anc[t] >> root) & 1:
                     grown |= 1 << t
                     added = True
-        if any((grown >> c) & 1 for c, _ in mine) and grown not in seen:
+        if any((grown >> c) & 1 for c in mine) and grown not in seen:
             seen.add(grown)
             out.append(grown)
     return out
