@@ -12,10 +12,13 @@ from test_gemm_template import check_template, run_exe
 from test_norm_prologue import _measured
 
 import tessera
+from tessera import compiler
+from tessera.codegen.select import implement
 from tessera.codegen.kernels import GemmSchedule
 from tessera.codegen.rotary import halves_swap, partner_columns
 from tessera.codegen.triton_ops import Unsupported
 from tessera.compiler import CompileOptions, compile_model, write_artifacts
+from tessera.cost.measured import Record
 from tessera.fission import fission
 from tessera.frontend import load
 from tessera.orchestrate import build_ograph
@@ -146,3 +149,42 @@ def test_compiled_plans_hold_the_rotation_where_they_can_and_pass(tmp_path, monk
     x = rand(1, 18, 40, seed=99)  # fresh inputs, not the export's
     got = run_exe(tessera.load(tmp_path / "art", DEVICE), {"x": x})[0]
     assert rel_l2(got, run_onnxruntime(model, {"x": x})["out"]) < TOLERANCE["fp16"]
+
+
+class _NarrowTileProfiler:
+    """Templates cost less the narrower their tile (so a bare product's fastest is narrower than a head)
+    and fail where their source cannot be generated, as the GPU profiler's build does; `refused` keeps
+    each failed template's reason."""
+
+    def __init__(self) -> None:
+        self.refused: list[str] = []
+
+    def measure(self, jobs, record: Record) -> None:
+        for i, j in enumerate(jobs):
+            if not isinstance(j.schedule, GemmSchedule):
+                record(i, 2e-6 * len(j.prims), "")
+                continue
+            try:
+                implement(j.graph, j.prims, j.prologue, j.outputs, "k", (), j.schedule, j.precision)
+            except Unsupported as e:
+                self.refused.append(str(e))
+                record(i, float("inf"), str(e))
+                continue
+            record(i, 1e-6 + j.schedule.block_n * 1e-9, "")
+
+
+def test_rotary_candidates_take_tiles_of_whole_heads_not_the_products_fastest(tmp_path, monkeypatch):
+    # On the H100 (session 59) the bare QKV product's fastest tile was 32 columns wide, and every candidate
+    # with the rotation inherited it: rotate_half over a 64-wide head cannot be built in it, so all failed
+    # and llama kept its rotary kernels. A candidate's schedules must come from its own space.
+    model, _ = rotary_model(s=18, k=40, heads=2, d=64, seed=7)
+    prof = _NarrowTileProfiler()
+    monkeypatch.setattr(compiler.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(compiler.torch.cuda, "get_device_name", lambda *a: "fake-gpu")
+    monkeypatch.setattr(compiler, "new_profiler", lambda opt: prof)
+    result = compile_model(model, CompileOptions(cost="measured", db=str(tmp_path / "t.db"), precision="fp16"))
+    monkeypatch.undo()
+    assert not [r for r in prof.refused if "rotate_half" in r], prof.refused[:3]
+    fused = [k for k in result.kernels if k.backend == "template" and any(n.op == "concat" for n in k.prims)]
+    assert len(fused) == 1 and fused[0].triton.schedule.block_n % 64 == 0, \
+        [(k.name, k.triton and k.triton.schedule) for k in result.kernels]

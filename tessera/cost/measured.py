@@ -21,6 +21,7 @@ from tessera.codegen.select import needs_template, prologue_of
 from tessera.codegen.chain import STAGES as CHAIN_STAGES
 from tessera.codegen.chain import WARPS as CHAIN_WARPS
 from tessera.codegen.gemm import column_slices, matmul_root
+from tessera.codegen.rotary import swap_width
 from tessera.cost.chain_search import chain_features, chain_key, chain_space
 from tessera.cost.db import Key, TuningDB
 from tessera.cost.schedule_model import GEMM_FAMILIES
@@ -285,7 +286,7 @@ class MeasuredCost:
                         n_first = GEMM_FAMILIES  # the model's best of each of its first tile shapes
                     core = self._core_id(frozenset(i for i in bits(c.nodes)
                                                    if CATEGORY_OF[self.og.nodes[i].op] is Category.LINEAR)
-                                         | self._sliced(lib))
+                                         | self._sliced(lib)) + self._swapped(lib)
                     first = self._cores.setdefault(core, (sig, _with(ranked[:n_first], timed)))
                     if first[0] == sig and isinstance(ranked[0], ChainSchedule) and core not in self._warp_pending:
                         self._warp_pending[core] = lib
@@ -293,9 +294,10 @@ class MeasuredCost:
                         best = self._core_best(*first)
                         if best is None:
                             return None  # its core's first candidate is not measured yet
-                        unsplit = None
+                        best, unsplit = _nearest(best, ranked), None
                         if _has_statistics(prims):  # the core's fastest unsplit, else this one's best-ranked
-                            unsplit = self._core_best_unsplit(*first) or next(
+                            unsplit = self._core_best_unsplit(*first)
+                            unsplit = _nearest(unsplit, ranked) if unsplit is not None else next(
                                 (s for s in ranked if isinstance(s, GemmSchedule) and s.split_k == 1), None)
                         ranked, n_first = [best], 1
                         if unsplit is not None and unsplit != best:
@@ -314,6 +316,14 @@ class MeasuredCost:
         root = matmul_root(lib.prims)
         cut = None if root is None else column_slices(self.og.graph, [*lib.prologue, *lib.prims], lib.outputs, root)
         return frozenset(self.og.index[n.name] for n in cut or ())
+
+    def _swapped(self, lib: Job) -> str:
+        """A mark for a GEMM template that swaps column halves in its epilogue (`codegen/rotary.py`): its
+        tiles hold whole heads, so its schedules are not the product's alone (llama on the H100, session 59:
+        every rotary candidate inherited the product's 32-column tile and failed to build)."""
+        root = matmul_root(lib.prims)
+        width = 1 if root is None else swap_width(self.og.graph, [*lib.prologue, *lib.prims], root)
+        return f"|swap{width}" if width > 1 else ""
 
     def _core_id(self, core: frozenset[int]) -> str:
         """What a template core computes (the signature of its linear primitives alone, and for a
@@ -713,6 +723,19 @@ def _neighbours(state: tuple[Callable[[AnySchedule | None], Job], set[ChainSched
         replace(b, block_k=b.block_k // 2), replace(b, block_k=b.block_k * 2),
         replace(b, split_l=b.split_l // 2), replace(b, split_l=b.split_l * 2))]
     return [job(s) for s in dict.fromkeys(near) if s in space and s not in tried]
+
+
+def _nearest(best: TemplateSchedule, ranked: Sequence[TemplateSchedule]) -> TemplateSchedule:
+    """`best` (a core's fastest GEMM schedule) where this candidate's own space holds it, else the nearest
+    there: the best-ranked of `best`'s tile with a wider or equal block_n, else the best-ranked of all. A candidate
+    around the core may admit fewer schedules (an epilogue's own constraints), and an inherited schedule
+    outside them fails to build."""
+    if not isinstance(best, GemmSchedule) or best in ranked or not ranked:
+        return best  # (a chain's ranked schedules are its search's few, not its whole space)
+    for s in ranked:
+        if isinstance(s, GemmSchedule) and s.block_n >= best.block_n and replace(s, block_n=best.block_n) == best:
+            return s
+    return ranked[0]
 
 
 def template_space(graph: Graph, prims: Sequence[Node], prologue: Sequence[Node], outputs: Sequence[str],

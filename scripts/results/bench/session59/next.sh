@@ -1,0 +1,15 @@
+#!/bin/bash
+# Session 59's device calls: `bash scripts/results/bench/session59/next.sh N` from the repository root on one
+# H100 or H200, carrying .whl (the highspy wheel) and .pin16 (a `git archive` of the commit measured, its hash
+# in CODE, without scripts/results' session folders).
+# 1: the rotary epilogue's GPU tests, then llama fp16 at HEAD beside eager with a limit its compile, eager and
+#    the replay's profile fit in (session 58's next.sh 5 cut it off at 170 s: its tuning log and profile were lost).
+source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
+export TESSERA_SOLVER=highs
+case $1 in
+    1)
+        (cd .pin16 && TESSERA_TEST_DEVICE=cuda timeout 100 python3 -m pytest -q -p no:cacheprovider \
+            tests/test_rotary_epilogue.py 2>&1 | tail -3)
+        export PROFILE=1; gemms e2e_llama_head llama fp16 280 eager ;;
+    *) echo "next.sh: call 1"; exit 2 ;;
+esac
