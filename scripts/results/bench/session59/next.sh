@@ -4,6 +4,7 @@
 # in CODE, without scripts/results' session folders).
 # 1: the rotary epilogue's GPU tests, then llama fp16 at HEAD beside eager with a limit its compile, eager and
 #    the replay's profile fit in (session 58's next.sh 5 cut it off at 170 s: its tuning log and profile were lost).
+# 2: llama fp16 at HEAD beside eager, after call 1 showed every rotary candidate failing to build (b235f4c).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
@@ -11,5 +12,7 @@ case $1 in
         (cd .pin16 && TESSERA_TEST_DEVICE=cuda timeout 100 python3 -m pytest -q -p no:cacheprovider \
             tests/test_rotary_epilogue.py 2>&1 | tail -3)
         export PROFILE=1; gemms e2e_llama_head llama fp16 280 eager ;;
-    *) echo "next.sh: call 1"; exit 2 ;;
+    2)  # after b235f4c (rotary candidates' own tiles): llama fp16 at HEAD beside eager
+        export PROFILE=1; gemms e2e_llama_rot llama fp16 280 eager ;;
+    *) echo "next.sh: calls 1, 2"; exit 2 ;;
 esac
