@@ -32,12 +32,13 @@ def _i64(*v: int) -> Const:
 
 
 def rotary_model(s: int = 13, k: int = 24, heads: int = 2, d: int = 16, seed: int = 0, rows_last: bool = False,
-                 neg_second: bool = False, bias: bool = False):
+                 neg_second: bool = False, bias: bool = False, with_v: bool = False):
     """x @ w cut into heads and transposed to [1, heads, s, d], then q * cos + rotate_half(q) * sin over the
     last axis (rotate_half = concat(-q[..., d/2:], q[..., :d/2]); with `neg_second` the other sign). With
     `rows_last`, q is the product transposed to [1, heads * d, s] instead: its last axis is the product's
     rows, which no tile holds whole, so no template can swap it (s must then be even). With `bias`, q's
-    projection adds a bias first (Qwen2's)."""
+    projection adds a bias first (Qwen2's). With `with_v`, the product is twice as wide and its second half,
+    v, is only split into heads and transposed: a second output, "vt"."""
     if rows_last:
         layout = [helper.make_node("Transpose", ["y"], ["q"], perm=[0, 2, 1])]
         q_shape = (heads * d, s)
@@ -47,9 +48,18 @@ def rotary_model(s: int = 13, k: int = 24, heads: int = 2, d: int = 16, seed: in
         q_shape = (s, d)
     h = q_shape[-1] // 2
     neg = helper.make_node("Neg", ["x1" if neg_second else "x2"], ["nx"])
-    project = [helper.make_node("MatMul", ["x", "w"], ["y0" if bias else "y"])]
+    project = [helper.make_node("MatMul", ["x", "w"], ["y0" if bias else "yq"])]
     if bias:
-        project.append(helper.make_node("Add", ["y0", "bias"], ["y"]))
+        project.append(helper.make_node("Add", ["y0", "bias"], ["yq"]))
+    hd, outputs = heads * d, ["out"]
+    if with_v:  # q = yq[..., :hd], v = yq[..., hd:] split into heads and transposed
+        project += [helper.make_node("Slice", ["yq", "z", "hd", "ax"], ["y"]),
+                    helper.make_node("Slice", ["yq", "hd", "hd2", "ax"], ["yv"]),
+                    helper.make_node("Reshape", ["yv", "shape"], ["yvh"]),
+                    helper.make_node("Transpose", ["yvh"], ["vt"], perm=[0, 2, 1, 3])]
+        outputs.append("vt")
+    else:
+        project.append(helper.make_node("Identity", ["yq"], ["y"]))
     nodes = [*project, *layout,
              helper.make_node("Slice", ["q", "z", "half", "ax"], ["x1"]),
              helper.make_node("Slice", ["q", "half", "big", "ax"], ["x2"]),
@@ -58,11 +68,13 @@ def rotary_model(s: int = 13, k: int = 24, heads: int = 2, d: int = 16, seed: in
              helper.make_node("Mul", ["rot", "sin"], ["rs"]),
              helper.make_node("Add", ["qc", "rs"], ["out"])]
     feeds = {"x": rand(1, s, k, seed=seed)}
-    return graph_model(nodes, {**feeds, "w": Const(rand(k, heads * d, seed=seed + 1, lo=-0.5, hi=0.5)),
+    width = 2 * hd if with_v else hd
+    return graph_model(nodes, {**feeds, "w": Const(rand(k, width, seed=seed + 1, lo=-0.5, hi=0.5)),
+                               "hd": _i64(hd), "hd2": _i64(2 * hd),
                                "shape": _i64(1, s, heads, d), "z": _i64(0), "half": _i64(h),
                                "big": _i64(2 * h), "ax": _i64(-1), "cos": Const(rand(*q_shape, seed=seed + 2)),
-                               "sin": Const(rand(*q_shape, seed=seed + 3)), "bias": Const(rand(heads * d, seed=seed + 4))},
-                       ["out"], opset=18), feeds
+                               "sin": Const(rand(*q_shape, seed=seed + 3)), "bias": Const(rand(width, seed=seed + 4))},
+                       outputs, opset=18), feeds
 
 
 def _concat_and_graph(model):
@@ -149,6 +161,26 @@ def test_compiled_plans_hold_the_rotation_where_they_can_and_pass(tmp_path, monk
     x = rand(1, 18, 40, seed=99)  # fresh inputs, not the export's
     got = run_exe(tessera.load(tmp_path / "art", DEVICE), {"x": x})[0]
     assert rel_l2(got, run_onnxruntime(model, {"x": x})["out"]) < TOLERANCE["fp16"]
+
+
+@pytest.mark.parametrize("cost", ["analytical", "measured"])
+def test_v_split_into_heads_is_stored_transposed_beside_the_rotation(tmp_path, monkeypatch, cost):
+    # Llama's merged QKV product: q is rotated, v only split into heads and transposed. One template
+    # computes both and stores v at the transposed indices; no kernel of its own copies v (on the H100,
+    # session 59, v's transpose kept a kernel that also rotated q, and the template held k's rotation alone).
+    model, _ = rotary_model(s=18, k=40, heads=4, d=16, seed=8, with_v=True)
+    if cost == "measured":
+        result = _measured(model, tmp_path, monkeypatch, "fp16")
+    else:
+        result = compile_model(model, CompileOptions(precision="fp16", cost="analytical", templates="force"))
+    (fused,) = [k for k in result.kernels if k.backend == "template"]
+    assert any(n.op == "concat" for n in fused.prims) and any(n.op == "transpose" for n in fused.prims)
+    assert set(fused.outputs) >= {"out", "vt"} and len(result.kernels) <= 2, [k.name for k in result.kernels]
+    write_artifacts(result, tmp_path / "art")
+    x = rand(1, 18, 40, seed=98)
+    got = run_exe(tessera.load(tmp_path / "art", DEVICE), {"x": x})
+    want = run_onnxruntime(model, {"x": x})
+    assert rel_l2(got[0], want["out"]) < TOLERANCE["fp16"] and rel_l2(got[1], want["vt"]) < TOLERANCE["fp16"]
 
 
 class _NarrowTileProfiler:

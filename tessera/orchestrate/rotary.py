@@ -38,21 +38,38 @@ def _swaps(og: OGraph) -> dict[int, tuple[int, int]]:
     return out
 
 
+def _layouts(og: OGraph, root: int) -> int:
+    """The transposes and reshapes through which a tensor is matmul `root`'s product at other positions
+    (`codegen/rotary.path_from`): a head split of q, k or v ([rows, heads * d] to [heads, rows, d]),
+    which the template stores at the permuted indices. Once per matmul."""
+    memo = og.memo.setdefault("rotary_layouts", {})
+    if root not in memo:
+        g, producer = og.graph, og.graph.producers()
+        product = og.nodes[root].outputs[0]
+        memo[root] = sum(1 << t for t in bits(og.desc[root])
+                         if og.nodes[t].op in (Prim.TRANSPOSE.value, Prim.RESHAPE.value)
+                         and path_from(g, producer, product, og.nodes[t].outputs[0]) is not None)
+    return memo[root]
+
+
 def rotary_nodes(og: OGraph, mask: int, root: int) -> int:
     """The nodes of candidate `mask` that its matmul `root`'s epilogue may hold as rotations only: each
     rotate_half concat whose swapped tensor the candidate computes from `root` through layout nodes, and
-    those layout nodes (the transposes among them are admitted nowhere else)."""
+    those layout nodes (the transposes among them are admitted nowhere else). Beside a rotation, the
+    kernel may also store other head splits of the product (v's, beside q's and k's rotations)."""
     allowed = 0
     for c, (r, chain) in _swaps(og).items():
         if r == root and (mask >> c) & 1 and chain & ~mask == 0:
             allowed |= (1 << c) | chain
+    if allowed:
+        allowed |= _layouts(og, root) & mask
     return allowed
 
 
 def rotary_epilogues(og: OGraph, sets: list[int], members: int, linear: int, limit: int) -> list[int]:
     """One-matmul sets of `sets` grown by the rotations after their matmul: the layout nodes down to each
-    swapped tensor, the swap's slices, negations and concat, and the element-wise nodes computed from
-    the kernel's values alone (the products with cos and sin, their sum), `limit` nodes past the set at
+    swapped tensor, the swap's slices, negations and concat, the other head splits of the product (v's),
+    and the element-wise nodes computed from the kernel's values alone (the products with cos and sin, their sum), `limit` nodes past the set at
     most. Nothing that grows a tensor (a broadcast of k to every query head) is taken. New sets only."""
     swaps = _swaps(og)
     if not swaps:
@@ -66,7 +83,7 @@ def rotary_epilogues(og: OGraph, sets: list[int], members: int, linear: int, lim
         mine = {c: chain for c, (r, chain) in swaps.items() if r == root and (members >> c) & 1}
         if not mine:
             continue
-        grown = mask | (1 << root)
+        grown, layouts = mask | (1 << root), _layouts(og, root)
         for chain in mine.values():
             grown |= chain & members
         added = True
@@ -76,7 +93,8 @@ def rotary_epilogues(og: OGraph, sets: list[int], members: int, linear: int, lim
                 node = og.nodes[t]
                 swap = t in mine
                 pointwise = CATEGORY_OF[node.op] is Category.ELEMENTWISE or node.op == Prim.RESHAPE.value \
-                    or (node.op == Prim.SLICE.value and all(s == 1 for s in node.attrs["steps"]))
+                    or (node.op == Prim.SLICE.value and all(s == 1 for s in node.attrs["steps"])) \
+                    or (layouts >> t) & 1
                 if (swap or pointwise) and not og.preds[t] & ~grown and (og.anc[t] >> root) & 1:
                     grown |= 1 << t
                     added = True
