@@ -5,6 +5,7 @@
 # 1: the rotary epilogue's GPU tests, then llama fp16 at HEAD beside eager with a limit its compile, eager and
 #    the replay's profile fit in (session 58's next.sh 5 cut it off at 170 s: its tuning log and profile were lost).
 # 2: llama fp16 at HEAD beside eager, after call 1 showed every rotary candidate failing to build (b235f4c).
+# 3: the same after call 2's plan kept v's transpose (and q's rotation) in a kernel of their own.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
@@ -14,5 +15,7 @@ case $1 in
         export PROFILE=1; gemms e2e_llama_head llama fp16 280 eager ;;
     2)  # after b235f4c (rotary candidates' own tiles): llama fp16 at HEAD beside eager
         export PROFILE=1; gemms e2e_llama_rot llama fp16 280 eager ;;
-    *) echo "next.sh: calls 1, 2"; exit 2 ;;
+    3)  # after v's head split joined the rotary template: llama fp16 at HEAD beside eager
+        export PROFILE=1; gemms e2e_llama_v llama fp16 280 eager ;;
+    *) echo "next.sh: calls 1-3"; exit 2 ;;
 esac
