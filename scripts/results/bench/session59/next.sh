@@ -7,6 +7,7 @@
 # 2: llama fp16 at HEAD beside eager, after call 1 showed every rotary candidate failing to build (b235f4c).
 # 3: the same after call 2's plan kept v's transpose (and q's rotation) in a kernel of their own.
 # 4: gpt2 fp16 at HEAD beside eager (session 57, H100: 0.312 ms at 4997f90).
+# 5: llama bf16 at HEAD beside eager (the rotary template's first bf16 run on a GPU).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
@@ -20,5 +21,7 @@ case $1 in
         export PROFILE=1; gemms e2e_llama_v llama fp16 280 eager ;;
     4)  # gpt2 fp16 at HEAD beside eager: the inherited-schedule change (measured._nearest) touches every model
         export PROFILE=1; gemms e2e_gpt2 gpt2 fp16 300 eager ;;
-    *) echo "next.sh: calls 1-4"; exit 2 ;;
+    5)  # llama bf16 at HEAD beside eager: the rotary template in bf16 on the GPU (never run there)
+        export PROFILE=1; gemms e2e_llama_bf16 llama bf16 280 eager ;;
+    *) echo "next.sh: calls 1-5"; exit 2 ;;
 esac
