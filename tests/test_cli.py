@@ -261,3 +261,26 @@ def test_the_state_bound_comes_from_the_option_or_the_environment(tmp_path, monk
     monkeypatch.setenv("TESSERA_MAX_STATES", "many")
     assert main(["compile", str(MODELS / "bert_tiny.onnx"), "-o", str(out)]) == 2
     assert "TESSERA_MAX_STATES='many': the state bound must be a positive integer" in capsys.readouterr().err
+
+
+def test_a_failed_16_bit_check_says_whether_the_precision_itself_is_past_the_tolerance(tmp_path, capsys):
+    # (x + 256) @ I - 256: the product's operand is stored in bf16, whose step at 256 is 2, so x comes back
+    # rounded to even numbers. The plan fails the check, and so would any: the reference interpreter storing
+    # every tensor in bf16 is off as far, and the check says so instead of leaving a bare FAIL.
+    import numpy as np
+    from onnx import helper
+    from opcheck import Const, graph_model
+
+    model = graph_model([helper.make_node("Add", ["x", "c"], ["a"]), helper.make_node("MatMul", ["a", "eye"], ["m"]),
+                         helper.make_node("Sub", ["m", "c"], ["y"])],
+                        {"x": np.zeros((4, 8), np.float32), "c": Const(np.float32(256.0)),
+                         "eye": Const(np.eye(8, dtype=np.float32))}, ["y"])
+    path = tmp_path / "cancel.onnx"
+    path.write_bytes(model.SerializeToString())
+    out = tmp_path / "cancel"
+    assert main(["compile", str(path), "-o", str(out), "--precision", "bf16", "--cost", "analytical"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(out), "--check", "--seed", "5"]) == 1
+    text = capsys.readouterr().out
+    assert "FAIL" in text and "storing every tensor in bf16 is off by" in text
+    assert "bf16 itself cannot hold this model within 0.01" in text

@@ -37,7 +37,7 @@ from tessera.runtime.buckets import MANIFEST, load
 from tessera.runtime.profile import format_profile, profile_executable
 from tessera.tolerance import TOLERANCE, passes, rel_l2, weak_reference
 from tessera.runtime import plan_cache
-from tessera.verify import STAGES, random_inputs, run_onnxruntime, verify, verify_kernels
+from tessera.verify import STAGES, precision_floor, random_inputs, run_onnxruntime, verify, verify_kernels
 from tessera.log import configure as configure_logging
 from tessera.version import __version__
 
@@ -292,7 +292,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.check:
         _print_outputs(outs)
         return 0
-    return 0 if _check_outputs(outs, run_onnxruntime(model.model, feeds), meta.get("precision", "fp32")) else 1
+    precision = meta.get("precision", "fp32")
+    ref = run_onnxruntime(model.model, feeds)
+    if _check_outputs(outs, ref, precision):
+        return 0
+    if precision in ("fp16", "bf16"):  # say whether the precision itself is past the tolerance here
+        _print_floor(precision_floor(model, feeds, ref, precision), precision)
+    return 1
+
+
+def _print_floor(floor: dict[str, float], precision: str) -> None:
+    worst = max(floor.values(), default=0.0)
+    print(f"  the reference interpreter storing every tensor in {precision} is off by {worst:.3e} "
+          f"(the precision's floor for this model)")
+    if worst >= TOLERANCE[precision]:
+        print(f"  {precision} itself cannot hold this model within {TOLERANCE[precision]:g}: "
+              f"compile at a wider precision (fp32 or tf32) for a check that can pass")
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
