@@ -322,25 +322,41 @@ def gated_mlp(d: Draw, b: Builder) -> None:
 def rotary_projection(d: Draw, b: Builder) -> None:
     """Rotary positions after a projection, as Llama's export spells them: x @ w (at times plus a bias) cut
     into heads of 2h values, at times transposed to [.., heads, rows, head], then q * cos + rotate_half(q) * sin with
-    rotate_half = concat(-q[.., h:], q[.., :h]) (or the other sign) over the last axis. A GEMM template
+    rotate_half = concat(-q[.., h:], q[.., :h]) (or the other sign) over the last axis; at times the product also
+    holds v, split into heads the same way and left unrotated, and at times only each head's first half rotates
+    and the rest is put back beside it (partial rotary). A GEMM template
     computes rotate_half from its accumulator's registers where a tile holds whole heads
     (`codegen/rotary.py`); other draws never line the concat up this way."""
     x = b.pick(lambda t: t.is_float and t.rank >= 2 and t.shape[-1] > 1) or b.add_input((b.dim(), b.dim(2)))
     k = x.shape[-1]
     h = d.pick([1, 2, 3, 4, 8, 16])
     heads = b.dim(1, max(1, b.cap // max(1, x.numel // k * 2 * h)))
-    out = x.shape[:-1] + (heads * 2 * h,)
+    hd = heads * 2 * h
+    wide = d.maybe(0.4)  # q beside v in one product (Llama's merged projection): v is only split into heads
+    out = x.shape[:-1] + (2 * hd if wide else hd,)
     if math.prod(out) > b.cap:
         return
-    y = b.one("MatMul", [x, b.const((k, heads * 2 * h), FLOAT, scale=1 / math.sqrt(k))], [(out, FLOAT)])
+    y = b.one("MatMul", [x, b.const((k, out[-1]), FLOAT, scale=1 / math.sqrt(k))], [(out, FLOAT)])
     if d.maybe(0.4):  # a bias before the heads (Qwen2's projections)
-        y = b.one("Add", [y, b.const((heads * 2 * h,), scale=0.5)], [(out, FLOAT)])
+        y = b.one("Add", [y, b.const((out[-1],), scale=0.5)], [(out, FLOAT)])
     split = x.shape[:-1] + (heads, 2 * h)
-    q = b.one("Reshape", [y, b.ints(split)], [(split, FLOAT)])
-    if d.maybe(0.7):  # [.., heads, rows, head], as attention takes it
-        r = len(split)
-        perm = list(range(r - 3)) + [r - 2, r - 3, r - 1]
-        q = b.one("Transpose", [q], [(tuple(split[p] for p in perm), FLOAT)], {"perm": perm})
+    r = len(split)
+    perm = list(range(r - 3)) + [r - 2, r - 3, r - 1] if d.maybe(0.7) else None  # [.., heads, rows, head]
+    heads_of = []
+    for a in ((0, hd) if wide else (0,)):
+        part = b.one("Slice", [y, b.ints([a]), b.ints([a + hd]), b.ints([-1])], [(x.shape[:-1] + (hd,), FLOAT)]) \
+            if wide else y
+        t = b.one("Reshape", [part, b.ints(split)], [(split, FLOAT)])
+        if perm is not None:
+            t = b.one("Transpose", [t], [(tuple(split[p] for p in perm), FLOAT)], {"perm": perm})
+        heads_of.append(t)
+    q = heads_of[0]  # (v, the second, is left for the graph's outputs)
+    whole, rest = q, None
+    if h % 2 == 0 and d.maybe(0.3):  # partial rotary (GPT-NeoX's, Phi's): the head's first h values rotate
+        h //= 2
+        q = b.one("Slice", [whole, b.ints([0]), b.ints([2 * h]), b.ints([-1])], [(whole.shape[:-1] + (2 * h,), FLOAT)])
+        rest = b.one("Slice", [whole, b.ints([2 * h]), b.ints([4 * h]), b.ints([-1])],
+                     [(whole.shape[:-1] + (2 * h,), FLOAT)])
     half = q.shape[:-1] + (h,)
     x1, x2 = (b.one("Slice", [q, b.ints([a]), b.ints([a + h]), b.ints([-1])], [(half, FLOAT)]) for a in (0, h))
     if d.maybe(0.8):
@@ -349,7 +365,9 @@ def rotary_projection(d: Draw, b: Builder) -> None:
         rot = b.one("Concat", [x2, b.one("Neg", [x1], [(half, FLOAT)])], [(q.shape, FLOAT)], {"axis": -1})
     table = q.shape[-2:] if d.maybe(0.7) else q.shape[-1:]
     qc = b.one("Mul", [q, b.const(table)], [(q.shape, FLOAT)])
-    b.one("Add", [qc, b.one("Mul", [rot, b.const(table)], [(q.shape, FLOAT)])], [(q.shape, FLOAT)])
+    out = b.one("Add", [qc, b.one("Mul", [rot, b.const(table)], [(q.shape, FLOAT)])], [(q.shape, FLOAT)])
+    if rest is not None:  # the rest of the head put back beside the rotation
+        b.one("Concat", [out, rest], [(whole.shape, FLOAT)], {"axis": -1})
 
 
 def instance_norm(d: Draw, b: Builder) -> None:

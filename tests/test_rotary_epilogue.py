@@ -32,20 +32,22 @@ def _i64(*v: int) -> Const:
 
 
 def rotary_model(s: int = 13, k: int = 24, heads: int = 2, d: int = 16, seed: int = 0, rows_last: bool = False,
-                 neg_second: bool = False, bias: bool = False, with_v: bool = False):
+                 neg_second: bool = False, bias: bool = False, with_v: bool = False, partial: int = 0):
     """x @ w cut into heads and transposed to [1, heads, s, d], then q * cos + rotate_half(q) * sin over the
     last axis (rotate_half = concat(-q[..., d/2:], q[..., :d/2]); with `neg_second` the other sign). With
     `rows_last`, q is the product transposed to [1, heads * d, s] instead: its last axis is the product's
     rows, which no tile holds whole, so no template can swap it (s must then be even). With `bias`, q's
     projection adds a bias first (Qwen2's). With `with_v`, the product is twice as wide and its second half,
-    v, is only split into heads and transposed: a second output, "vt"."""
+    v, is only split into heads and transposed: a second output, "vt". With `partial` r, only each head's first
+    r values rotate and the rest are put back beside them, cat(rotated(q[..., :r]), q[..., r:]) (GPT-NeoX's
+    and Phi's partial rotary)."""
     if rows_last:
         layout = [helper.make_node("Transpose", ["y"], ["q"], perm=[0, 2, 1])]
         q_shape = (heads * d, s)
     else:
         layout = [helper.make_node("Reshape", ["y", "shape"], ["yh"]),
                   helper.make_node("Transpose", ["yh"], ["q"], perm=[0, 2, 1, 3])]
-        q_shape = (s, d)
+        q_shape = (s, partial or d)
     h = q_shape[-1] // 2
     neg = helper.make_node("Neg", ["x1" if neg_second else "x2"], ["nx"])
     project = [helper.make_node("MatMul", ["x", "w"], ["y0" if bias else "yq"])]
@@ -60,17 +62,23 @@ def rotary_model(s: int = 13, k: int = 24, heads: int = 2, d: int = 16, seed: in
         outputs.append("vt")
     else:
         project.append(helper.make_node("Identity", ["yq"], ["y"]))
+    if partial:  # q's rotated part and the rest
+        layout += [helper.make_node("Slice", ["q", "z", "big", "ax"], ["qr"]),
+                   helper.make_node("Slice", ["q", "big", "dd", "ax"], ["qp"])]
+    qr = "qr" if partial else "q"
     nodes = [*project, *layout,
-             helper.make_node("Slice", ["q", "z", "half", "ax"], ["x1"]),
-             helper.make_node("Slice", ["q", "half", "big", "ax"], ["x2"]),
+             helper.make_node("Slice", [qr, "z", "half", "ax"], ["x1"]),
+             helper.make_node("Slice", [qr, "half", "big", "ax"], ["x2"]),
              neg, helper.make_node("Concat", ["x2", "nx"] if neg_second else ["nx", "x1"], ["rot"], axis=-1),
-             helper.make_node("Mul", ["q", "cos"], ["qc"]),
+             helper.make_node("Mul", [qr, "cos"], ["qc"]),
              helper.make_node("Mul", ["rot", "sin"], ["rs"]),
-             helper.make_node("Add", ["qc", "rs"], ["out"])]
+             helper.make_node("Add", ["qc", "rs"], ["rotated" if partial else "out"])]
+    if partial:
+        nodes.append(helper.make_node("Concat", ["rotated", "qp"], ["out"], axis=-1))
     feeds = {"x": rand(1, s, k, seed=seed)}
     width = 2 * hd if with_v else hd
     return graph_model(nodes, {**feeds, "w": Const(rand(k, width, seed=seed + 1, lo=-0.5, hi=0.5)),
-                               "hd": _i64(hd), "hd2": _i64(2 * hd),
+                               "hd": _i64(hd), "hd2": _i64(2 * hd), "dd": _i64(d),
                                "shape": _i64(1, s, heads, d), "z": _i64(0), "half": _i64(h),
                                "big": _i64(2 * h), "ax": _i64(-1), "cos": Const(rand(*q_shape, seed=seed + 2)),
                                "sin": Const(rand(*q_shape, seed=seed + 3)), "bias": Const(rand(width, seed=seed + 4))},
@@ -220,3 +228,19 @@ def test_rotary_candidates_take_tiles_of_whole_heads_not_the_products_fastest(tm
     fused = [k for k in result.kernels if k.backend == "template" and any(n.op == "concat" for n in k.prims)]
     assert len(fused) == 1 and fused[0].triton.schedule.block_n % 64 == 0, \
         [(k.name, k.triton and k.triton.schedule) for k in result.kernels]
+
+
+@pytest.mark.parametrize("partial,d", [(8, 16), (16, 64), (32, 64)])
+def test_partial_rotary_is_selected_back_beside_the_rest_of_the_head(tmp_path, partial, d):
+    # GPT-NeoX and Phi rotate each head's first r values and concatenate the rest back: the template swaps
+    # runs of r columns and selects, per column, the rotation or its own accumulator (the second part's
+    # index, shifted back by the slice, is the tile's own: `index.add_const`).
+    model, _ = rotary_model(s=18, k=40, heads=2, d=d, seed=9, partial=partial)
+    result = compile_model(model, CompileOptions(precision="fp16", cost="analytical", templates="force"))
+    fused = [k for k in result.kernels if k.backend == "template"]
+    assert len(fused) == 1 and sum(n.op == "concat" for n in fused[0].prims) == 2, \
+        [(k.name, k.backend) for k in result.kernels]
+    write_artifacts(result, tmp_path / "art")
+    x = rand(1, 18, 40, seed=97)
+    got = run_exe(tessera.load(tmp_path / "art", DEVICE), {"x": x})[0]
+    assert rel_l2(got, run_onnxruntime(model, {"x": x})["out"]) < TOLERANCE["fp16"]

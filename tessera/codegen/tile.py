@@ -254,7 +254,25 @@ def partial_outputs(graph: Graph, nodes: Sequence[Node], product: str) -> dict[s
         elif (prim.category is Category.ELEMENTWISE and len(reached) == 1
               and graph.types[reached[0]].shape == out.shape):
             fwd[n.outputs[0]] = n
+        elif prim is Prim.CONCAT and _select_source(graph, fwd, n) is not None:
+            fwd[n.outputs[0]] = n
     return fwd
+
+
+def _select_source(graph: Graph, fwd: dict[str, Node | None], n: Node) -> str | None:
+    """The tensor t of `fwd` that concat `n` puts back together as cat(f(t[..., :r]), t[..., r:]) over the
+    last axis (partial rotary: each head's rotated part beside the rest), its output t's shape: element j
+    is t's own position either way, so n is stored at t's indices. None for any other concat."""
+    out = graph.types[n.outputs[0]].shape
+    if len(n.inputs) != 2 or n.attrs["axis"] % len(out) != len(out) - 1 or n.inputs[1] not in fwd:
+        return None
+    rest = fwd[n.inputs[1]]
+    if rest is None or rest.op != Prim.SLICE.value or rest.inputs[0] not in fwd:
+        return None
+    t, cut = rest.inputs[0], graph.types[n.inputs[0]].shape[-1]
+    ok = graph.types[t].shape == out and list(rest.attrs["starts"]) == [0] * (len(out) - 1) + [cut] \
+        and all(step == 1 for step in rest.attrs["steps"])
+    return t if ok else None
 
 
 def _forward_coords(t: Tile, graph: Graph, fwd: dict[str, Node | None],
@@ -286,6 +304,8 @@ def _forward_coords(t: Tile, graph: Graph, fwd: dict[str, Node | None],
                 shifted.append(Ix(ix.add_const(i, -start).expr, None, None, i.deps))
             em.known[(out, tuple(i.expr for i in shifted))] = em.value(src, c, t.mask | conds)
             at[out] = (shifted, conds)
+        elif n.op == Prim.CONCAT.value:  # a partial rotation put back: at its source's indices
+            at[out] = at[_select_source(graph, fwd, n)]
         else:
             at[out] = (c, conds)
     return at

@@ -6,7 +6,9 @@ accumulator's registers (`codegen/rotary.py`), so the rotation, and the transpos
 join the projection's kernel. Epilogue transposes are otherwise kept out of single-matmul kernels (they
 multiply the candidates, `candidates.moves_columns`); these are admitted only on the path to such a
 rotation. A layer's projection with both rotations is about 24 primitives, past the size rule, so
-`rotary_epilogues` grows each one-matmul candidate by the rotations after it.
+`rotary_epilogues` grows each one-matmul candidate by the rotations after it. GPT-NeoX and Phi rotate
+only each head's first r values and concatenate the rest back (`_selects`): the template computes that
+concat as a select between two values it holds (`codegen/tile.partial_outputs`).
 """
 from __future__ import annotations
 
@@ -52,6 +54,35 @@ def _layouts(og: OGraph, root: int) -> int:
     return memo[root]
 
 
+def _selects(og: OGraph, root: int) -> int:
+    """Concats that put a head's rotated part back beside the rest (partial rotary, GPT-NeoX's and Phi's:
+    cat(rotated(t[..., :r]), t[..., r:]) over the last axis, t the product of matmul `root` at other
+    positions): element j is the rotation's where j < r, else t's own element j, so the template selects
+    between two values it holds, and stores t's layout. Once per matmul."""
+    memo = og.memo.setdefault("rotary_selects", {})
+    if root not in memo:
+        g, producer = og.graph, og.graph.producers()
+        product, found = og.nodes[root].outputs[0], 0
+        for c in bits(og.desc[root]):
+            node = og.nodes[c]
+            if node.op != Prim.CONCAT.value or len(node.inputs) != 2:
+                continue
+            shape = g.types[node.outputs[0]].shape
+            if node.attrs["axis"] % len(shape) != len(shape) - 1:
+                continue
+            head, rest = (producer.get(t) for t in node.inputs)
+            cut = g.types[node.inputs[0]].shape[-1]
+            if rest is None or rest.op != Prim.SLICE.value or head is None:
+                continue
+            t = rest.inputs[0]
+            if g.types[t].shape == shape and list(rest.attrs["starts"]) == [*[0] * (len(shape) - 1), cut] \
+                    and all(st == 1 for st in rest.attrs["steps"]) \
+                    and path_from(g, producer, product, t) is not None:
+                found |= 1 << c
+        memo[root] = found
+    return memo[root]
+
+
 def rotary_nodes(og: OGraph, mask: int, root: int) -> int:
     """The nodes of candidate `mask` that its matmul `root`'s epilogue may hold as rotations only: each
     rotate_half concat whose swapped tensor the candidate computes from `root` through layout nodes, and
@@ -62,15 +93,16 @@ def rotary_nodes(og: OGraph, mask: int, root: int) -> int:
         if r == root and (mask >> c) & 1 and chain & ~mask == 0:
             allowed |= (1 << c) | chain
     if allowed:
-        allowed |= _layouts(og, root) & mask
+        allowed |= (_layouts(og, root) | _selects(og, root)) & mask
     return allowed
 
 
 def rotary_epilogues(og: OGraph, sets: list[int], members: int, linear: int, limit: int) -> list[int]:
     """One-matmul sets of `sets` grown by the rotations after their matmul: the layout nodes down to each
     swapped tensor, the swap's slices, negations and concat, the other head splits of the product (v's),
-    and the element-wise nodes computed from the kernel's values alone (the products with cos and sin, their sum), `limit` nodes past the set at
-    most. Nothing that grows a tensor (a broadcast of k to every query head) is taken. New sets only."""
+    a partial rotation's concat putting the rest of the head back, and the element-wise nodes computed
+    from the kernel's values alone (the products with cos and sin, their sum), `limit` nodes past the set
+    at most. Nothing that grows a tensor (a broadcast of k to every query head) is taken. New sets only."""
     swaps = _swaps(og)
     if not swaps:
         return []
@@ -83,7 +115,7 @@ def rotary_epilogues(og: OGraph, sets: list[int], members: int, linear: int, lim
         mine = {c: chain for c, (r, chain) in swaps.items() if r == root and (members >> c) & 1}
         if not mine:
             continue
-        grown, layouts = mask | (1 << root), _layouts(og, root)
+        grown, layouts = mask | (1 << root), _layouts(og, root) | _selects(og, root)
         for chain in mine.values():
             grown |= chain & members
         added = True
