@@ -7,7 +7,7 @@ machine has it). Usage:
 
     python -m tessera.zoo OUTDIR [--models resnet50,gpt2]
 
-ResNet-50, Inception-V3, MobileNet-V2 (torchvision), BERT-base, GPT-2, llama and
+ResNet-50, Inception-V3, MobileNet-V2 (torchvision), BERT-base, GPT-2, llama, gpt_neox and
 SegFormer-B0 (transformers), EfficientViT-B0 (timm) need the `models` extra;
 candy, mlp_tiny, MCFuser's attention (attn_s1-s9) and GEMM-chain (gemm_g1-g12)
 cases and Korch's three case-study blocks (segformer_attn, efficientvit_attn, candy_norm_pad;
@@ -93,6 +93,19 @@ def llama(seq: int = 128, layers: int = 12) -> tuple[torch.nn.Module, tuple[torc
                                    num_hidden_layers=layers, num_attention_heads=12, num_key_value_heads=4,
                                    max_position_embeddings=2048, use_cache=False)
     model = transformers.LlamaModel(cfg)
+    return _LastHidden(model), (torch.randint(0, cfg.vocab_size, (1, seq)),)
+
+
+def gpt_neox(seq: int = 128, layers: int = 12) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """A GPT-NeoX decoder at GPT-2's scale (Pythia's layout: parallel attention and MLP, rotary positions on
+    a quarter of each head, q, k and v interleaved per head in one projection). No published checkpoint has
+    these dimensions; the row exercises partial rotary beside gpt2's and llama's."""
+    import transformers
+
+    cfg = transformers.GPTNeoXConfig(vocab_size=32000, hidden_size=768, intermediate_size=3072,
+                                     num_hidden_layers=layers, num_attention_heads=12, rotary_pct=0.25,
+                                     max_position_embeddings=2048, use_cache=False)
+    model = transformers.GPTNeoXModel(cfg)
     return _LastHidden(model), (torch.randint(0, cfg.vocab_size, (1, seq)),)
 
 
@@ -245,7 +258,7 @@ def sdpa_form(model: torch.nn.Module) -> torch.nn.Module | None:
 
 ZOO: dict[str, Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]] = {
     "resnet50": resnet50, "inception_v3": inception_v3, "mobilenet_v2": mobilenet_v2,
-    "bert_base": bert_base, "gpt2": gpt2, "llama": llama, "mlp_tiny": mlp_tiny,
+    "bert_base": bert_base, "gpt2": gpt2, "llama": llama, "gpt_neox": gpt_neox, "mlp_tiny": mlp_tiny,
     "candy": candy, "segformer_b0": segformer_b0, "efficientvit_b0": efficientvit_b0,
     **{f"attn_s{i}": attention_case(i) for i in ATTENTION_CASES},
     **{f"gemm_g{i}": gemm_chain_case(i) for i in GEMM_CHAIN_CASES},
@@ -255,8 +268,8 @@ ZOO: dict[str, Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]] =
 
 # The whole models, whose every input's first axis is the batch. The MCFuser cases and Korch's blocks
 # keep the shapes their papers give (an attention case's first axis is its heads).
-BATCHED = ("resnet50", "inception_v3", "mobilenet_v2", "bert_base", "gpt2", "llama", "mlp_tiny", "candy",
-           "segformer_b0", "efficientvit_b0")
+BATCHED = ("resnet50", "inception_v3", "mobilenet_v2", "bert_base", "gpt2", "llama", "gpt_neox", "mlp_tiny",
+           "candy", "segformer_b0", "efficientvit_b0")
 
 
 def batched_name(name: str, batch: int) -> str:

@@ -8,6 +8,7 @@
 # 3: the same after call 2's plan kept v's transpose (and q's rotation) in a kernel of their own.
 # 4: gpt2 fp16 at HEAD beside eager (session 57, H100: 0.312 ms at 4997f90).
 # 5: llama bf16 at HEAD beside eager (the rotary template's first bf16 run on a GPU).
+# 6: zoo:gpt_neox fp16 beside eager (partial rotary; with the little device time left).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
@@ -23,5 +24,7 @@ case $1 in
         export PROFILE=1; gemms e2e_gpt2 gpt2 fp16 300 eager ;;
     5)  # llama bf16 at HEAD beside eager: the rotary template in bf16 on the GPU (never run there)
         export PROFILE=1; gemms e2e_llama_bf16 llama bf16 280 eager ;;
-    *) echo "next.sh: calls 1-5"; exit 2 ;;
+    6)  # zoo:gpt_neox fp16 beside eager: partial rotary in the projection's template 
+        export PROFILE=1; gemms e2e_neox gpt_neox fp16 175 eager ;;
+    *) echo "next.sh: calls 1-6"; exit 2 ;;
 esac
