@@ -137,6 +137,22 @@ def path_from(graph: Graph, producer: dict[str, Node], product: str, t: str) -> 
     return path
 
 
+def put_back(graph: Graph, producer: dict[str, Node], node: Node) -> str | None:
+    """The tensor t that concat `node` puts back together as cat(f(t[..., :r]), t[..., r:]) over the last
+    axis, at t's shape (partial rotary, GPT-NeoX's and Phi's: each head's rotated part beside the rest):
+    element j is f's where j < r and t's own element j otherwise. None for any other node."""
+    out = graph.types[node.outputs[0]].shape
+    if node.op != Prim.CONCAT.value or len(node.inputs) != 2 or node.attrs["axis"] % len(out) != len(out) - 1:
+        return None
+    rest = producer.get(node.inputs[1])
+    if rest is None or rest.op != Prim.SLICE.value:
+        return None
+    t, cut = rest.inputs[0], graph.types[node.inputs[0]].shape[-1]
+    ok = graph.types[t].shape == out and list(rest.attrs["starts"]) == [0] * (len(out) - 1) + [cut] \
+        and all(step == 1 for step in rest.attrs["steps"])
+    return t if ok else None
+
+
 def partner_columns(graph: Graph, producer: dict[str, Node], product: str, sw: HalvesSwap) -> bool:
     """Whether x's partner along the swap's axis (element d + s, or d - s in the second half) is, for every
     element, the product's element of the same row whose column is the partner within an aligned run of

@@ -19,6 +19,7 @@ from tessera.codegen import index as ix
 from tessera.codegen.emitter import Emitter
 from tessera.codegen.index import Ix
 from tessera.codegen.kernels import KernelBody, render
+from tessera.codegen.rotary import put_back
 from tessera.codegen.triton_ops import STORAGE, TF32_ROUND, Unsupported, Val
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node
@@ -260,19 +261,10 @@ def partial_outputs(graph: Graph, nodes: Sequence[Node], product: str) -> dict[s
 
 
 def _select_source(graph: Graph, fwd: dict[str, Node | None], n: Node) -> str | None:
-    """The tensor t of `fwd` that concat `n` puts back together as cat(f(t[..., :r]), t[..., r:]) over the
-    last axis (partial rotary: each head's rotated part beside the rest), its output t's shape: element j
-    is t's own position either way, so n is stored at t's indices. None for any other concat."""
-    out = graph.types[n.outputs[0]].shape
-    if len(n.inputs) != 2 or n.attrs["axis"] % len(out) != len(out) - 1 or n.inputs[1] not in fwd:
-        return None
-    rest = fwd[n.inputs[1]]
-    if rest is None or rest.op != Prim.SLICE.value or rest.inputs[0] not in fwd:
-        return None
-    t, cut = rest.inputs[0], graph.types[n.inputs[0]].shape[-1]
-    ok = graph.types[t].shape == out and list(rest.attrs["starts"]) == [0] * (len(out) - 1) + [cut] \
-        and all(step == 1 for step in rest.attrs["steps"])
-    return t if ok else None
+    """The tensor of `fwd` that concat `n` puts back together beside a rotated part (`rotary.put_back`):
+    n is stored at that tensor's indices. None for any other concat."""
+    t = put_back(graph, {o: m for o, m in fwd.items() if m is not None}, n)
+    return t if t in fwd and n.inputs[1] in fwd else None
 
 
 def _forward_coords(t: Tile, graph: Graph, fwd: dict[str, Node | None],

@@ -727,9 +727,9 @@ def _neighbours(state: tuple[Callable[[AnySchedule | None], Job], set[ChainSched
 
 def _nearest(best: TemplateSchedule, ranked: Sequence[TemplateSchedule]) -> TemplateSchedule:
     """`best` (a core's fastest GEMM schedule) where this candidate's own space holds it, else the nearest
-    there: the best-ranked of `best`'s tile with a wider or equal block_n, else the best-ranked of all. A candidate
-    around the core may admit fewer schedules (an epilogue's own constraints), and an inherited schedule
-    outside them fails to build."""
+    there: the best-ranked of `best`'s schedule with a wider block_n, else the best-ranked of all. A
+    candidate around the core may admit fewer schedules (an epilogue's own constraints), and an inherited
+    schedule outside them fails to build."""
     if not isinstance(best, GemmSchedule) or best in ranked or not ranked:
         return best  # (a chain's ranked schedules are its search's few, not its whole space)
     for s in ranked:

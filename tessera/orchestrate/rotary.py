@@ -12,7 +12,7 @@ concat as a select between two values it holds (`codegen/tile.partial_outputs`).
 """
 from __future__ import annotations
 
-from tessera.codegen.rotary import halves_swap, partner_columns, path_from
+from tessera.codegen.rotary import halves_swap, partner_columns, path_from, put_back
 from tessera.ir.prims import CATEGORY_OF, Category, Prim
 from tessera.orchestrate.graphview import OGraph, bits
 
@@ -55,31 +55,16 @@ def _layouts(og: OGraph, root: int) -> int:
 
 
 def _selects(og: OGraph, root: int) -> int:
-    """Concats that put a head's rotated part back beside the rest (partial rotary, GPT-NeoX's and Phi's:
-    cat(rotated(t[..., :r]), t[..., r:]) over the last axis, t the product of matmul `root` at other
-    positions): element j is the rotation's where j < r, else t's own element j, so the template selects
-    between two values it holds, and stores t's layout. Once per matmul."""
+    """Concats that put a head's rotated part back beside the rest (`codegen/rotary.put_back`: partial
+    rotary), of a tensor that is matmul `root`'s product at other positions: the template selects per
+    column between two values it holds. Once per matmul."""
     memo = og.memo.setdefault("rotary_selects", {})
     if root not in memo:
         g, producer = og.graph, og.graph.producers()
-        product, found = og.nodes[root].outputs[0], 0
-        for c in bits(og.desc[root]):
-            node = og.nodes[c]
-            if node.op != Prim.CONCAT.value or len(node.inputs) != 2:
-                continue
-            shape = g.types[node.outputs[0]].shape
-            if node.attrs["axis"] % len(shape) != len(shape) - 1:
-                continue
-            head, rest = (producer.get(t) for t in node.inputs)
-            cut = g.types[node.inputs[0]].shape[-1]
-            if rest is None or rest.op != Prim.SLICE.value or head is None:
-                continue
-            t = rest.inputs[0]
-            if g.types[t].shape == shape and list(rest.attrs["starts"]) == [*[0] * (len(shape) - 1), cut] \
-                    and all(st == 1 for st in rest.attrs["steps"]) \
-                    and path_from(g, producer, product, t) is not None:
-                found |= 1 << c
-        memo[root] = found
+        product = og.nodes[root].outputs[0]
+        memo[root] = sum(1 << c for c in bits(og.desc[root])
+                         if (t := put_back(g, producer, og.nodes[c])) is not None
+                         and path_from(g, producer, product, t) is not None)
     return memo[root]
 
 
