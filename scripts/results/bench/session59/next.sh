@@ -8,7 +8,8 @@
 # 3: the same after call 2's plan kept v's transpose (and q's rotation) in a kernel of their own.
 # 4: gpt2 fp16 at HEAD beside eager (session 57, H100: 0.312 ms at 4997f90).
 # 5: llama bf16 at HEAD beside eager (the rotary template's first bf16 run on a GPU).
-# 6: zoo:gpt_neox fp16 beside eager (partial rotary; with the little device time left).
+# 6: zoo:gpt_neox fp16 beside eager (partial rotary). Session 59 ran it at 175 s and it was cut off in its
+#    compile; give it 280 s (a run of about 350 s with the start).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
@@ -25,6 +26,6 @@ case $1 in
     5)  # llama bf16 at HEAD beside eager: the rotary template in bf16 on the GPU (never run there)
         export PROFILE=1; gemms e2e_llama_bf16 llama bf16 280 eager ;;
     6)  # zoo:gpt_neox fp16 beside eager: partial rotary in the projection's template 
-        export PROFILE=1; gemms e2e_neox gpt_neox fp16 175 eager ;;
+        export PROFILE=1; gemms e2e_neox gpt_neox fp16 280 eager ;;
     *) echo "next.sh: calls 1-6"; exit 2 ;;
 esac
