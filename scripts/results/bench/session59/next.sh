@@ -10,6 +10,8 @@
 # 5: llama bf16 at HEAD beside eager (the rotary template's first bf16 run on a GPU).
 # 6: zoo:gpt_neox fp16 beside eager (partial rotary). Session 59 ran it at 175 s and it was cut off in its
 #    compile; give it 280 s (a run of about 350 s with the start).
+# 7: scripts/epilogue_prefetch_probe.py: a GEMM at llama's shapes with its epilogue operands (cos/sin tables, a
+#    residual) loaded after the K loop (tessera's code today) or before it. 67: calls 7 and 6 in one.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
@@ -27,5 +29,10 @@ case $1 in
         export PROFILE=1; gemms e2e_llama_bf16 llama bf16 280 eager ;;
     6)  # zoo:gpt_neox fp16 beside eager: partial rotary in the projection's template 
         export PROFILE=1; gemms e2e_neox gpt_neox fp16 280 eager ;;
-    *) echo "next.sh: calls 1-6"; exit 2 ;;
+    7)  # the epilogue-prefetch probe: do epilogue loads after the K loop cost a memory latency?
+        (cd .pin16 && timeout 120 python3 scripts/epilogue_prefetch_probe.py 2>&1 | tee "$OUT/prefetch_probe.txt" | tail -7) ;;
+    67)  # the next session's first call: the probe, then gpt_neox (about 420 s with the start)
+        (cd .pin16 && timeout 100 python3 scripts/epilogue_prefetch_probe.py 2>&1 | tee "$OUT/prefetch_probe.txt" | tail -7)
+        export PROFILE=1; gemms e2e_neox gpt_neox fp16 280 eager ;;
+    *) echo "next.sh: calls 1-7, 67"; exit 2 ;;
 esac
