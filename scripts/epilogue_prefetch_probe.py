@@ -31,6 +31,8 @@ if "--check" in sys.argv and not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from reassoc_probe import graph_us  # noqa: E402  (the script's folder is on sys.path)
+
 FORMS = {"none": 0, "after": 1, "before": 2}
 # (name, M, K, N, table head width or 0, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): llama's projections at
 # the tiles tessera's H100 plans chose (session 59, call 3)
@@ -103,27 +105,10 @@ def run_case(case: tuple, calls: int, check_only: bool, device: str) -> dict[str
 
 
 def replay_us(call, calls: int, copies: int) -> float:
-    """Mean µs per call over CUDA-graph replays of `calls` launches cycling through the operand copies."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for i in range(copies):
-            call(i)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            call(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) * 1000 / calls)
-    return best
+    """Mean µs per call over CUDA-graph replays (`reassoc_probe.graph_us`) of launches that cycle through
+    the operand copies, one copy a launch."""
+    count = iter(range(10**9))
+    return graph_us(lambda: call(next(count) % copies), calls)
 
 
 def main() -> None:
