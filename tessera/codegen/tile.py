@@ -296,8 +296,8 @@ def _forward_coords(t: Tile, graph: Graph, fwd: dict[str, Node | None],
                 shifted.append(Ix(ix.add_const(i, -start).expr, None, None, i.deps))
             em.known[(out, tuple(i.expr for i in shifted))] = em.value(src, c, t.mask | conds)
             at[out] = (shifted, conds)
-        elif n.op == Prim.CONCAT.value:  # a partial rotation put back: at its source's indices
-            at[out] = at[_select_source(graph, fwd, n)]
+        elif n.op == Prim.CONCAT.value:  # a partial rotation put back: at its source's, the rest's slice's input
+            at[out] = at[fwd[n.inputs[1]].inputs[0]]
         else:
             at[out] = (c, conds)
     return at

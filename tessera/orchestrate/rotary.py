@@ -13,8 +13,17 @@ concat as a select between two values it holds (`codegen/tile.partial_outputs`).
 from __future__ import annotations
 
 from tessera.codegen.rotary import halves_swap, partner_columns, path_from, put_back
+from tessera.ir.graph import Node
 from tessera.ir.prims import CATEGORY_OF, Category, Prim
 from tessera.orchestrate.graphview import OGraph, bits
+
+
+def _producers(og: OGraph) -> dict[str, Node]:
+    """The graph's tensor -> writer map, built once for the rotary helpers below."""
+    if "producers" not in og.memo:
+        og.memo["producers"] = og.graph.producers()
+    return og.memo["producers"]
+
 
 def _swaps(og: OGraph) -> dict[int, tuple[int, int]]:
     """Each concat that a GEMM template can compute as a swap of its accumulator's halves: concat
@@ -23,7 +32,7 @@ def _swaps(og: OGraph) -> dict[int, tuple[int, int]]:
     if memo is not None:
         return memo
     g = og.graph
-    producer = g.producers()
+    producer = _producers(og)
     out: dict[int, tuple[int, int]] = {}
     for c, node in enumerate(og.nodes):
         sw = halves_swap(g, producer, node) if node.op == Prim.CONCAT.value else None
@@ -46,7 +55,7 @@ def _layouts(og: OGraph, root: int) -> int:
     which the template stores at the permuted indices. Once per matmul."""
     memo = og.memo.setdefault("rotary_layouts", {})
     if root not in memo:
-        g, producer = og.graph, og.graph.producers()
+        g, producer = og.graph, _producers(og)
         product = og.nodes[root].outputs[0]
         memo[root] = sum(1 << t for t in bits(og.desc[root])
                          if og.nodes[t].op in (Prim.TRANSPOSE.value, Prim.RESHAPE.value)
@@ -60,7 +69,7 @@ def _selects(og: OGraph, root: int) -> int:
     column between two values it holds. Once per matmul."""
     memo = og.memo.setdefault("rotary_selects", {})
     if root not in memo:
-        g, producer = og.graph, og.graph.producers()
+        g, producer = og.graph, _producers(og)
         product = og.nodes[root].outputs[0]
         memo[root] = sum(1 << c for c in bits(og.desc[root])
                          if (t := put_back(g, producer, og.nodes[c])) is not None
