@@ -32,7 +32,8 @@ import numpy as np
 from tessera.codegen import index as ix
 from tessera.codegen.emitter import Emitter, Scope
 from tessera.codegen.index import Ix
-from tessera.codegen.triton_ops import COMPUTE, STORAGE, TF32_ROUND, Unsupported, Val, literal, module_source
+from tessera.codegen.triton_ops import (COMPUTE, PDL_PARAM, PDL_PROLOGUE, STORAGE, TF32_ROUND, Unsupported, Val, literal,
+                                        module_source)
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import REDUCTIONS, Prim
@@ -657,8 +658,8 @@ def generate(graph: Graph, nodes: Sequence[Node], outputs: Sequence[str], name: 
     doc.append(f"# memory: reads {rd} B, writes {wr} B; the roofline is this traffic at full bandwidth")
     params = ", ".join([f"in{i}" for i in range(len(k.inputs))] + list(k.out_args.values()))
     src = module_source(doc + [
-        "@triton.jit", f"def {fn}({params}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):"]
-        + [f"    {h}" for h in header] + body)
+        "@triton.jit", f"def {fn}({params}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr, {PDL_PARAM}):"]
+        + [f"    {h}" for h in (*PDL_PROLOGUE, *header)] + body)
     return KernelSource(fn, src, k.inputs, k.outputs, xnumel, rnumel, schedule, [n.name for n in nodes], tile,
                         strided)
 

@@ -155,6 +155,13 @@ def _release_source(filename: str) -> None:
             del linecache.cache[filename]
 
 
+def pdl_supported(device: torch.device) -> bool:
+    """Whether generated kernels on `device` launch with programmatic dependent launch: a GPU of
+    compute capability 9.0 or later (Hopper), unless TESSERA_PDL=0 (to compare with and without)."""
+    return device.type == "cuda" and os.environ.get("TESSERA_PDL", "1") != "0" \
+        and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 class KernelCompileError(Exception):
     """A generated kernel failed to import or compile."""
 
@@ -186,6 +193,10 @@ class TritonKernel:
             assert isinstance(s, Schedule)
             self.launches = [(self.fn, (ks.grid,), {"XBLOCK": s.xblock, "RBLOCK": s.rblock, "num_warps": s.num_warps})]
         self.workspace: torch.Tensor | None = None  # split-K partial sums: allocated at the first launch
+        # Launched with programmatic dependent launch (the executable sets it where `pdl_supported`):
+        # the kernel's PDL prologue is compiled in, and the next kernel may launch while this one runs.
+        # The profiler leaves it off: a candidate is timed as itself, with no neighbour to overlap.
+        self.pdl = False
 
     def __call__(self, *tensors: torch.Tensor) -> None:
         """Launch on tensors in argument order: the inputs, then the outputs to write (a kernel with a
@@ -221,7 +232,8 @@ class TritonKernel:
     def _each_launch(self, go: Any) -> None:
         try:
             for fn, grid, meta in self.launches:
-                go(fn, grid, meta)
+                # launch_pdl is a compile option too (a binary of its own), so a warmup compiles what runs
+                go(fn, grid, {**meta, "PDL": True, "launch_pdl": True} if self.pdl else meta)
         except Exception as e:
             raise KernelCompileError(f"kernel {self.ks.name} ({', '.join(self.ks.prims)}) failed: "
                                      f"{type(e).__name__}: {e}") from e

@@ -20,7 +20,7 @@ from tessera.codegen.emitter import Emitter
 from tessera.codegen.index import Ix
 from tessera.codegen.kernels import KernelBody, render
 from tessera.codegen.rotary import put_back
-from tessera.codegen.triton_ops import STORAGE, TF32_ROUND, Unsupported, Val
+from tessera.codegen.triton_ops import PDL_PARAM, PDL_PROLOGUE, STORAGE, TF32_ROUND, Unsupported, Val
 from tessera.ir.dtype import DType
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import PASS_THROUGH, Category, Prim
@@ -359,8 +359,8 @@ def jit_function(fn: str, params: str, t: Tile, consts: Sequence[str], extra: Se
     `consts` are its constexpr parameters."""
     body: list[str] = []
     render(t.em.stack[0], "    ", body)
-    return ["@triton.jit", f"def {fn}({params}, {', '.join(f'{c}: tl.constexpr' for c in consts)}):"] + \
-        [f"    {h}" for h in [*t.header, *extra]] + body
+    return ["@triton.jit", f"def {fn}({params}, {', '.join(f'{c}: tl.constexpr' for c in consts)}, {PDL_PARAM}):"] + \
+        [f"    {h}" for h in [*PDL_PROLOGUE, *t.header, *extra]] + body
 
 
 def _stored_note(k: KernelBody, t: str) -> str:

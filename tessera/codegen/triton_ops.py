@@ -51,12 +51,24 @@ def tf32_round(x):
 """
 
 
+# Every generated kernel takes this constexpr parameter and, when it is set, starts with these lines. A
+# kernel launched with programmatic dependent launch (Hopper and later; `codegen.launch.pdl_supported`)
+# lets the next kernel in the stream launch at once, so that kernel's programs are resident when this
+# one ends, and waits for the kernel before it to finish (its writes visible) before it touches memory.
+# Unset (the interpreter, older GPUs, the profiler's timings) the branch is compiled away.
+PDL_PARAM = "PDL: tl.constexpr = False"
+PDL_PROLOGUE = ("if PDL:  # programmatic dependent launch: let the next kernel launch; wait for the one before",
+                "    gdc_launch_dependents()", "    gdc_wait()")
+
+
 def module_source(lines: Sequence[str]) -> str:
     """A generated kernel module: the imports, the helpers its kernels call, then `lines`."""
     body = "\n".join(lines).rstrip()
     rounds = "tf32_round(" in body
-    head = (["import os", "", "import torch"] if rounds else []) + ["import triton", "import triton.language as tl",
-                                                                    "", ""]
+    head = (["import os", "", "import torch"] if rounds else []) + [
+        "import triton", "import triton.language as tl",
+        *(["from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait"] if PDL_PARAM in body else []),
+        "", ""]
     helpers = _TF32_HELPER.splitlines() + ["", ""] if rounds else []
     return "\n".join(head + helpers + [body]) + "\n"
 

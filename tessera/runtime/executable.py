@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from tessera.codegen.kernels import schedule_from_json
-from tessera.codegen.launch import KernelCompileError, TritonKernel, use_interpreter
+from tessera.codegen.launch import KernelCompileError, TritonKernel, pdl_supported, use_interpreter
 from tessera.codegen.select import KernelImpl, bias_axis, implement
 from tessera.codegen.triton_ops import Unsupported
 from tessera.errors import ShapeError, TesseraError, gpu_fault
@@ -148,6 +148,10 @@ class Executable:
             except (Unsupported, KernelCompileError) as e:
                 raise KernelBuildError(f"kernel {k['name']} ({', '.join(k['prims'])}) cannot be built: {e}") from None
             self.steps.append(Step(impl, kernel))
+        self.pdl = pdl_supported(self.device)  # each generated kernel lets the next launch while it runs
+        for st in self.steps:
+            if st.kernel is not None:
+                st.kernel.pdl = self.pdl
         self._fold_torch_prologues()
         self._stored_constants()
         # Bias vectors the library calls take (constant-derived, computed once); zero-padded to the

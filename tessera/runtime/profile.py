@@ -118,6 +118,10 @@ class Profile:
     unattributed_us: float = 0.0
     attribution: str = "none"  # "order", "aligned", "name", "range" (CPU) or "none" (peer)
     note: str = ""
+    # per call: the time at least one kernel ran (the union of their spans). Without overlap it is
+    # `total_us`; under programmatic dependent launch a kernel starts while the one before runs and
+    # waits, so its span counts that wait, and the sum counts the overlap twice where this does not.
+    busy_us: float = 0.0
 
     @property
     def layout_copy_us(self) -> float:
@@ -151,6 +155,17 @@ def _by_kind(kernels: list[KernelTime]) -> dict[str, float]:
     for k in kernels:
         out[k.kind] += k.us
     return out
+
+
+def busy_us(events: list[Any]) -> float:
+    """µs during which at least one of `events` (GPU start order) ran: the union of their spans."""
+    busy, end = 0.0, float("-inf")
+    for e in events:
+        start, stop = e.time_range.start, e.time_range.end
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    return busy
 
 
 def _device_events(prof: profile) -> list[Any]:
@@ -325,13 +340,14 @@ def profile_executable(exe: Executable, feeds: Mapping[str, Any], reps: int = 30
         for _ in range(reps):
             exe.run_static(feeds)
         torch.cuda.synchronize()
-    rows, how = _attribute(expected, _device_events(prof), reps)
+    events = _device_events(prof)
+    rows, how = _attribute(expected, events, reps)
     kernels = _kernel_times(rows)
     total = sum(k.us for k in kernels)
     return Profile("tessera", "cuda", reps, wall, total, _by_kind(kernels), kernels, _plan_rows(exe, rows),
                    sum(k.us for k in kernels if k.plan_kernel is None), how,
                    f"GPU time per call over {reps} {'CUDA-graph replays' if exe.cuda_graph else 'eager runs'}; "
-                   f"kernels matched to plan kernels by {how}")
+                   f"kernels matched to plan kernels by {how}", busy_us(events) / reps)
 
 
 def _split_range(ev: Any, own_kind: str | None) -> list[tuple[str, str, float]]:
@@ -394,8 +410,11 @@ def profile_callable(fn: Callable[[], Any], reps: int = 30, device: str | torch.
                     fn()
             if dev.type == "cuda":
                 torch.cuda.synchronize()
+    busy = 0.0
     if dev.type == "cuda":
-        rows = [(None, e.name, e.time_range.elapsed_us() / reps, 1 / reps) for e in _device_events(prof)]
+        events = _device_events(prof)
+        rows = [(None, e.name, e.time_range.elapsed_us() / reps, 1 / reps) for e in events]
+        busy = busy_us(events) / reps
         note = f"GPU time per call over {reps} calls"
     else:
         calls = [e for e in prof.events() if e.name == "call" and e.device_type == DeviceType.CPU]
@@ -403,7 +422,7 @@ def profile_callable(fn: Callable[[], Any], reps: int = 30, device: str | torch.
         note = "CPU profile: host time of each call's ops; not GPU time and not a benchmark"
     kernels = _kernel_times(rows)
     return Profile(source, dev.type, reps, wall, sum(k.us for k in kernels), _by_kind(kernels), kernels,
-                   note=note)
+                   note=note, busy_us=busy)
 
 
 # ATen's generic launchers: a kernel named after one is named by the functor inside it instead.
@@ -428,7 +447,8 @@ def format_profile(p: Profile, top: int = 15) -> str:
     lines = [f"{p.source} on {p.device}: {p.reps} call(s); {p.note}"]
     if p.device != "cuda":
         lines.append("  (a CPU/interpreter profile: where host time goes, not how fast it runs on a GPU)")
-    lines.append(f"  wall {p.wall_us:.1f} us per call, {unit} {p.total_us:.1f} us per call")
+    busy = f" (busy {p.busy_us:.1f}: kernels overlap)" if p.device == "cuda" and p.busy_us < 0.99 * p.total_us else ""
+    lines.append(f"  wall {p.wall_us:.1f} us per call, {unit} {p.total_us:.1f} us per call{busy}")
     shares = {k: f"{100 * us / p.total_us:.0f}%" if p.total_us > 0 else "-" for k, us in p.by_kind.items()}
     lines.append("  by kind: " + ", ".join(f"{k} {us:.1f} us ({shares[k]})" for k, us in p.by_kind.items() if us))
     lines.append(f"  layout copies {p.layout_copy_us:.1f} us, misaligned GEMMs (align1/align2) "

@@ -1,0 +1,103 @@
+"""A/B: one compiled plan replayed with and without programmatic dependent launch (PDL), in one process.
+
+Since session 60 tessera launches its generated kernels with PDL on Hopper (`codegen/launch.pdl_supported`):
+the next kernel launches while one runs and waits on the GPU for it to finish. This compiles each zoo model
+once (measured costs, one tuning database), builds two executables of the same plan, one with
+`TESSERA_PDL=0`, checks that they compute the same bits, and times both, interleaved:
+
+- `wall`: CUDA events around `--calls` back-to-back replays (what a call costs on the GPU's timeline);
+- `sum`: the profiler's kernel time summed (counts a PDL kernel's wait while the one before runs);
+- `busy`: the time at least one kernel ran (what `tessera bench --timing gpu` reports since session 60).
+
+    python scripts/pdl_ab.py [--models llama,gpt2] [--precision fp16] [--db PATH] [--json OUT.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tessera import zoo  # noqa: E402
+from tessera.compiler import CompileOptions, compile_model, plan_document  # noqa: E402
+from tessera.frontend import load  # noqa: E402
+from tessera.runtime.executable import Executable  # noqa: E402
+from tessera.runtime.profile import profile_executable  # noqa: E402
+from tessera.verify import random_inputs  # noqa: E402
+
+
+def _executable(result, plan: dict, pdl: bool) -> Executable:
+    saved = os.environ.get("TESSERA_PDL")
+    os.environ["TESSERA_PDL"] = "1" if pdl else "0"
+    try:
+        return Executable(result.graph, plan, "cuda")
+    finally:
+        os.environ.pop("TESSERA_PDL") if saved is None else os.environ.__setitem__("TESSERA_PDL", saved)
+
+
+def _wall_us(exe: Executable, feeds: dict, calls: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        exe.run_static(feeds)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--models", default="llama,gpt2")
+    parser.add_argument("--precision", default="fp16")
+    parser.add_argument("--db", default=None, help="tuning database (default: a fresh one per run)")
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp())
+    db = args.db or str(tmp / "tuning.db")
+    rows = []
+    for name in args.models.split(","):
+        path = zoo.build(name, tmp)
+        t0 = time.perf_counter()
+        result = compile_model(path, CompileOptions(precision=args.precision, io="precision", cost="measured",
+                                                    db=db, solver="highs"))
+        compile_s = time.perf_counter() - t0
+        plan = plan_document(result)
+        exes = {"pdl": _executable(result, plan, True), "off": _executable(result, plan, False)}
+        assert exes["pdl"].pdl and not exes["off"].pdl
+        graph = load(path).graph
+        raw = {k: torch.from_numpy(v) for k, v in random_inputs(graph, 1).items()}
+        feeds = {k: exe.bind_inputs(exe.prepare_inputs(**raw)) for k, exe in exes.items()}
+        outs = {k: exe.run_static(feeds[k]) for k, exe in exes.items()}
+        same = all(torch.equal(outs["pdl"][o], outs["off"][o]) for o in outs["off"])
+        walls: dict[str, list[float]] = {k: [] for k in exes}
+        for _ in range(args.repeats):  # interleaved, before any profile (CUPTI stays attached after one)
+            for k, exe in exes.items():
+                walls[k].append(_wall_us(exe, feeds[k], args.calls))
+        profs = {k: profile_executable(exe, feeds[k], 30, bind=False) for k, exe in exes.items()}
+        for k in exes:
+            p = profs[k]
+            rows.append(dict(model=name, precision=args.precision, pdl=k, wall_us=min(walls[k]), walls=walls[k],
+                             sum_us=p.total_us, busy_us=p.busy_us, kernels=len(exes[k].steps),
+                             compile_s=round(compile_s, 1), same_bits=same))
+        print(f"{name}: compiled in {compile_s:.0f} s, outputs with and without PDL equal: {same}", flush=True)
+    dev = torch.cuda.get_device_name()
+    print(f"\n{dev}; torch {torch.__version__}; µs per call")
+    print(f"{'model':8} {'pdl':4} {'wall':>7} {'sum':>7} {'busy':>7}  walls")
+    for r in rows:
+        print(f"{r['model']:8} {r['pdl']:4} {r['wall_us']:7.1f} {r['sum_us']:7.1f} {r['busy_us']:7.1f}  "
+              + " ".join(f"{w:.1f}" for w in r["walls"]))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": dev, "torch": torch.__version__, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

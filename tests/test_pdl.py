@@ -1,0 +1,118 @@
+"""Programmatic dependent launch: every generated kernel may be launched so that the next kernel in
+the stream launches while it runs (`codegen/triton_ops.PDL_PROLOGUE`, `codegen/launch.pdl_supported`).
+On the CPU the prologue is compiled away; the GPU test compares a replay with and without it."""
+from __future__ import annotations
+
+import ast
+from types import SimpleNamespace
+
+import pytest
+import torch
+from opcheck import models_dir
+
+import tessera
+from tessera.codegen import launch
+from tessera.frontend import load
+from tessera.runtime.profile import busy_us
+from tessera.verify import random_inputs
+
+MODELS = models_dir()
+FORCE = tessera.CompileOptions(cost="analytical", templates="force", precision="fp16", solver="highs")
+
+
+def _first_statement_waits(fn: ast.FunctionDef) -> bool:
+    """The function's first statement is `if PDL:` calling launch_dependents and then wait."""
+    first = fn.body[0]
+    if not (isinstance(first, ast.If) and isinstance(first.test, ast.Name) and first.test.id == "PDL"):
+        return False
+    calls = [s.value.func.id for s in first.body if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)]
+    return calls == ["gdc_launch_dependents", "gdc_wait"]
+
+
+@pytest.mark.parametrize("name", ["gpt2_tiny.onnx", "candy_small.onnx"])
+def test_every_generated_kernel_waits_for_the_kernel_before_it_first_thing(name):
+    # A kernel launched with PDL may start while the kernel before it still runs: it must not read
+    # what that kernel writes, nor write what it reads, before `gdc_wait`. The forms differ in how
+    # their functions are rendered (memory-bound kernels, GEMM, convolution and chain templates,
+    # split launches): each function must open with the prologue, and default it off.
+    exe = tessera.compile(MODELS / name, FORCE)
+    forms, functions = set(), 0
+    for st in exe.steps:
+        if st.kernel is None:
+            continue
+        forms.add(st.impl.backend)
+        for fn in (n for n in ast.walk(ast.parse(st.kernel.ks.source)) if isinstance(n, ast.FunctionDef)):
+            functions += 1
+            assert _first_statement_waits(fn), f"{st.impl.name}: {fn.name} touches memory before gdc_wait"
+            pdl = [a for a in fn.args.args if a.arg == "PDL"]
+            assert pdl and isinstance(fn.args.defaults[-1], ast.Constant) and fn.args.defaults[-1].value is False
+    assert functions > len(forms) > 1, forms  # several forms, and more functions than kernels of one
+
+
+def test_a_pdl_kernel_is_launched_and_compiled_with_the_flag():
+    # `launch_pdl` is one of Triton's compile options: the warmup must compile what the launch runs.
+    exe = tessera.compile(MODELS / "gpt2_tiny.onnx", FORCE)
+    kernel = next(st.kernel for st in exe.steps if st.kernel is not None)
+    seen = []
+
+    class Fake:
+        def __getitem__(self, grid):
+            return lambda *args, **meta: seen.append(("launch", meta))
+
+        def warmup(self, *args, grid, **meta):
+            seen.append(("warmup", meta))
+
+    kernel.launches = [(Fake(), grid, meta) for _, grid, meta in kernel.launches]
+    args = [torch.empty(0)] * (len(kernel.ks.inputs) + len(kernel.ks.outputs))
+    kernel.pdl = False
+    kernel(*args)
+    assert all("PDL" not in meta and "launch_pdl" not in meta for _, meta in seen)
+    seen.clear()
+    kernel.pdl = True
+    kernel(*args)
+    kernel.compile_only(*args)
+    assert [w for w, _ in seen] == ["launch"] * len(kernel.launches) + ["warmup"] * len(kernel.launches)
+    assert all(meta["PDL"] is True and meta["launch_pdl"] is True for _, meta in seen)
+
+
+def test_pdl_needs_hopper_and_can_be_turned_off(monkeypatch):
+    gpu = torch.device("cuda", 0)
+    monkeypatch.delenv("TESSERA_PDL", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert launch.pdl_supported(gpu)
+    assert not launch.pdl_supported(torch.device("cpu"))
+    monkeypatch.setenv("TESSERA_PDL", "0")
+    assert not launch.pdl_supported(gpu)
+    monkeypatch.delenv("TESSERA_PDL")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert not launch.pdl_supported(gpu)  # griddepcontrol is sm_90's
+
+
+def _span(start: float, end: float) -> SimpleNamespace:
+    return SimpleNamespace(time_range=SimpleNamespace(start=start, end=end))
+
+
+def test_busy_time_counts_overlapping_kernels_once():
+    # Under PDL a kernel starts (and waits) while the one before runs: summing their spans counts the
+    # overlap twice. Gaps between kernels are not busy; a span inside another adds nothing.
+    spans = [_span(0, 10), _span(4, 12), _span(5, 6), _span(15, 20), _span(19, 21)]
+    assert busy_us(spans) == 12 + 6
+    assert busy_us([_span(0, 3), _span(3, 5)]) == 5
+    assert busy_us([]) == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["gpt2_tiny.onnx", "candy_small.onnx"])
+def test_a_pdl_replay_computes_what_the_same_plan_computes_without_it(name, monkeypatch):
+    opts = tessera.CompileOptions(cost="analytical", templates="force", precision="fp16", solver="highs")
+    with_pdl = tessera.compile(MODELS / name, opts, device="cuda")
+    monkeypatch.setenv("TESSERA_PDL", "0")
+    without = tessera.compile(MODELS / name, opts, device="cuda")
+    assert with_pdl.pdl == (torch.cuda.get_device_capability()[0] >= 9) and not without.pdl
+    graph = load(MODELS / name).graph
+    for seed in (1, 2, 3):  # the first call captures, the others replay on new inputs
+        feeds = {k: torch.from_numpy(v) for k, v in random_inputs(graph, seed).items()}
+        got, want = with_pdl.run(**feeds), without.run(**feeds)
+        for k in want:
+            assert torch.equal(got[k], want[k])  # same kernels in the same order: bitwise equal
+    assert with_pdl._graph is not None
