@@ -193,9 +193,10 @@ class TritonKernel:
             assert isinstance(s, Schedule)
             self.launches = [(self.fn, (ks.grid,), {"XBLOCK": s.xblock, "RBLOCK": s.rblock, "num_warps": s.num_warps})]
         self.workspace: torch.Tensor | None = None  # split-K partial sums: allocated at the first launch
-        # Launched with programmatic dependent launch (the executable sets it where `pdl_supported`):
-        # the kernel's PDL prologue is compiled in, and the next kernel may launch while this one runs.
-        # The profiler leaves it off: a candidate is timed as itself, with no neighbour to overlap.
+        # Launched with programmatic dependent launch (the executable sets it where `pdl_supported`,
+        # the profiler's timing executables too, so a candidate is timed as it runs in the model and
+        # its binary is the one the model's executable loads): the kernel's PDL prologue is compiled
+        # in, and the next kernel may launch while this one runs.
         self.pdl = False
 
     def __call__(self, *tensors: torch.Tensor) -> None:
