@@ -57,8 +57,9 @@ def tf32_round(x):
 # one ends, and waits for the kernel before it to finish (its writes visible) before it touches memory.
 # Unset (the interpreter, older GPUs, the profiler's timings) the branch is compiled away.
 PDL_PARAM = "PDL: tl.constexpr = False"
-PDL_PROLOGUE = ("if PDL:  # programmatic dependent launch: the next kernel may launch; memory once the one before ended",
-                "    gdc_launch_dependents()", "    gdc_wait()")
+PDL_PROLOGUE = (
+    "if PDL:  # programmatic dependent launch: the next kernel may launch; memory once the one before ended",
+    "    gdc_launch_dependents()", "    gdc_wait()")
 
 
 def module_source(lines: Sequence[str]) -> str:
