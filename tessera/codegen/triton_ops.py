@@ -55,7 +55,7 @@ def tf32_round(x):
 # kernel launched with programmatic dependent launch (Hopper and later; `codegen.launch.pdl_supported`)
 # lets the next kernel in the stream launch at once, so that kernel's programs are resident when this
 # one ends, and waits for the kernel before it to finish (its writes visible) before it touches memory.
-# Unset (the interpreter, older GPUs, the profiler's timings) the branch is compiled away.
+# Unset (the interpreter, GPUs before Hopper, TESSERA_PDL=0) the branch is compiled away.
 PDL_PARAM = "PDL: tl.constexpr = False"
 PDL_PROLOGUE = (
     "if PDL:  # programmatic dependent launch: the next kernel may launch; memory once the one before ended",
