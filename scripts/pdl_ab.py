@@ -88,15 +88,18 @@ def main() -> None:
             rows.append(dict(model=name, precision=args.precision, pdl=k, wall_us=min(walls[k]), walls=walls[k],
                              sum_us=p.total_us, busy_us=p.busy_us, kernels=len(exes[k].steps),
                              compile_s=round(compile_s, 1), same_bits=same))
-        print(f"{name}: compiled in {compile_s:.0f} s, outputs with and without PDL equal: {same}", flush=True)
+        print(f"{name}: compiled in {compile_s:.0f} s, outputs with and without PDL equal: {same}; " + ", ".join(
+            f"{r['pdl']} wall {r['wall_us']:.1f} sum {r['sum_us']:.1f} busy {r['busy_us']:.1f}" for r in rows[-2:]),
+            flush=True)
+        if args.json:  # after each model: a run cut off by a time limit keeps what it measured
+            Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(),
+                                                   "torch": torch.__version__, "rows": rows}, indent=1))
     dev = torch.cuda.get_device_name()
     print(f"\n{dev}; torch {torch.__version__}; µs per call")
     print(f"{'model':8} {'pdl':4} {'wall':>7} {'sum':>7} {'busy':>7}  walls")
     for r in rows:
         print(f"{r['model']:8} {r['pdl']:4} {r['wall_us']:7.1f} {r['sum_us']:7.1f} {r['busy_us']:7.1f}  "
               + " ".join(f"{w:.1f}" for w in r["walls"]))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"device": dev, "torch": torch.__version__, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
