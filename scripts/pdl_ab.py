@@ -2,7 +2,7 @@
 
 Since session 60 tessera launches its generated kernels with PDL on Hopper (`codegen/launch.pdl_supported`):
 the next kernel launches while one runs and waits on the GPU for it to finish. This compiles each zoo model
-once (measured costs, one tuning database), builds two executables of the same plan, one with
+once (measured costs, one tuning database, timed with `TESSERA_PDL=1`), builds two executables of the same plan, one with
 `TESSERA_PDL=0`, checks that they compute the same bits, and times both, interleaved:
 
 - `wall`: CUDA events around `--calls` back-to-back replays (what a call costs on the GPU's timeline);
@@ -61,6 +61,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    os.environ["TESSERA_PDL"] = "1"  # the tuning's timing workers launch as the PDL executable does
     tmp = Path(tempfile.mkdtemp())
     db = args.db or str(tmp / "tuning.db")
     rows = []

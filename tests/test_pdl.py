@@ -75,15 +75,17 @@ def test_a_pdl_kernel_is_launched_and_compiled_with_the_flag():
     assert all(meta["PDL"] is True and meta["launch_pdl"] is True for _, meta in seen)
 
 
-def test_pdl_needs_hopper_and_can_be_turned_off(monkeypatch):
+def test_pdl_needs_hopper_and_can_be_turned_on_and_off(monkeypatch):
     gpu = torch.device("cuda", 0)
-    monkeypatch.delenv("TESSERA_PDL", raising=False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.delenv("TESSERA_PDL", raising=False)
+    assert launch.pdl_supported(gpu) == launch.PDL_DEFAULT
+    monkeypatch.setenv("TESSERA_PDL", "1")
     assert launch.pdl_supported(gpu)
     assert not launch.pdl_supported(torch.device("cpu"))
     monkeypatch.setenv("TESSERA_PDL", "0")
     assert not launch.pdl_supported(gpu)
-    monkeypatch.delenv("TESSERA_PDL")
+    monkeypatch.setenv("TESSERA_PDL", "1")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     assert not launch.pdl_supported(gpu)  # griddepcontrol is sm_90's
 
@@ -105,6 +107,7 @@ def test_busy_time_counts_overlapping_kernels_once():
 @pytest.mark.parametrize("name", ["gpt2_tiny.onnx", "candy_small.onnx"])
 def test_a_pdl_replay_computes_what_the_same_plan_computes_without_it(name, monkeypatch):
     opts = tessera.CompileOptions(cost="analytical", templates="force", precision="fp16", solver="highs")
+    monkeypatch.setenv("TESSERA_PDL", "1")
     with_pdl = tessera.compile(MODELS / name, opts, device="cuda")
     monkeypatch.setenv("TESSERA_PDL", "0")
     without = tessera.compile(MODELS / name, opts, device="cuda")

@@ -155,11 +155,17 @@ def _release_source(filename: str) -> None:
             del linecache.cache[filename]
 
 
+# Whether PDL is on where TESSERA_PDL is unset. Off until a whole model has run with it through tessera
+# on a GPU: only scripts/pdl_layer_probe.py's kernels have (session 60).
+PDL_DEFAULT = False
+
+
 def pdl_supported(device: torch.device) -> bool:
     """Whether generated kernels on `device` launch with programmatic dependent launch: a GPU of
-    compute capability 9.0 or later (Hopper), unless TESSERA_PDL=0 (to compare with and without)."""
-    return device.type == "cuda" and os.environ.get("TESSERA_PDL", "1") != "0" \
-        and torch.cuda.get_device_capability(device)[0] >= 9
+    compute capability 9.0 or later (Hopper), and TESSERA_PDL=1 (or unset, with `PDL_DEFAULT`);
+    TESSERA_PDL=0 turns it off, to compare with and without."""
+    flag = os.environ.get("TESSERA_PDL", "1" if PDL_DEFAULT else "0")
+    return device.type == "cuda" and flag != "0" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 class KernelCompileError(Exception):
