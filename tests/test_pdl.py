@@ -119,3 +119,14 @@ def test_a_pdl_replay_computes_what_the_same_plan_computes_without_it(name, monk
         for k in want:
             assert torch.equal(got[k], want[k])  # same kernels in the same order: bitwise equal
     assert with_pdl._graph is not None
+
+
+def test_timings_with_pdl_are_kept_apart_from_those_without(monkeypatch):
+    # A PDL launch overlaps the one before it in the timing graph: its timings must not answer for a
+    # compile without PDL, nor the reverse.
+    from tessera.cost.db import software_versions
+
+    monkeypatch.setenv("TESSERA_PDL", "1")
+    with_pdl = software_versions()
+    monkeypatch.setenv("TESSERA_PDL", "0")
+    assert software_versions() != with_pdl and "pdl" in with_pdl

@@ -160,12 +160,15 @@ def _release_source(filename: str) -> None:
 PDL_DEFAULT = False
 
 
+def pdl_requested() -> bool:
+    """TESSERA_PDL=1 (or unset, with `PDL_DEFAULT`); TESSERA_PDL=0 turns PDL off, to compare."""
+    return os.environ.get("TESSERA_PDL", "1" if PDL_DEFAULT else "0") != "0"
+
+
 def pdl_supported(device: torch.device) -> bool:
-    """Whether generated kernels on `device` launch with programmatic dependent launch: a GPU of
-    compute capability 9.0 or later (Hopper), and TESSERA_PDL=1 (or unset, with `PDL_DEFAULT`);
-    TESSERA_PDL=0 turns it off, to compare with and without."""
-    flag = os.environ.get("TESSERA_PDL", "1" if PDL_DEFAULT else "0")
-    return device.type == "cuda" and flag != "0" and torch.cuda.get_device_capability(device)[0] >= 9
+    """Whether generated kernels on `device` launch with programmatic dependent launch: where it is
+    requested, on a GPU of compute capability 9.0 or later (Hopper)."""
+    return device.type == "cuda" and pdl_requested() and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 class KernelCompileError(Exception):

@@ -44,10 +44,12 @@ def software_versions() -> str:
     import torch
 
     from tessera.codegen.kernels import CODEGEN_VERSION
+    from tessera.codegen.launch import pdl_requested
     from tessera.cost.profiler import TIMING_VERSION
     from tessera.version import __version__
 
-    return (f"tessera {__version__} codegen {CODEGEN_VERSION} timing {TIMING_VERSION}; torch {torch.__version__}; "
+    pdl = " pdl" if pdl_requested() else ""  # candidates timed as PDL launches (codegen/launch.py)
+    return (f"tessera {__version__} codegen {CODEGEN_VERSION} timing {TIMING_VERSION}{pdl}; torch {torch.__version__}; "
             f"triton {version('triton')}; cuda {torch.version.cuda}")
 
 

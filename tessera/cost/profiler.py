@@ -56,9 +56,9 @@ L2_BYTES = 64 << 20  # rotate inputs over more than the H100/H200 L2 (50 MB)
 # first replay: two schedules timed 3.07 and 3.15 us, ran 4.5 and 3.5 us in the model, and the plan
 # took the first (session 54).
 MAX_LAUNCHES = 256
-# in the database's versions: 2: weight copies exceed L2 whatever the kernel's size; 3: generated
-# kernels launch with programmatic dependent launch on Hopper, as the executable runs them (session 60)
-TIMING_VERSION = 3
+# in the database's versions: 2: weight copies exceed L2 whatever the kernel's size. Timings taken with
+# programmatic dependent launch requested add "pdl" (`db.software_versions`), kept apart from those without.
+TIMING_VERSION = 2
 # Float constants from this size on are timed as inputs, rotated like them: in a model, a weight
 # comes from DRAM (the model's weights pass through L2 once per call), so a kernel timed with its
 # weight hot in L2 looks faster than it runs. gpt2, session 17: a split-K GEMM template over a
