@@ -130,3 +130,33 @@ def test_timings_with_pdl_are_kept_apart_from_those_without(monkeypatch):
     with_pdl = software_versions()
     monkeypatch.setenv("TESSERA_PDL", "0")
     assert software_versions() != with_pdl and "pdl" in with_pdl
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="needs a Hopper GPU")
+def test_a_split_k_template_under_pdl_sums_each_launch_after_the_one_before():
+    # A split-K template's last program per tile resets the tile's arrival counter. Launched back to
+    # back under PDL, each launch starts while the one before runs: its programs may count themselves
+    # in only after that launch has finished (gdc_wait first thing), or the sums mix.
+    from test_gemm_template import dense, matmul_kernel, template_launch
+
+    from tessera.codegen.kernels import GemmSchedule
+    from tessera.codegen.select import implement
+    from tessera.fission import fission
+    from tessera.ir import interp
+
+    model, feeds = dense(19, 37, 301, "relu", seed=25)
+    g = fission(load(model).graph).graph
+    prims, pro, outputs = matmul_kernel(g)
+    ks = implement(g, prims, pro, outputs, "k0", (), GemmSchedule(16, 16, 16, 2, 2, 1, 3)).triton
+    env = {**g.constants, **interp.run(g, feeds, keep_all=True)}
+    plain, args, outs = template_launch(g, ks, env)
+    plain(*args, *outs)
+    pdl, pdl_args, pdl_outs = template_launch(g, ks, env)
+    pdl.pdl = True
+    for _ in range(8):
+        pdl(*pdl_args, *pdl_outs)
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(outs, pdl_outs))
+    tiles = 2 * 3  # ceil(19 / 16) x ceil(37 / 16)
+    assert pdl.workspace is not None and pdl.workspace[-tiles:].abs().sum().item() == 0
