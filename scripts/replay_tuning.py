@@ -71,13 +71,16 @@ def main() -> int:
     ap.add_argument("--device", default="NVIDIA H100 80GB HBM3", help="the GPU name the run reported (its preset)")
     ap.add_argument("--grep", default="", help="comma-separated ops: list the timed jobs holding all of them")
     ap.add_argument("--cuts", action="store_true")
+    ap.add_argument("--io", choices=["precision", "model"], default="precision",
+                    help="the compile's --io: the bench rows' optimal-precisionio strategy takes precision")
     args = ap.parse_args()
     prof = ReplayProfiler(read_log(args.log))
     # a measured compile as the GPU ran it: its device name picks the preset, the profiler is the log
     torch.cuda.is_available = lambda: True  # type: ignore[assignment]
     torch.cuda.get_device_name = lambda *a: args.device  # type: ignore[assignment]
     compiler.new_profiler = lambda opt: prof  # type: ignore[assignment]
-    res = compile_model(onnx.load(args.model), CompileOptions(cost="measured", db=":memory:", precision=args.precision))
+    res = compile_model(onnx.load(args.model), CompileOptions(cost="measured", db=":memory:", precision=args.precision,
+                                                                io=args.io))
     print(f"{len(res.kernels)} kernels, estimated {res.plan.estimated_total_s * 1e6:.1f} us; {len(prof.jobs)} jobs, "
           f"{sum(prof.missing.values())} not in the log {dict(prof.missing)}")
     if args.cuts:
