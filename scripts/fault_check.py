@@ -1,0 +1,138 @@
+"""Was a candidate's GPU fault tessera's addressing or the compiler's? Rerun it on the CPU with every address checked.
+
+A tuning log records a candidate that faulted on the GPU ("the GPU faulted running it": an illegal memory
+access) with no time; the compile goes on without it. This replays the run's compile from its log
+(`replay_tuning.py`), takes each faulted job, and runs its kernel in Triton's interpreter on the CPU with
+every load and store of an active lane checked against the tensors the launch was given (its inputs,
+outputs and workspace). It then compares the kernel's outputs with the reference interpreter's. An
+address out of range names tessera's index arithmetic; none, with matching outputs, points at the GPU
+compile of that schedule (the same source at other tiles or warps ran there).
+
+    python scripts/fault_check.py RUN/tuning.jsonl.gz MODEL.onnx fp16 [--io precision] [--limit 3]
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ["TRITON_INTERPRET"] = "1"  # before Triton loads
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import triton.runtime.interpreter as interpreter  # noqa: E402
+from replay_tuning import ReplayProfiler, read_log  # noqa: E402
+
+from tessera import compiler  # noqa: E402
+from tessera.codegen import launch  # noqa: E402
+from tessera.compiler import CompileOptions, compile_model  # noqa: E402
+from tessera.cost.profiler import _inputs, kernel_graph  # noqa: E402
+from tessera.ir import interp  # noqa: E402
+from tessera.runtime.executable import Executable  # noqa: E402
+from tessera.tolerance import rel_l2  # noqa: E402
+
+FAULT = "GPU faulted"
+
+
+class AddressCheck:
+    """Counts active lanes whose address lies outside every tensor of the current launch."""
+
+    def __init__(self) -> None:
+        self.ranges: list[tuple[int, int]] = []
+        self.bad = {"load": 0, "store": 0}
+        self.lanes = {"load": 0, "store": 0}
+
+    def install(self) -> None:
+        check = self
+        call, load, store = (launch.TritonKernel.__call__, interpreter.InterpreterBuilder.create_masked_load,
+                             interpreter.InterpreterBuilder.create_masked_store)
+
+        def launched(kernel: Any, *tensors: torch.Tensor) -> None:
+            check.ranges = [(t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes()) for t in tensors]
+            if kernel.ks.workspace:  # allocated by the first launch; its range joins from the second
+                ws = kernel.workspace
+                if ws is not None:
+                    check.ranges.append((ws.data_ptr(), ws.data_ptr() + ws.untyped_storage().nbytes()))
+            return call(kernel, *tensors)
+
+        def masked_load(builder: Any, ptrs: Any, mask: Any, other: Any, *rest: Any) -> Any:
+            check.count("load", ptrs, mask)
+            return load(builder, ptrs, mask, other, *rest)
+
+        def masked_store(builder: Any, ptrs: Any, value: Any, mask: Any, *rest: Any) -> Any:
+            check.count("store", ptrs, mask)
+            return store(builder, ptrs, value, mask, *rest)
+
+        launch.TritonKernel.__call__ = launched
+        interpreter.InterpreterBuilder.create_masked_load = masked_load
+        interpreter.InterpreterBuilder.create_masked_store = masked_store
+
+    def count(self, kind: str, ptrs: Any, mask: Any) -> None:
+        p = np.asarray(ptrs.data).astype(np.uint64)
+        active = np.ones(p.shape, bool) if mask is None else np.asarray(mask.data).astype(bool)
+        inside = np.zeros(p.shape, bool)
+        for lo, hi in self.ranges:
+            inside |= (p >= lo) & (p < hi)
+        self.lanes[kind] += int(active.sum())
+        self.bad[kind] += int((active & ~inside).sum())
+
+
+def faulted(log: Path) -> set[tuple[str, str]]:
+    opener = gzip.open if log.suffix == ".gz" else open
+    with opener(log, "rt") as f:
+        rows = [json.loads(line) for line in f]
+    return {(r["signature"], r["schedule"]) for r in rows if r.get("seconds") is None and FAULT in r.get("reason", "")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("log", type=Path)
+    ap.add_argument("model", type=Path)
+    ap.add_argument("precision")
+    ap.add_argument("--io", choices=["precision", "model"], default="precision")
+    ap.add_argument("--device", default="NVIDIA H100 80GB HBM3")
+    ap.add_argument("--limit", type=int, default=3, help="faulted jobs to run (each is an interpreted kernel)")
+    args = ap.parse_args()
+    want = faulted(args.log)
+    print(f"{len(want)} faulted job(s) in the log")
+    if not want:
+        return 0
+    prof = ReplayProfiler(read_log(args.log))
+    real_available, real_name = torch.cuda.is_available, torch.cuda.get_device_name
+    torch.cuda.is_available = lambda: True  # type: ignore[assignment]
+    torch.cuda.get_device_name = lambda *a: args.device  # type: ignore[assignment]
+    compiler.new_profiler = lambda opt: prof  # type: ignore[assignment]
+    compile_model(onnx.load(args.model), CompileOptions(cost="measured", db=":memory:", precision=args.precision,
+                                                        io=args.io))
+    torch.cuda.is_available, torch.cuda.get_device_name = real_available, real_name  # the runs are the CPU's
+    jobs = list({(j.key.signature, j.key.schedule): j for j, t in prof.jobs
+                 if math.isinf(t) and (j.key.signature, j.key.schedule) in want}.values())
+    check = AddressCheck()
+    check.install()
+    for job in jobs[:args.limit]:
+        mini, plan = kernel_graph(job)
+        exe = Executable(mini, plan, "cpu", cuda_graph=False)
+        feeds = _inputs(mini, "cpu", 0)
+        check.bad, check.lanes = {"load": 0, "store": 0}, {"load": 0, "store": 0}
+        got = exe._launch(feeds)
+        ref = interp.run(mini, {k: v.float().numpy() if v.is_floating_point() else v.numpy()
+                                for k, v in feeds.items()}, exact=True)
+        errs = [rel_l2(got[o].float().numpy(), ref[o]) for o in mini.outputs]
+        print(f"{job.key.schedule} ({len(job.prims)} primitives, {job.key.signature}): out-of-range lanes: "
+              f"{check.bad['load']} of {check.lanes['load']} loaded, {check.bad['store']} of {check.lanes['store']} "
+              f"stored; rel L2 to the reference {max(errs):.1e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
