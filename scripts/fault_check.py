@@ -9,19 +9,28 @@ address out of range names tessera's index arithmetic; none, with matching outpu
 compile of that schedule (the same source at other tiles or warps ran there).
 
     python scripts/fault_check.py RUN/tuning.jsonl.gz MODEL.onnx fp16 [--io precision] [--limit 3]
+    python scripts/fault_check.py RUN/tuning.jsonl.gz MODEL.onnx fp16 --gpu   # on the GPU machine
+
+`--gpu` runs each faulted kernel on the GPU instead, in a process of its own (a fault loses the CUDA
+context), at its schedule and again with each of `--warps` warps, and says which faulted.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import gzip
 import json
 import math
 import os
+import pickle
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
-os.environ["TRITON_INTERPRET"] = "1"  # before Triton loads
+if "--gpu" not in sys.argv and "--run-one" not in sys.argv:
+    os.environ["TRITON_INTERPRET"] = "1"  # before Triton loads
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
@@ -94,7 +103,38 @@ def faulted(log: Path) -> set[tuple[str, str]]:
     return {(r["signature"], r["schedule"]) for r in rows if r.get("seconds") is None and FAULT in r.get("reason", "")}
 
 
+def run_one(path: Path) -> int:
+    """In a process of its own: launch the pickled kernel on the GPU once; exit 0, or 3 on a fault."""
+    mini, plan = pickle.loads(path.read_bytes())
+    exe = Executable(mini, plan, "cuda", cuda_graph=False)
+    try:
+        exe._launch(_inputs(mini, "cuda", 0))
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - the fault is the answer
+        print(f"    {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        return 3
+    return 0
+
+
+def on_gpu(jobs: list[Any], warps: list[int]) -> None:
+    for job in jobs:
+        mini, plan = kernel_graph(job)
+        for w in [None, *warps]:
+            p = copy.deepcopy(plan)
+            if w is not None:
+                p["kernels"][0]["schedule"]["num_warps"] = w
+            with tempfile.NamedTemporaryFile(suffix=".pkl", delete=False) as f:
+                f.write(pickle.dumps((mini, p)))
+            rc = subprocess.run([sys.executable, __file__, "--run-one", f.name], timeout=300).returncode
+            os.unlink(f.name)
+            sched = p["kernels"][0]["schedule"]
+            print(f"{job.key.signature} {job.key.schedule}{'' if w is None else f' at {w} warps'}: "
+                  f"{'FAULT' if rc == 3 else 'ran' if rc == 0 else f'exit {rc}'} ({sched})", flush=True)
+
+
 def main() -> int:
+    if "--run-one" in sys.argv:
+        return run_one(Path(sys.argv[sys.argv.index("--run-one") + 1]))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("log", type=Path)
     ap.add_argument("model", type=Path)
@@ -102,6 +142,8 @@ def main() -> int:
     ap.add_argument("--io", choices=["precision", "model"], default="precision")
     ap.add_argument("--device", default="NVIDIA H100 80GB HBM3")
     ap.add_argument("--limit", type=int, default=3, help="faulted jobs to run (each is an interpreted kernel)")
+    ap.add_argument("--gpu", action="store_true", help="run them on the GPU, each launch in a process of its own")
+    ap.add_argument("--warps", default="8", help="with --gpu: warps to try each kernel at besides its own")
     args = ap.parse_args()
     want = faulted(args.log)
     print(f"{len(want)} faulted job(s) in the log")
@@ -114,9 +156,12 @@ def main() -> int:
     compiler.new_profiler = lambda opt: prof  # type: ignore[assignment]
     compile_model(onnx.load(args.model), CompileOptions(cost="measured", db=":memory:", precision=args.precision,
                                                         io=args.io))
-    torch.cuda.is_available, torch.cuda.get_device_name = real_available, real_name  # the runs are the CPU's
+    torch.cuda.is_available, torch.cuda.get_device_name = real_available, real_name
     jobs = list({(j.key.signature, j.key.schedule): j for j, t in prof.jobs
                  if math.isinf(t) and (j.key.signature, j.key.schedule) in want}.values())
+    if args.gpu:
+        on_gpu(jobs[:args.limit], [int(w) for w in args.warps.split(",") if w])
+        return 0
     check = AddressCheck()
     check.install()
     for job in jobs[:args.limit]:
