@@ -425,7 +425,7 @@ def _versions() -> dict[str, str]:
 
 
 def format_table(doc: dict[str, Any]) -> str:
-    gpu = " (GPU time of the kernels per call)" if doc.get("timing") == "gpu" else ""
+    gpu = " (GPU time per call: while any of its kernels ran)" if doc.get("timing") == "gpu" else ""
     lines = [f"{doc['model']} ({doc['precision']}) on {doc['device']}, {doc['date'][:10]}{gpu}",
              f"{'contender':<26}{'ms':>10}{'vs best peer':>14}{'rel L2':>11}  check"]
     for e in doc["entries"]:
