@@ -33,18 +33,15 @@ if "--gpu" not in sys.argv and "--run-one" not in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"  # before Triton loads
 
 import numpy as np  # noqa: E402
-import onnx  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import triton.runtime.interpreter as interpreter  # noqa: E402
-from replay_tuning import ReplayProfiler, read_log  # noqa: E402
+from replay_tuning import replay  # noqa: E402
 
-from tessera import compiler  # noqa: E402
 from tessera.codegen import launch  # noqa: E402
-from tessera.compiler import CompileOptions, compile_model  # noqa: E402
 from tessera.cost.profiler import _inputs, kernel_graph  # noqa: E402
 from tessera.ir import interp  # noqa: E402
 from tessera.runtime.executable import Executable  # noqa: E402
@@ -149,13 +146,8 @@ def main() -> int:
     print(f"{len(want)} faulted job(s) in the log")
     if not want:
         return 0
-    prof = ReplayProfiler(read_log(args.log))
     real_available, real_name = torch.cuda.is_available, torch.cuda.get_device_name
-    torch.cuda.is_available = lambda: True  # type: ignore[assignment]
-    torch.cuda.get_device_name = lambda *a: args.device  # type: ignore[assignment]
-    compiler.new_profiler = lambda opt: prof  # type: ignore[assignment]
-    compile_model(onnx.load(args.model), CompileOptions(cost="measured", db=":memory:", precision=args.precision,
-                                                        io=args.io))
+    _, prof = replay(args.log, args.model, args.precision, args.io, args.device)
     torch.cuda.is_available, torch.cuda.get_device_name = real_available, real_name
     jobs = list({(j.key.signature, j.key.schedule): j for j, t in prof.jobs
                  if math.isinf(t) and (j.key.signature, j.key.schedule) in want}.values())

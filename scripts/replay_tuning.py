@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tessera import compiler  # noqa: E402
-from tessera.compiler import CompileOptions, compile_model  # noqa: E402
+from tessera.compiler import CompileOptions, CompileResult, compile_model  # noqa: E402
 from tessera.cost.measured import Job, Record  # noqa: E402
 
 
@@ -63,6 +63,19 @@ def read_log(path: Path) -> dict[tuple[str, str], float]:
     return times
 
 
+def replay(log: Path, model: Path, precision: str, io: str = "precision",
+           device: str = "NVIDIA H100 80GB HBM3") -> tuple[CompileResult, ReplayProfiler]:
+    """The measured compile of `model` as the GPU run of `log` made it, and the profiler that answered it.
+    torch.cuda's availability and device name stay patched afterwards (the preset is the run's)."""
+    prof = ReplayProfiler(read_log(log))
+    # a measured compile as the GPU ran it: its device name picks the preset, the profiler is the log
+    torch.cuda.is_available = lambda: True  # type: ignore[assignment]
+    torch.cuda.get_device_name = lambda *a: device  # type: ignore[assignment]
+    compiler.new_profiler = lambda opt: prof  # type: ignore[assignment]
+    res = compile_model(onnx.load(model), CompileOptions(cost="measured", db=":memory:", precision=precision, io=io))
+    return res, prof
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("log", type=Path)
@@ -74,13 +87,7 @@ def main() -> int:
     ap.add_argument("--io", choices=["precision", "model"], default="precision",
                     help="the compile's --io: the bench rows' optimal-precisionio strategy takes precision")
     args = ap.parse_args()
-    prof = ReplayProfiler(read_log(args.log))
-    # a measured compile as the GPU ran it: its device name picks the preset, the profiler is the log
-    torch.cuda.is_available = lambda: True  # type: ignore[assignment]
-    torch.cuda.get_device_name = lambda *a: args.device  # type: ignore[assignment]
-    compiler.new_profiler = lambda opt: prof  # type: ignore[assignment]
-    res = compile_model(onnx.load(args.model), CompileOptions(cost="measured", db=":memory:", precision=args.precision,
-                                                                io=args.io))
+    res, prof = replay(args.log, args.model, args.precision, args.io, args.device)
     print(f"{len(res.kernels)} kernels, estimated {res.plan.estimated_total_s * 1e6:.1f} us; {len(prof.jobs)} jobs, "
           f"{sum(prof.missing.values())} not in the log {dict(prof.missing)}")
     if args.cuts:
