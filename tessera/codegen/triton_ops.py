@@ -68,7 +68,7 @@ def module_source(lines: Sequence[str]) -> str:
     rounds = "tf32_round(" in body
     head = (["import os", "", "import torch"] if rounds else []) + [
         "import triton", "import triton.language as tl",
-        *(["from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait"] if PDL_PARAM in body else []),
+        "from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait",  # every kernel's PDL_PROLOGUE
         "", ""]
     helpers = _TF32_HELPER.splitlines() + ["", ""] if rounds else []
     return "\n".join(head + helpers + [body]) + "\n"
