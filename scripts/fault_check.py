@@ -12,7 +12,8 @@ compile of that schedule (the same source at other tiles or warps ran there).
     python scripts/fault_check.py RUN/tuning.jsonl.gz MODEL.onnx fp16 --gpu   # on the GPU machine
 
 `--gpu` runs each faulted kernel on the GPU instead, in a process of its own (a fault loses the CUDA
-context), at its schedule and again with each of `--warps` warps, and says which faulted.
+context), at its schedule and again with each of `--warps` warps, and says which faulted: one launch, then
+three timings as the tuning's workers time (the faults of session 60 were in the timing).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ import triton.runtime.interpreter as interpreter  # noqa: E402
 from replay_tuning import replay  # noqa: E402
 
 from tessera.codegen import launch  # noqa: E402
-from tessera.cost.profiler import _inputs, kernel_graph  # noqa: E402
+from tessera.cost.profiler import _inputs, _time, kernel_graph  # noqa: E402
 from tessera.ir import interp  # noqa: E402
 from tessera.runtime.executable import Executable  # noqa: E402
 from tessera.tolerance import rel_l2  # noqa: E402
@@ -101,15 +102,23 @@ def faulted(log: Path) -> set[tuple[str, str]]:
 
 
 def run_one(path: Path) -> int:
-    """In a process of its own: launch the pickled kernel on the GPU once; exit 0, or 3 on a fault."""
+    """In a process of its own: launch the pickled kernel on the GPU once, then time it as the tuning
+    did (`profiler._time`: rotated input and weight copies, launches captured in a CUDA graph), where
+    session 60's faults happened; exit 0, or 3 on a fault."""
     mini, plan = pickle.loads(path.read_bytes())
     exe = Executable(mini, plan, "cuda", cuda_graph=False)
     try:
         exe._launch(_inputs(mini, "cuda", 0))
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - the fault is the answer
-        print(f"    {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        print(f"    one launch: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
         return 3
+    for _ in range(3):
+        seconds, why, _stages = _time((mini, plan))
+        if why:
+            print(f"    timed: {why[:200]}")
+            return 3
+    print(f"    timed: {seconds * 1e6:.2f} us per launch")
     return 0
 
 

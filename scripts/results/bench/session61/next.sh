@@ -7,6 +7,9 @@
 # 2 [LIMIT_S]: scripts/pdl_ab.py on llama and gpt2: one plan replayed with and without PDL (wall, sum, busy).
 # 3: gpt_neox's three chain candidates that faulted in session 60's call 1, each on the GPU in a process of
 #    its own, at its schedule and at 8 warps (scripts/fault_check.py --gpu).
+# 4 (for session 62; PDL on by default since session 61): PDL's GPU tests (their output cut off in call 1)
+#    into a file, then scripts/pdl_ab.py on gpt2, gemm_g5 and gemm_g7 (call 2 ran out of time after llama),
+#    then the fault check again, now also timing each kernel as the tuning did.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 rows() {  # rows TAG: the unmet GEMM-chain rows at the current TESSERA_PDL
@@ -25,5 +28,13 @@ case $1 in
         (cd .pin16 && tar xzf carry/e2e_neox.tgz -C /tmp && python3 -c "from tessera import zoo; from pathlib import Path; zoo.build('gpt_neox', Path('/tmp'))" \
             && timeout 400 python3 scripts/fault_check.py /tmp/e2e_neox/tuning.jsonl.gz /tmp/gpt_neox.onnx fp16 --gpu \
             2>&1 | tee "$OUT/fault_check.txt" | tail -12) ;;
-    *) echo "next.sh: calls 1-3"; exit 2 ;;
+    4)
+        (cd .pin16 && TESSERA_TEST_DEVICE=cuda timeout 90 python3 -m pytest -q -p no:cacheprovider \
+            tests/test_pdl.py > "$OUT/test_pdl.txt" 2>&1; tail -3 "$OUT/test_pdl.txt")
+        (cd .pin16 && timeout 300 python3 scripts/pdl_ab.py --models gemm_g7,gemm_g5,gpt2 \
+            --json "$OUT/pdl_ab.json" 2>&1 | grep -v Warn | tee "$OUT/pdl_ab.txt" | tail -8)
+        (cd .pin16 && tar xzf carry/e2e_neox.tgz -C /tmp && python3 -c "from tessera import zoo; from pathlib import Path; zoo.build('gpt_neox', Path('/tmp'))" \
+            && timeout 150 python3 scripts/fault_check.py /tmp/e2e_neox/tuning.jsonl.gz /tmp/gpt_neox.onnx fp16 --gpu \
+            2>&1 | tee "$OUT/fault_check.txt" | tail -12) ;;
+    *) echo "next.sh: calls 1-4"; exit 2 ;;
 esac
