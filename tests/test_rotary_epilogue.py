@@ -15,7 +15,7 @@ import tessera
 from tessera import compiler
 from tessera.codegen.select import implement
 from tessera.codegen.kernels import GemmSchedule
-from tessera.codegen.rotary import halves_swap, partner_columns
+from tessera.codegen.rotary import halves_swap, pairs_swap, partner_columns
 from tessera.codegen.triton_ops import Unsupported
 from tessera.compiler import CompileOptions, compile_model, write_artifacts
 from tessera.cost.measured import Record
@@ -32,7 +32,8 @@ def _i64(*v: int) -> Const:
 
 
 def rotary_model(s: int = 13, k: int = 24, heads: int = 2, d: int = 16, seed: int = 0, rows_last: bool = False,
-                 neg_second: bool = False, bias: bool = False, with_v: bool = False, partial: int = 0):
+                 neg_second: bool = False, bias: bool = False, with_v: bool = False, partial: int = 0,
+                 pairs: bool = False):
     """x @ w cut into heads and transposed to [1, heads, s, d], then q * cos + rotate_half(q) * sin over the
     last axis (rotate_half = concat(-q[..., d/2:], q[..., :d/2]); with `neg_second` the other sign). With
     `rows_last`, q is the product transposed to [1, heads * d, s] instead: its last axis is the product's
@@ -40,7 +41,8 @@ def rotary_model(s: int = 13, k: int = 24, heads: int = 2, d: int = 16, seed: in
     projection adds a bias first (Qwen2's). With `with_v`, the product is twice as wide and its second half,
     v, is only split into heads and transposed: a second output, "vt". With `partial` r, only each head's first
     r values rotate and the rest are put back beside them, cat(rotated(q[..., :r]), q[..., r:]) (GPT-NeoX's
-    and Phi's partial rotary)."""
+    and Phi's partial rotary). With `pairs`, the rotation is GPT-J's rotate_every_two instead:
+    stack(-q[..., 1::2], q[..., ::2]) flattened (with `neg_second`, stack(q[..., 1::2], -q[..., ::2]))."""
     if rows_last:
         layout = [helper.make_node("Transpose", ["y"], ["q"], perm=[0, 2, 1])]
         q_shape = (heads * d, s)
@@ -66,10 +68,18 @@ def rotary_model(s: int = 13, k: int = 24, heads: int = 2, d: int = 16, seed: in
         layout += [helper.make_node("Slice", ["q", "z", "big", "ax"], ["qr"]),
                    helper.make_node("Slice", ["q", "big", "dd", "ax"], ["qp"])]
     qr = "qr" if partial else "q"
-    nodes = [*project, *layout,
-             helper.make_node("Slice", [qr, "z", "half", "ax"], ["x1"]),
-             helper.make_node("Slice", [qr, "half", "big", "ax"], ["x2"]),
-             neg, helper.make_node("Concat", ["x2", "nx"] if neg_second else ["nx", "x1"], ["rot"], axis=-1),
+    if pairs:  # x1 the even elements, x2 the odd ones; each element reads its neighbour
+        rotate = [helper.make_node("Slice", [qr, "z", "big", "ax", "two"], ["x1"]),
+                  helper.make_node("Slice", [qr, "one", "big", "ax", "two"], ["x2"]), neg,
+                  helper.make_node("Unsqueeze", ["x2" if neg_second else "nx", "ax"], ["u_odd"]),
+                  helper.make_node("Unsqueeze", ["nx" if neg_second else "x1", "ax"], ["u_even"]),
+                  helper.make_node("Concat", ["u_odd", "u_even"], ["stacked"], axis=-1),
+                  helper.make_node("Reshape", ["stacked", "qshape"], ["rot"])]
+    else:
+        rotate = [helper.make_node("Slice", [qr, "z", "half", "ax"], ["x1"]),
+                  helper.make_node("Slice", [qr, "half", "big", "ax"], ["x2"]),
+                  neg, helper.make_node("Concat", ["x2", "nx"] if neg_second else ["nx", "x1"], ["rot"], axis=-1)]
+    nodes = [*project, *layout, *rotate,
              helper.make_node("Mul", [qr, "cos"], ["qc"]),
              helper.make_node("Mul", ["rot", "sin"], ["rs"]),
              helper.make_node("Add", ["qc", "rs"], ["rotated" if partial else "out"])]
@@ -79,7 +89,8 @@ def rotary_model(s: int = 13, k: int = 24, heads: int = 2, d: int = 16, seed: in
     width = 2 * hd if with_v else hd
     return graph_model(nodes, {**feeds, "w": Const(rand(k, width, seed=seed + 1, lo=-0.5, hi=0.5)),
                                "hd": _i64(hd), "hd2": _i64(2 * hd), "dd": _i64(d),
-                               "shape": _i64(1, s, heads, d), "z": _i64(0), "half": _i64(h),
+                               "shape": _i64(1, s, heads, d), "z": _i64(0), "half": _i64(h), "one": _i64(1),
+                               "two": _i64(2), "qshape": _i64(1, *(q_shape if rows_last else (heads, *q_shape))),
                                "big": _i64(2 * h), "ax": _i64(-1), "cos": Const(rand(*q_shape, seed=seed + 2)),
                                "sin": Const(rand(*q_shape, seed=seed + 3)), "bias": Const(rand(width, seed=seed + 4))},
                        outputs, opset=18), feeds
@@ -242,5 +253,64 @@ def test_partial_rotary_is_selected_back_beside_the_rest_of_the_head(tmp_path, p
         [(k.name, k.backend) for k in result.kernels]
     write_artifacts(result, tmp_path / "art")
     x = rand(1, 18, 40, seed=97)
+    got = run_exe(tessera.load(tmp_path / "art", DEVICE), {"x": x})[0]
+    assert rel_l2(got, run_onnxruntime(model, {"x": x})["out"]) < TOLERANCE["fp16"]
+
+
+def _stack_reshape_and_graph(model):
+    g = fission(load(model).graph).graph
+    producer = {o: n for n in g.nodes for o in n.outputs}
+    swaps = [n for n in g.nodes if pairs_swap(g, producer, n) is not None]
+    (mm,) = [n for n in g.nodes if n.op == "matmul"]
+    return g, producer, swaps, mm
+
+
+@pytest.mark.parametrize("neg_second", [False, True])
+def test_rotate_every_two_is_a_swap_of_neighbouring_columns(neg_second):
+    # GPT-J's interleaved form: element d reads d + 1 (even d) or d - 1 (odd d), with the sign of its parity
+    model, feeds = rotary_model(s=13, k=24, heads=3, d=16, seed=5, pairs=True, neg_second=neg_second)
+    g, producer, swaps, mm = _stack_reshape_and_graph(model)
+    assert len(swaps) == 1
+    sw = pairs_swap(g, producer, swaps[0])
+    assert sw.pairs and sw.half == 1 and sw.axis == 3 and sw.signs == ((1, -1) if neg_second else (-1, 1))
+    assert partner_columns(g, producer, mm.outputs[0], sw)
+    assert halves_swap(g, producer, [n for n in g.nodes if n.op == "concat"][0]) is None
+    ks, err = check_template(model, feeds, GemmSchedule(16, 32, 16, 2, 2, 1, 1), "fp32")
+    assert "tl.join(" in ks.source and "% 2 == 0" in ks.source and err < TOLERANCE["fp32"]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_rotate_every_two_in_narrow_tiles_and_a_split_k_sum(precision):
+    # any even tile width holds whole pairs; a split-K template swaps its summed tile the same way
+    model, feeds = rotary_model(s=13, k=64, heads=2, d=8, seed=6, pairs=True)
+    for schedule in (GemmSchedule(16, 16, 16, 2, 2, 1, 1), GemmSchedule(16, 32, 16, 2, 2, 1, 2)):
+        ks, err = check_template(model, feeds, schedule, precision)
+        assert "tl.join(" in ks.source and err < TOLERANCE[precision]
+
+
+def test_rotate_every_two_over_the_products_rows_is_no_swap():
+    # q's last axis is the product's rows: a neighbour lies in another row of the tile, not another column
+    model, _ = rotary_model(s=12, rows_last=True, pairs=True)
+    g, producer, swaps, mm = _stack_reshape_and_graph(model)
+    assert len(swaps) == 1 and not partner_columns(g, producer, mm.outputs[0], pairs_swap(g, producer, swaps[0]))
+
+
+@pytest.mark.parametrize("cost,partial,d", [("analytical", 0, 16), ("analytical", 8, 16), ("measured", 8, 16),
+                                            ("analytical", 32, 64)])
+def test_compiled_plans_hold_gptj_rotations_in_the_projection(tmp_path, monkeypatch, cost, partial, d):
+    # GPT-J and CodeGen: interleaved pairs over each head's first r values (partial), the rest put back.
+    # One template computes the projection, the rotation and the select; its step-2 slices and stack are
+    # read from the accumulator's registers, never computed.
+    model, _ = rotary_model(s=18, k=40, heads=2, d=d, seed=12, partial=partial, pairs=True)
+    if cost == "measured":
+        result = _measured(model, tmp_path, monkeypatch, "fp16")
+    else:
+        result = compile_model(model, CompileOptions(precision="fp16", cost="analytical", templates="force"))
+    fused = [k for k in result.kernels if k.backend == "template"]
+    assert len(fused) == 1 and any(n.op == "concat" for n in fused[0].prims) and len(result.kernels) <= 2, \
+        [(k.name, k.backend) for k in result.kernels]
+    assert "tl.join(" in fused[0].triton.source
+    write_artifacts(result, tmp_path / "art")
+    x = rand(1, 18, 40, seed=96)
     got = run_exe(tessera.load(tmp_path / "art", DEVICE), {"x": x})[0]
     assert rel_l2(got, run_onnxruntime(model, {"x": x})["out"]) < TOLERANCE["fp16"]

@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Sequence
 
 from tessera.codegen import index as ix
 from tessera.codegen.index import Ix
-from tessera.codegen.rotary import HalvesSwap, halves_swap
+from tessera.codegen.rotary import HalvesSwap, halves_swap, pairs_swap
 from tessera.codegen.triton_ops import COMPUTE, Unsupported, Val, elementwise, fold_literal, literal
 from tessera.ir.graph import Graph, Node
 from tessera.ir.prims import BINARY, REDUCTIONS, UNARY, Prim
@@ -316,6 +316,16 @@ def _transpose(em: Emitter, node: Node, index: tuple[Ix, ...], mask: Mask) -> Va
 
 
 def _reshape(em: Emitter, node: Node, index: tuple[Ix, ...], mask: Mask) -> Val:
+    sw = pairs_swap(em.graph, em.producer, node) if em.swap is not None else None
+    v = em.swap(sw, index, mask) if sw is not None else None
+    if v is not None:  # sign * x[d ± 1] (rotate_every_two): v holds each lane's neighbour already
+        even, odd = (em.emit(f"-{v.expr}", v.deps) if sgn < 0 else v.expr for sgn in sw.signs)
+        if even == odd:
+            return Val(even, v.dtype, v.deps)
+        pos = index[sw.axis]
+        c = em.cond(f"({pos.expr}) % 2 == 0", pos.deps)
+        deps = v.deps | pos.deps
+        return Val(em.emit(f"tl.where({c}, {even}, {odd})", deps), v.dtype, deps)
     out = em.graph.types[node.outputs[0]].shape
     ins = em.graph.types[node.inputs[0]].shape
     return em.value(node.inputs[0], ix.reshape_index(index, out, ins), mask)

@@ -8,6 +8,10 @@ wide. So the partner of every lane is another lane of the same tile, and rotate_
 the accumulator's registers (`swap_halves`), not a read of the product at other indices, which a template
 cannot do. This moves the rotary kernels of a Llama layer (q's and k's) into the projection before them.
 
+GPT-J and CodeGen rotate interleaved pairs instead: rotate_every_two(q) = stack(-q[..., 1::2], q[..., ::2])
+flattened, element d reads q at d + 1 or d - 1, the same swap over runs of two columns (`pairs_swap`, at the
+reshape that flattens the stack).
+
 `halves_swap` recognises the concat; `partner_columns` checks, on the index map of the layout primitives
 between the product and q, that q's element d ± s is the product's column n ± s of the same row, so
 the permutation within the tile is exact; the template (`codegen/gemm.py`) then reads q at the tile's
@@ -27,12 +31,15 @@ from tessera.ir.prims import CATEGORY_OF, Category, Prim
 
 @dataclass(frozen=True)
 class HalvesSwap:
-    """concat(±x[..., s:2s], ±x[..., :s]) along `axis`: element d is sign(d) * x at d + s (d < s) or d - s."""
+    """concat(±x[..., s:2s], ±x[..., :s]) along `axis`: element d is sign(d) * x at d + s (d < s) or d - s.
+    With `pairs`, the interleaved form over runs of two (s = 1): element d is sign * x at d + 1 (d even) or
+    d - 1 (d odd), along an axis of any even length."""
 
     x: str
     axis: int
     half: int  # s
     signs: tuple[int, int]  # of the first half's elements (d < s) and of the second's
+    pairs: bool = False
 
 
 def _signed_slice(producer: dict[str, Node], t: str) -> tuple[int, Node] | None:
@@ -67,6 +74,76 @@ def halves_swap(graph: Graph, producer: dict[str, Node], node: Node) -> HalvesSw
                 or any(o != (half if d == axis else n) for d, (o, n) in enumerate(zip(out, shape))):
             return None
     return HalvesSwap(x, axis, half, (s0, s1))
+
+
+def _unsqueezed(graph: Graph, producer: dict[str, Node], t: str) -> tuple[int, Node] | None:
+    """(sign, step-2 slice of the last axis) where t is that slice, negated or not, with a unit axis added
+    last (in either order: -x.unsqueeze(-1) or (-x).unsqueeze(-1))."""
+    n = producer.get(t)
+    sign = 1
+    if n is not None and n.op == Prim.NEG.value:
+        sign, n = -1, producer.get(n.inputs[0])
+    if n is None or n.op != Prim.RESHAPE.value or graph.types[t].shape != graph.types[n.inputs[0]].shape + (1,):
+        return None
+    got = _signed_slice(producer, n.inputs[0])
+    if got is None:
+        return None
+    s2, sl = got
+    return sign * s2, sl
+
+
+def pairs_swap(graph: Graph, producer: dict[str, Node], node: Node) -> HalvesSwap | None:
+    """The reshape `node` as a swap of neighbouring elements of one tensor's last axis, or None:
+    reshape(concat([±x[..., 1::2, None], ±x[..., ::2, None]], -1)) back to x's shape (GPT-J's
+    rotate_every_two), so element d is sign * x[d + 1] for even d and sign * x[d - 1] for odd d."""
+    if node.op != Prim.RESHAPE.value:
+        return None
+    cat = producer.get(node.inputs[0])
+    if cat is None or cat.op != Prim.CONCAT.value or len(cat.inputs) != 2:
+        return None
+    stacked = graph.types[cat.outputs[0]].shape
+    if cat.attrs["axis"] % len(stacked) != len(stacked) - 1 or stacked[-1] != 2:
+        return None
+    parts = [_unsqueezed(graph, producer, t) for t in cat.inputs]
+    if None in parts:
+        return None
+    (s0, a), (s1, b) = parts  # type: ignore[misc]
+    x = a.inputs[0]
+    shape = graph.types[x].shape
+    if b.inputs[0] != x or graph.types[node.outputs[0]].shape != shape or shape[-1] % 2:
+        return None
+    last = len(shape) - 1
+    for sl, start in ((a, 1), (b, 0)):  # even elements read the odd ones, odd elements the even ones
+        if list(sl.attrs["steps"]) != [1] * last + [2] or list(sl.attrs["starts"]) != [0] * last + [start] \
+                or graph.types[sl.outputs[0]].shape != shape[:-1] + (shape[-1] // 2,):
+            return None
+    return HalvesSwap(x, last, 1, (s0, s1), pairs=True)
+
+
+def swap_of(graph: Graph, producer: dict[str, Node], node: Node) -> HalvesSwap | None:
+    """`node` as a swap of its tensor's elements (`halves_swap` at a concat, `pairs_swap` at a reshape)."""
+    if node.op == Prim.CONCAT.value:
+        return halves_swap(graph, producer, node)
+    if node.op == Prim.RESHAPE.value:
+        return pairs_swap(graph, producer, node)
+    return None
+
+
+def swap_nodes(producer: dict[str, Node], node: Node, sw: HalvesSwap) -> list[Node]:
+    """The nodes between the swapped tensor and swap `node` of the pairs form (its slices, negations,
+    added axes and stack), which the template never computes: it reads the swap from its registers. The
+    halves form's slices and negation are element-wise or unit-step slices, admitted as any epilogue's."""
+    if not sw.pairs:
+        return []
+    out: list[Node] = []
+    todo = [node.inputs[0]]
+    while todo:
+        n = producer.get(todo.pop())
+        if n is None or n.outputs[0] == sw.x or n in out:
+            continue
+        out.append(n)
+        todo.extend(n.inputs)
+    return out
 
 
 _DEPTH = 12  # nodes between a product and the tensor rotated: Qwen2's is 4 (bias, reshape, transpose, slice)
@@ -162,7 +239,8 @@ def partner_columns(graph: Graph, producer: dict[str, Node], product: str, sw: H
     if idx is None:
         return False
     s, width = sw.half, graph.types[product].shape[-1]
-    partner = np.take(idx, (np.arange(2 * s) + s) % (2 * s), axis=sw.axis)
+    d = np.arange(idx.shape[sw.axis])  # 2s long for halves; any even length for pairs
+    partner = np.take(idx, np.where(d % (2 * s) < s, d + s, d - s), axis=sw.axis)
     col = idx % width
     swapped = np.where(col % (2 * s) < s, col + s, col - s)
     return bool(np.array_equal(partner, idx - col + swapped))
@@ -187,7 +265,7 @@ def swap_width(graph: Graph, nodes: Sequence[Node], root: Node) -> int:
         return width
     producer = {o: n for n in nodes for o in n.outputs}
     for n in nodes:
-        sw = halves_swap(graph, producer, n) if n.op == Prim.CONCAT.value else None
+        sw = swap_of(graph, producer, n) if n.op in (Prim.CONCAT.value, Prim.RESHAPE.value) else None
         if sw is not None and partner_columns(graph, producer, root.outputs[0], sw):
             width = max(width, 2 * sw.half)
     return width

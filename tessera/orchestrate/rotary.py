@@ -8,11 +8,13 @@ multiply the candidates, `candidates.moves_columns`); these are admitted only on
 rotation. A layer's projection with both rotations is about 24 primitives, past the size rule, so
 `rotary_epilogues` grows each one-matmul candidate by the rotations after it. GPT-NeoX and Phi rotate
 only each head's first r values and concatenate the rest back (`_selects`): the template computes that
-concat as a select between two values it holds (`codegen/tile.partial_outputs`).
+concat as a select between two values it holds (`codegen/tile.partial_outputs`). GPT-J and CodeGen rotate
+interleaved pairs (`codegen/rotary.pairs_swap`): the swap is the reshape ending the pattern, and its
+step-2 slices and stack, which the template never computes, are admitted with it.
 """
 from __future__ import annotations
 
-from tessera.codegen.rotary import halves_swap, partner_columns, path_from, put_back
+from tessera.codegen.rotary import partner_columns, path_from, put_back, swap_nodes, swap_of
 from tessera.ir.graph import Node
 from tessera.ir.prims import CATEGORY_OF, Category, Prim
 from tessera.orchestrate.graphview import OGraph, bits
@@ -26,8 +28,9 @@ def _producers(og: OGraph) -> dict[str, Node]:
 
 
 def _swaps(og: OGraph) -> dict[int, tuple[int, int]]:
-    """Each concat that a GEMM template can compute as a swap of its accumulator's halves: concat
-    index -> (its matmul, the layout nodes between the matmul and the swapped tensor). Once per graph."""
+    """Each node that a GEMM template can compute as a swap of its accumulator's columns (a rotate_half
+    concat, or the reshape ending a rotate_every_two): node index -> (its matmul, the layout nodes between
+    the matmul and the swapped tensor, and a pairs swap's own slices, negations and stack). Once per graph."""
     memo = og.memo.get("rotary")
     if memo is not None:
         return memo
@@ -35,15 +38,16 @@ def _swaps(og: OGraph) -> dict[int, tuple[int, int]]:
     producer = _producers(og)
     out: dict[int, tuple[int, int]] = {}
     for c, node in enumerate(og.nodes):
-        sw = halves_swap(g, producer, node) if node.op == Prim.CONCAT.value else None
+        sw = swap_of(g, producer, node) if node.op in (Prim.CONCAT.value, Prim.RESHAPE.value) else None
         if sw is None:
             continue
+        inner = swap_nodes(producer, node, sw)
         for r in bits(og.anc[c]):  # the matmul whose product the swapped tensor is, at other positions
             root = og.nodes[r]
             path = path_from(g, producer, root.outputs[0], sw.x) if root.op == Prim.MATMUL.value else None
-            if path is not None and all(n.name in og.index for n in path) \
+            if path is not None and all(n.name in og.index for n in path + inner) \
                     and partner_columns(g, producer, root.outputs[0], sw):
-                out[c] = (r, sum(1 << og.index[n.name] for n in path))
+                out[c] = (r, sum(1 << og.index[n.name] for n in path + inner))
                 break
     og.memo["rotary"] = out
     return out
