@@ -304,6 +304,7 @@ def kernel_forms(result: CompileResult) -> Counter:
                 c["template:row_statistic_loop"] += "  # " in ks.source and "for r" in ks.source
                 c["template:column_slices"] += "read through its column slices" in ks.source  # codegen/gemm.py
                 c["template:rotary"] += "tl.join(" in ks.source  # rotate_half in registers (codegen/rotary.py)
+                c["template:rotary_pairs"] += "tl.join(" in ks.source and ") % 2 == 0" in ks.source  # rotate_every_two
             elif "row reduction" in head:
                 c["reduction" + ("" if ks.schedule.persistent else ":looped") + (":strided" if ks.strided else "")] += 1
             elif "tiled pointwise" in head:

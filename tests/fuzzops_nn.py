@@ -319,13 +319,37 @@ def gated_mlp(d: Draw, b: Builder) -> None:
         b.one("MatMul", [x, b.const((k, w), FLOAT, scale=1 / math.sqrt(k))], [(x.shape[:-1] + (w,), FLOAT)])
 
 
+def _rotate_half(d: Draw, b: Builder, q: Tensor, h: int) -> Tensor:
+    """concat(-q[.., h:], q[.., :h]) over the last axis of 2h values (or the other sign): Llama's."""
+    half = q.shape[:-1] + (h,)
+    x1, x2 = (b.one("Slice", [q, b.ints([a]), b.ints([a + h]), b.ints([-1])], [(half, FLOAT)]) for a in (0, h))
+    if d.maybe(0.8):
+        return b.one("Concat", [b.one("Neg", [x2], [(half, FLOAT)]), x1], [(q.shape, FLOAT)], {"axis": -1})
+    return b.one("Concat", [x2, b.one("Neg", [x1], [(half, FLOAT)])], [(q.shape, FLOAT)], {"axis": -1})
+
+
+def _rotate_every_two(d: Draw, b: Builder, q: Tensor, h: int) -> Tensor:
+    """stack(-q[.., 1::2], q[.., ::2]) flattened (or the other sign): GPT-J's and CodeGen's interleaved pairs."""
+    half = q.shape[:-1] + (h,)
+    even, odd = (b.one("Slice", [q, b.ints([a]), b.ints([2 * h]), b.ints([-1]), b.ints([2])], [(half, FLOAT)])
+                 for a in (0, 1))
+    if d.maybe(0.8):
+        pair = (b.one("Neg", [odd], [(half, FLOAT)]), even)
+    else:
+        pair = (odd, b.one("Neg", [even], [(half, FLOAT)]))
+    cols = [b.one("Unsqueeze", [t, b.ints([-1])], [(half + (1,), FLOAT)]) for t in pair]
+    stacked = b.one("Concat", cols, [(half + (2,), FLOAT)], {"axis": -1})
+    return b.one("Reshape", [stacked, b.ints(q.shape)], [(q.shape, FLOAT)])
+
+
 def rotary_projection(d: Draw, b: Builder) -> None:
     """Rotary positions after a projection, as Llama's export spells them: x @ w (at times plus a bias) cut
     into heads of 2h values, at times transposed to [.., heads, rows, head], then q * cos + rotate_half(q) * sin with
     rotate_half = concat(-q[.., h:], q[.., :h]) (or the other sign) over the last axis; at times the product also
     holds v, split into heads the same way and left unrotated, and at times only each head's first half rotates
-    and the rest is put back beside it (partial rotary). A GEMM template
-    computes rotate_half from its accumulator's registers where a tile holds whole heads
+    and the rest is put back beside it (partial rotary); at times the rotation is GPT-J's interleaved
+    rotate_every_two instead, stack(-q[.., 1::2], q[.., ::2]) flattened. A GEMM template
+    computes either from its accumulator's registers where a tile holds whole heads (or pairs)
     (`codegen/rotary.py`); other draws never line the concat up this way."""
     x = b.pick(lambda t: t.is_float and t.rank >= 2 and t.shape[-1] > 1) or b.add_input((b.dim(), b.dim(2)))
     k = x.shape[-1]
@@ -357,12 +381,7 @@ def rotary_projection(d: Draw, b: Builder) -> None:
         q = b.one("Slice", [whole, b.ints([0]), b.ints([2 * h]), b.ints([-1])], [(whole.shape[:-1] + (2 * h,), FLOAT)])
         rest = b.one("Slice", [whole, b.ints([2 * h]), b.ints([4 * h]), b.ints([-1])],
                      [(whole.shape[:-1] + (2 * h,), FLOAT)])
-    half = q.shape[:-1] + (h,)
-    x1, x2 = (b.one("Slice", [q, b.ints([a]), b.ints([a + h]), b.ints([-1])], [(half, FLOAT)]) for a in (0, h))
-    if d.maybe(0.8):
-        rot = b.one("Concat", [b.one("Neg", [x2], [(half, FLOAT)]), x1], [(q.shape, FLOAT)], {"axis": -1})
-    else:
-        rot = b.one("Concat", [x2, b.one("Neg", [x1], [(half, FLOAT)])], [(q.shape, FLOAT)], {"axis": -1})
+    rot = (_rotate_every_two if d.maybe(0.3) else _rotate_half)(d, b, q, h)
     table = q.shape[-2:] if d.maybe(0.7) else q.shape[-1:]
     qc = b.one("Mul", [q, b.const(table)], [(q.shape, FLOAT)])
     out = b.one("Add", [qc, b.one("Mul", [rot, b.const(table)], [(q.shape, FLOAT)])], [(q.shape, FLOAT)])
