@@ -314,3 +314,19 @@ def test_compiled_plans_hold_gptj_rotations_in_the_projection(tmp_path, monkeypa
     x = rand(1, 18, 40, seed=96)
     got = run_exe(tessera.load(tmp_path / "art", DEVICE), {"x": x})[0]
     assert rel_l2(got, run_onnxruntime(model, {"x": x})["out"]) < TOLERANCE["fp16"]
+
+
+def test_a_pairs_swap_whose_slice_is_read_elsewhere_stays_out_of_the_template(tmp_path):
+    # q's even elements (a step-2 slice) are also a graph output: a template reading the swap from its
+    # registers never computes that slice, so it could not store it. No candidate holds the product with the
+    # rotation (without the check, one that the template refused ran as a library call and an epilogue)
+    model, _ = rotary_model(s=18, k=40, heads=2, d=16, seed=13, pairs=True)
+    model.graph.output.append(helper.make_tensor_value_info("x1", 1, [1, 2, 18, 8]))
+    result = compile_model(model, CompileOptions(precision="fp32", cost="analytical", templates="force"))
+    ops = [{n.op for n in k.prims} for k in result.kernels]
+    assert not [o for o in ops if {"matmul", "concat"} <= o], ops
+    write_artifacts(result, tmp_path / "art")
+    x = rand(1, 18, 40, seed=95)
+    got = run_exe(tessera.load(tmp_path / "art", DEVICE), {"x": x})
+    want = run_onnxruntime(model, {"x": x})
+    assert rel_l2(got[0], want["out"]) < TOLERANCE["fp32"] and rel_l2(got[1], want["x1"]) < TOLERANCE["fp32"]

@@ -42,6 +42,10 @@ def _swaps(og: OGraph) -> dict[int, tuple[int, int]]:
         if sw is None:
             continue
         inner = swap_nodes(producer, node, sw)
+        own = sum(1 << og.index[n.name] for n in inner if n.name in og.index) | (1 << c)
+        if any(og.succs[og.index[n.name]] & ~own or (og.graph_outputs >> og.index[n.name]) & 1
+               for n in inner if n.name in og.index):
+            continue  # a step-2 slice or the stack read elsewhere: the template would have to store it
         for r in bits(og.anc[c]):  # the matmul whose product the swapped tensor is, at other positions
             root = og.nodes[r]
             path = path_from(g, producer, root.outputs[0], sw.x) if root.op == Prim.MATMUL.value else None
