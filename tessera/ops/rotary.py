@@ -1,9 +1,12 @@
 """Rotary positional embedding (ONNX RotaryEmbedding, opset 23).
 
-The rotation is pure layout plus four products: the cos/sin rows are a GATHER
-of the caches by position_ids (runtime int64 indices are fine), the rotated
-part of each head splits into two halves by SLICE (contiguous halves, or every
-other element for the interleaved form), and the halves re-join by CONCAT.
+The rotation is pure layout plus two products and a sum, written as the Llama and GPT-J exports write
+it: x * cos + rotate(x) * sin over the rotated part of each head, where rotate is rotate_half
+(concat(-x2, x1) of the contiguous halves) or, interleaved, rotate_every_two (stack(-x_odd, x_even)
+flattened), and the cos/sin rows (a GATHER of the caches by position_ids; runtime int64 indices are
+fine) are repeated to the part's width the same way. Each element is then x1 * cos - x2 * sin or
+x2 * cos + x1 * sin with the same roundings as the spec's algorithm, and a GEMM template before the
+rotation can read rotate(x) from its accumulator's registers (`codegen/rotary.py`).
 """
 from __future__ import annotations
 
@@ -13,32 +16,35 @@ from tessera.ir.prims import Prim
 from tessera.ops.registry import OpCtx, Unsupported, float_dtype_check, register
 
 
-def _halves(b: PrimBuilder, x: str, half: int, interleaved: bool) -> tuple[str, str]:
-    """x[..., :2*half] split into (x1, x2): the two halves, or the even and odd elements.
-    Both slice x itself, so the pass-through tail is never copied."""
-    shape = list(b.shape(x))
-    shape[-1] = half
-    zeros = [0] * (len(shape) - 1)
-    if interleaved:
-        steps = [1] * (len(shape) - 1) + [2]
-        return b.slice(x, zeros + [0], steps, shape), b.slice(x, zeros + [1], steps, shape)
-    return b.slice_axis(x, len(shape) - 1, 0, half), b.slice_axis(x, len(shape) - 1, half, half)
-
-
-def _join(b: PrimBuilder, real: str, imag: str, interleaved: bool) -> str:
-    """Inverse of `_halves`: concatenated halves, or real/imag pairs interleaved."""
+def _rotate(b: PrimBuilder, x: str, interleaved: bool) -> str:
+    """rotate_half(x) = concat(-x[..., h:], x[..., :h]), or interleaved rotate_every_two(x) =
+    stack(-x[..., 1::2], x[..., ::2], -1) flattened, over x's last axis of 2h values."""
+    shape = b.shape(x)
+    half = shape[-1] // 2
+    last = len(shape) - 1
     if not interleaved:
-        return b.concat([real, imag], b.rank(real) - 1)
-    # Stack on a new last axis, then fold it in: [..., half, 2] -> [..., rotary].
-    shape = b.shape(real)
-    pairs = b.concat([b.reshape(t, shape + (1,)) for t in (real, imag)], len(shape))
-    return b.reshape(pairs, shape[:-1] + (2 * shape[-1],))
+        x1, x2 = b.slice_axis(x, last, 0, half), b.slice_axis(x, last, half, half)
+        return b.concat([b.emit(Prim.NEG, [x2]), x1], last)
+    part = shape[:-1] + (half,)
+    even, odd = (b.slice(x, [0] * last + [start], [1] * last + [2], part) for start in (0, 1))
+    cols = [b.reshape(t, part + (1,)) for t in (b.emit(Prim.NEG, [odd]), even)]
+    return b.reshape(b.concat(cols, last + 1), shape)
+
+
+def _widen(b: PrimBuilder, t: str, interleaved: bool) -> str:
+    """cos or sin rows of h values repeated to the rotated part's 2h: [c, c] or, interleaved, each value
+    twice. A broadcast over a new axis of 2 (before the last, or after it) and a reshape, not a concat:
+    a GEMM template's epilogue reads them at its own indices."""
+    shape = b.shape(t)
+    two = shape + (1,) if interleaved else shape[:-1] + (1, shape[-1])
+    wide = two[:-1] + (2,) if interleaved else shape[:-1] + (2, shape[-1])
+    return b.reshape(b.broadcast_to(b.reshape(t, two), wide), shape[:-1] + (2 * shape[-1],))
 
 
 @register("RotaryEmbedding", since=23)
 def rotary_embedding(ctx: OpCtx) -> list[str]:
-    """RotaryEmbedding as GATHER (when position_ids is given), RESHAPE/BROADCAST of the
-    cos/sin rows, SLICE of the two halves, MUL/SUB/ADD, and CONCAT back together.
+    """RotaryEmbedding as GATHER (when position_ids is given), RESHAPE/BROADCAST/CONCAT of the
+    cos/sin rows to the rotated part's width, SLICE/NEG/CONCAT of the rotation, MUL/ADD.
 
     4-D X [B, H, S, D] is rotated in place; 3-D X [B, S, H*D] is viewed as [B, S, H, D]
     (no transpose: the cos/sin rows get their size-1 head axis where the heads are).
@@ -86,18 +92,17 @@ def rotary_embedding(ctx: OpCtx) -> list[str]:
     elif b.shape(cos) != (batch, seq, half):
         raise ctx.fail(f"without position_ids the caches must be [{batch}, {seq}, {half}], got {list(b.shape(cos))}")
 
-    # One BROADCAST each over the heads, shared by both products that use it.
-    part = list(b.shape(xv))
-    part[-1] = half
-    view = [batch, seq, half]
-    view.insert(head_axis, 1)
-    cos, sin = (b.broadcast_to(b.reshape(t, view), part) for t in (cos, sin))
-
+    # Repeated to the rotated part's width (`_widen`), then one BROADCAST each over the heads: a kernel
+    # that cuts here writes the rows once, not once per head.
     interleaved = bool(ctx.attr("interleaved", 0))
-    x1, x2 = _halves(b, xv, half, interleaved)
-    real = b.emit(Prim.SUB, [b.mul(x1, cos), b.mul(x2, sin)])
-    imag = b.emit(Prim.ADD, [b.mul(x1, sin), b.mul(x2, cos)])
-    out = _join(b, real, imag, interleaved)
+    part = list(b.shape(xv))
+    part[-1] = rotary
+    view = [batch, seq, rotary]
+    view.insert(head_axis, 1)
+    cos, sin = (b.broadcast_to(b.reshape(_widen(b, t, interleaved), view), part) for t in (cos, sin))
+
+    xr = xv if rotary == head else b.slice_axis(xv, 3, 0, rotary)
+    out = b.emit(Prim.ADD, [b.mul(xr, cos), b.mul(_rotate(b, xr, interleaved), sin)])
     if rotary < head:
         out = b.concat([out, b.slice_axis(xv, 3, rotary, head - rotary)], 3)
     return [b.reshape(out, shape)]
