@@ -9,7 +9,8 @@
 #    its own, at its schedule and at 8 warps (scripts/fault_check.py --gpu).
 # 4 (for session 62; PDL on by default since session 61): PDL's GPU tests (their output cut off in call 1)
 #    into a file, then scripts/pdl_ab.py on gpt2, gemm_g5 and gemm_g7 (call 2 ran out of time after llama),
-#    then the fault check again, now also timing each kernel as the tuning did.
+#    then the fault check again, now also timing each kernel as the tuning did. Also the rotary tests on the
+#    GPU (session 61's interleaved pairs and the RotaryEmbedding fission).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 rows() {  # rows TAG: the unmet GEMM-chain rows at the current TESSERA_PDL
@@ -31,6 +32,8 @@ case $1 in
     4)
         (cd .pin16 && TESSERA_TEST_DEVICE=cuda timeout 90 python3 -m pytest -q -p no:cacheprovider \
             tests/test_pdl.py > "$OUT/test_pdl.txt" 2>&1; tail -3 "$OUT/test_pdl.txt")
+        (cd .pin16 && TESSERA_TEST_DEVICE=cuda timeout 90 python3 -m pytest -q -p no:cacheprovider \
+            tests/test_rotary_epilogue.py tests/test_ops_rotary.py > "$OUT/test_rotary.txt" 2>&1; tail -3 "$OUT/test_rotary.txt")
         (cd .pin16 && timeout 300 python3 scripts/pdl_ab.py --models gemm_g7,gemm_g5,gpt2 \
             --json "$OUT/pdl_ab.json" 2>&1 | grep -v Warn | tee "$OUT/pdl_ab.txt" | tail -8)
         (cd .pin16 && tar xzf carry/e2e_neox.tgz -C /tmp && python3 -c "from tessera import zoo; from pathlib import Path; zoo.build('gpt_neox', Path('/tmp'))" \
