@@ -43,7 +43,7 @@ def _widen(b: PrimBuilder, t: str, interleaved: bool) -> str:
 
 @register("RotaryEmbedding", since=23)
 def rotary_embedding(ctx: OpCtx) -> list[str]:
-    """RotaryEmbedding as GATHER (when position_ids is given), RESHAPE/BROADCAST/CONCAT of the
+    """RotaryEmbedding as GATHER (when position_ids is given), RESHAPE/BROADCAST of the
     cos/sin rows to the rotated part's width, SLICE/NEG/CONCAT of the rotation, MUL/ADD.
 
     4-D X [B, H, S, D] is rotated in place; 3-D X [B, S, H*D] is viewed as [B, S, H, D]
