@@ -135,14 +135,15 @@ def test_gather_and_rotation_in_one_kernel(interleaved):
 
 
 @pytest.mark.parametrize("interleaved", [0, 1])
-@pytest.mark.parametrize("three_d,rotary", [(True, 0), (False, 0), (False, 8)])
+@pytest.mark.parametrize("three_d,rotary", [(True, 0), (True, 8), (False, 0), (False, 8)])
 def test_a_projection_computes_the_rotation_in_its_template(three_d, rotary, interleaved):
     """The fission writes x * cos + rotate(x) * sin, as the Llama and GPT-J exports do, so a GEMM template
     before the op reads rotate(x) from its accumulator's registers (`codegen/rotary.py`): the projection's
     template with the whole rotation builds and matches float64, in both forms, [B, S, H * D] with
     num_heads or the heads transposed to [B, H, S, D] first, whole or partial (the 3-D form's partial
-    rotation ends in a reshape after the concat that puts the rest back, which no template selects through
-    yet). Whether a plan takes it is the solver's choice; the compiled model matches onnxruntime either way."""
+    rotation stores through a reshape after the concat that puts the rest back: `tile.store_outputs` maps
+    it forward). Whether a plan takes it is the solver's choice; the compiled model matches onnxruntime
+    either way."""
     import tessera
     from tessera.compiler import CompileOptions
 

@@ -207,7 +207,7 @@ def store_outputs(t: Tile, graph: Graph, outputs: Sequence[str], product: str, c
     # product over pixel rows), is stored at indices mapped forward from the tile's; any other
     # output is a reshape of the product's elements.
     fwd = partial_outputs(graph, t.k.nodes, product)
-    moved = {o for o in outputs if graph.types[o].numel != tc.numel or _past_transpose(fwd, o)}
+    moved = {o for o in outputs if graph.types[o].numel != tc.numel or _past_transpose_or_put_back(fwd, o)}
     at = _forward_coords(t, graph, fwd, coords) if moved else {}
     for o in outputs:
         ty = graph.types[o]
@@ -225,11 +225,13 @@ def store_outputs(t: Tile, graph: Graph, outputs: Sequence[str], product: str, c
         t.k.store(o, flat, v, mask, "[BLOCK_M, BLOCK_N]", frozenset({"m", "n"}))
 
 
-def _past_transpose(fwd: dict[str, Node | None], t: str) -> bool:
-    """Whether tensor `t` of `partial_outputs` is computed from the product through a transpose."""
+def _past_transpose_or_put_back(fwd: dict[str, Node | None], t: str) -> bool:
+    """Whether tensor `t` of `partial_outputs` is computed from the product through a transpose, or
+    through a concat that puts a partial rotation back (its rest is read at the slice's shifted indices,
+    which only the forward mapping registers: the 3-D RotaryEmbedding's reshape after it, session 61)."""
     while t in fwd and fwd[t] is not None:
         n = fwd[t]
-        if n.op == Prim.TRANSPOSE.value:
+        if n.op in (Prim.TRANSPOSE.value, Prim.CONCAT.value):
             return True
         t = next(i for i in n.inputs if i in fwd)
     return False
