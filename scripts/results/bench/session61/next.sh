@@ -8,9 +8,11 @@
 # 3: gpt_neox's three chain candidates that faulted in session 60's call 1, each on the GPU in a process of
 #    its own, at its schedule and at 8 warps (scripts/fault_check.py --gpu).
 # 4 (for session 62; PDL on by default since session 61): PDL's GPU tests (their output cut off in call 1)
-#    into a file, then scripts/pdl_ab.py on gpt2, gemm_g5 and gemm_g7 (call 2 ran out of time after llama),
+#    into a file, then scripts/pdl_ab.py on gemm_g7 and gemm_g5 (fp16) and gemm_g5 (tf32): one plan with and
+#    without PDL, whether the G5 losses of call 1 are the launch or the tiles,
 #    then the fault check again, now also timing each kernel as the tuning did. Also the rotary tests on the
 #    GPU (session 61's interleaved pairs and the RotaryEmbedding fission).
+# 5 (for session 62): scripts/pdl_ab.py on gpt2 (call 2 ran out of time after llama).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 rows() {  # rows TAG: the unmet GEMM-chain rows at the current TESSERA_PDL
@@ -34,10 +36,15 @@ case $1 in
             tests/test_pdl.py > "$OUT/test_pdl.txt" 2>&1; tail -3 "$OUT/test_pdl.txt")
         (cd .pin16 && TESSERA_TEST_DEVICE=cuda timeout 90 python3 -m pytest -q -p no:cacheprovider \
             tests/test_rotary_epilogue.py tests/test_ops_rotary.py > "$OUT/test_rotary.txt" 2>&1; tail -3 "$OUT/test_rotary.txt")
-        (cd .pin16 && timeout 300 python3 scripts/pdl_ab.py --models gemm_g7,gemm_g5,gpt2 \
-            --json "$OUT/pdl_ab.json" 2>&1 | grep -v Warn | tee "$OUT/pdl_ab.txt" | tail -8)
+        (cd .pin16 && timeout 100 python3 scripts/pdl_ab.py --models gemm_g7,gemm_g5 \
+            --json "$OUT/pdl_ab.json" 2>&1 | grep -v Warn | tee "$OUT/pdl_ab.txt" | tail -6
+         timeout 60 python3 scripts/pdl_ab.py --models gemm_g5 --precision tf32 \
+            --json "$OUT/pdl_ab_tf32.json" 2>&1 | grep -v Warn | tee "$OUT/pdl_ab_tf32.txt" | tail -4)
         (cd .pin16 && tar xzf carry/e2e_neox.tgz -C /tmp && python3 -c "from tessera import zoo; from pathlib import Path; zoo.build('gpt_neox', Path('/tmp'))" \
             && timeout 150 python3 scripts/fault_check.py /tmp/e2e_neox/tuning.jsonl.gz /tmp/gpt_neox.onnx fp16 --gpu \
             2>&1 | tee "$OUT/fault_check.txt" | tail -12) ;;
-    *) echo "next.sh: calls 1-4"; exit 2 ;;
+    5)
+        (cd .pin16 && timeout 330 python3 scripts/pdl_ab.py --models gpt2 \
+            --json "$OUT/pdl_ab_gpt2.json" 2>&1 | grep -v Warn | tee "$OUT/pdl_ab_gpt2.txt" | tail -4) ;;
+    *) echo "next.sh: calls 1-5"; exit 2 ;;
 esac
