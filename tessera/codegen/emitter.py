@@ -315,17 +315,28 @@ def _transpose(em: Emitter, node: Node, index: tuple[Ix, ...], mask: Mask) -> Va
     return em.value(node.inputs[0], src, mask)
 
 
-def _reshape(em: Emitter, node: Node, index: tuple[Ix, ...], mask: Mask) -> Val:
-    sw = pairs_swap(em.graph, em.producer, node) if em.swap is not None else None
+def _swapped(em: Emitter, find: Callable[[Graph, dict[str, Node], Node], HalvesSwap | None], node: Node,
+             index: tuple[Ix, ...], mask: Mask) -> Val | None:
+    """`node` read from the kernel's registers where it swaps its tensor's elements (`codegen/rotary.py`:
+    `find` recognises the form) and the kernel driver holds every lane's partner (`Emitter.swap`): each
+    lane's partner with the sign of its run's first or second part. None where it does not."""
+    sw = find(em.graph, em.producer, node) if em.swap is not None else None
     v = em.swap(sw, index, mask) if sw is not None else None
-    if v is not None:  # sign * x[d ± 1] (rotate_every_two): v holds each lane's neighbour already
-        even, odd = (em.emit(f"-{v.expr}", v.deps) if sgn < 0 else v.expr for sgn in sw.signs)
-        if even == odd:
-            return Val(even, v.dtype, v.deps)
-        pos = index[sw.axis]
-        c = em.cond(f"({pos.expr}) % 2 == 0", pos.deps)
-        deps = v.deps | pos.deps
-        return Val(em.emit(f"tl.where({c}, {even}, {odd})", deps), v.dtype, deps)
+    if v is None:
+        return None
+    first, second = (em.emit(f"-{v.expr}", v.deps) if sgn < 0 else v.expr for sgn in sw.signs)
+    if first == second:
+        return Val(first, v.dtype, v.deps)
+    pos = index[sw.axis]  # halves: d < s; pairs: d even
+    c = em.cond(f"({pos.expr}) % 2 == 0" if sw.pairs else f"{pos.expr} < {sw.half}", pos.deps)
+    deps = v.deps | pos.deps
+    return Val(em.emit(f"tl.where({c}, {first}, {second})", deps), v.dtype, deps)
+
+
+def _reshape(em: Emitter, node: Node, index: tuple[Ix, ...], mask: Mask) -> Val:
+    swapped = _swapped(em, pairs_swap, node, index, mask)  # rotate_every_two, sign * x[d ± 1]
+    if swapped is not None:
+        return swapped
     out = em.graph.types[node.outputs[0]].shape
     ins = em.graph.types[node.inputs[0]].shape
     return em.value(node.inputs[0], ix.reshape_index(index, out, ins), mask)
@@ -385,16 +396,9 @@ def _pad(em: Emitter, node: Node, index: tuple[Ix, ...], mask: Mask) -> Val:
 
 
 def _concat(em: Emitter, node: Node, index: tuple[Ix, ...], mask: Mask) -> Val:
-    sw = halves_swap(em.graph, em.producer, node) if em.swap is not None else None
-    v = em.swap(sw, index, mask) if sw is not None else None
-    if v is not None:  # sign(d) * x[d ± s]: v holds each lane's partner already
-        lo, hi = (em.emit(f"-{v.expr}", v.deps) if sgn < 0 else v.expr for sgn in sw.signs)
-        pos = index[sw.axis]
-        if lo == hi:
-            return Val(lo, v.dtype, v.deps)
-        c = em.cond(f"{pos.expr} < {sw.half}", pos.deps)
-        deps = v.deps | pos.deps
-        return Val(em.emit(f"tl.where({c}, {lo}, {hi})", deps), v.dtype, deps)
+    swapped = _swapped(em, halves_swap, node, index, mask)  # rotate_half, sign(d) * x[d ± s]
+    if swapped is not None:
+        return swapped
     axis = node.attrs["axis"]
     pos = index[axis]
     parts: list[tuple[str | None, Val]] = []

@@ -265,7 +265,7 @@ def swap_width(graph: Graph, nodes: Sequence[Node], root: Node) -> int:
         return width
     producer = {o: n for n in nodes for o in n.outputs}
     for n in nodes:
-        sw = swap_of(graph, producer, n) if n.op in (Prim.CONCAT.value, Prim.RESHAPE.value) else None
+        sw = swap_of(graph, producer, n)
         if sw is not None and partner_columns(graph, producer, root.outputs[0], sw):
             width = max(width, 2 * sw.half)
     return width

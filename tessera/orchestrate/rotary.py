@@ -38,7 +38,7 @@ def _swaps(og: OGraph) -> dict[int, tuple[int, int]]:
     producer = _producers(og)
     out: dict[int, tuple[int, int]] = {}
     for c, node in enumerate(og.nodes):
-        sw = swap_of(g, producer, node) if node.op in (Prim.CONCAT.value, Prim.RESHAPE.value) else None
+        sw = swap_of(g, producer, node)
         if sw is None:
             continue
         inner = swap_nodes(producer, node, sw)
