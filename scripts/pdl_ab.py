@@ -9,7 +9,11 @@ once (measured costs, one tuning database, timed with `TESSERA_PDL=1`), builds t
 - `sum`: the profiler's kernel time summed (counts a PDL kernel's wait while the one before runs);
 - `busy`: the time at least one kernel ran (what `tessera bench --timing gpu` reports since session 60).
 
-    python scripts/pdl_ab.py [--models llama,gpt2] [--precision fp16] [--db PATH] [--json OUT.json]
+`--spans` also prints, for a plan of a few kernels (issue 15's GEMM chains), each kernel's start and end
+on the GPU relative to the call's first kernel (medians over the profiled calls): under PDL the tail of
+the last kernel after the one before ends is what PDL leaves of its time.
+
+    python scripts/pdl_ab.py [--models llama,gpt2] [--precision fp16] [--db PATH] [--json OUT.json] [--spans]
 """
 from __future__ import annotations
 
@@ -52,6 +56,36 @@ def _wall_us(exe: Executable, feeds: dict, calls: int) -> float:
     return start.elapsed_time(end) * 1e3 / calls
 
 
+def _spans(exe: Executable, feeds: dict, calls: int = 50) -> list[tuple[str, float, float]]:
+    """(kernel, start, end) in µs from the call's first kernel start, medians over `calls` replays."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    exe.run_static(feeds)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            exe.run_static(feeds)
+        torch.cuda.synchronize()
+    evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA and not e.is_user_annotation),
+                 key=lambda e: e.time_range.start)
+    kernels = [e for e in evs if "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+    per = len(kernels) // calls
+    if per == 0 or per * calls != len(kernels):
+        return []
+    rows = []
+    for i in range(per):
+        starts, ends = [], []
+        for c in range(calls):
+            first = kernels[c * per].time_range.start
+            e = kernels[c * per + i]
+            starts.append(e.time_range.start - first)
+            ends.append(e.time_range.end - first)
+        starts.sort(), ends.sort()
+        rows.append((kernels[i].name[:40], starts[calls // 2], ends[calls // 2]))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", default="llama,gpt2")
@@ -60,6 +94,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--spans", action="store_true", help="print each kernel's span in a call (few-kernel plans)")
     args = parser.parse_args()
     os.environ["TESSERA_PDL"] = "1"  # the tuning's timing workers launch as the PDL executable does
     tmp = Path(tempfile.mkdtemp())
@@ -84,11 +119,15 @@ def main() -> None:
             for k, exe in exes.items():
                 walls[k].append(_wall_us(exe, feeds[k], args.calls))
         profs = {k: profile_executable(exe, feeds[k], 30, bind=False) for k, exe in exes.items()}
+        spans = {k: _spans(exe, feeds[k]) for k, exe in exes.items()} if args.spans else {}
+        for k, rs in spans.items():
+            print(f"{name} {k} spans (µs from the first kernel's start): " + "; ".join(
+                f"{n} {a:.2f}-{b:.2f}" for n, a, b in rs), flush=True)
         for k in exes:
             p = profs[k]
             rows.append(dict(model=name, precision=args.precision, pdl=k, wall_us=min(walls[k]), walls=walls[k],
                              sum_us=p.total_us, busy_us=p.busy_us, kernels=len(exes[k].steps),
-                             compile_s=round(compile_s, 1), same_bits=same))
+                             compile_s=round(compile_s, 1), same_bits=same, spans=spans.get(k, [])))
         print(f"{name}: compiled in {compile_s:.0f} s, outputs with and without PDL equal: {same}; " + ", ".join(
             f"{r['pdl']} wall {r['wall_us']:.1f} sum {r['sum_us']:.1f} busy {r['busy_us']:.1f}" for r in rows[-2:]),
             flush=True)

@@ -1,0 +1,29 @@
+#!/bin/bash
+# Session 62's device calls: `bash scripts/results/bench/session62/next.sh N` from the repository root on one
+# H100 or H200, carrying .whl (the highspy wheel) and .pin16 (a `git archive` of the commit measured, its hash
+# in CODE, without scripts/results' session folders; carry/a/ holds candy_small, bert_tiny and gpt2_tiny,
+# carry/e2e_neox.tgz is session 60's call-1 folder).
+# 1: the GPU tests of PDL and of the rotary templates (interleaved pairs, the RotaryEmbedding fission) into
+#    files; scripts/pdl_ab.py --spans on gemm_g7, gemm_g5 (fp16) and gemm_g5 (tf32): one plan with and without
+#    PDL, each kernel's span in a call (what PDL leaves of the second kernel); the fault check with timing.
+# 2: scripts/pdl_ab.py on gpt2.
+source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
+export TESSERA_SOLVER=highs
+case $1 in
+    1)
+        (cd .pin16 && cat CODE && TESSERA_TEST_DEVICE=cuda timeout 90 python3 -m pytest -q -p no:cacheprovider \
+            tests/test_pdl.py > "$OUT/test_pdl.txt" 2>&1; tail -2 "$OUT/test_pdl.txt")
+        (cd .pin16 && TESSERA_TEST_DEVICE=cuda timeout 100 python3 -m pytest -q -p no:cacheprovider \
+            tests/test_rotary_epilogue.py tests/test_ops_rotary.py > "$OUT/test_rotary.txt" 2>&1; tail -2 "$OUT/test_rotary.txt")
+        (cd .pin16 && timeout 110 python3 scripts/pdl_ab.py --models gemm_g7,gemm_g5 --spans \
+            --json "$OUT/pdl_ab.json" 2>&1 | grep -v Warn > "$OUT/pdl_ab.txt"; tail -8 "$OUT/pdl_ab.txt"
+         timeout 60 python3 scripts/pdl_ab.py --models gemm_g5 --precision tf32 --spans \
+            --json "$OUT/pdl_ab_tf32.json" 2>&1 | grep -v Warn > "$OUT/pdl_ab_tf32.txt"; tail -5 "$OUT/pdl_ab_tf32.txt")
+        (cd .pin16 && tar xzf carry/e2e_neox.tgz -C /tmp && python3 -c "from tessera import zoo; from pathlib import Path; zoo.build('gpt_neox', Path('/tmp'))" \
+            && timeout 150 python3 scripts/fault_check.py /tmp/e2e_neox/tuning.jsonl.gz /tmp/gpt_neox.onnx fp16 --gpu \
+            > "$OUT/fault_check.txt" 2>&1; tail -8 "$OUT/fault_check.txt") ;;
+    2)
+        (cd .pin16 && timeout 330 python3 scripts/pdl_ab.py --models gpt2 \
+            --json "$OUT/pdl_ab_gpt2.json" 2>&1 | grep -v Warn > "$OUT/pdl_ab_gpt2.txt"; tail -4 "$OUT/pdl_ab_gpt2.txt") ;;
+    *) echo "next.sh: calls 1-2"; exit 2 ;;
+esac
