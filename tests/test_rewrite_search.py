@@ -20,6 +20,9 @@ from tessera.verify import verify
 
 MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
 ALL = sorted(p.name for p in MODELS.glob("*.onnx"))
+# The full-size networks with a `_small` twin (the same graph at a smaller input) are checked through
+# the twin: the rewrites match structure, and the full sizes only made the reference slower (27 s).
+NETWORKS = [n for n in ALL if n.replace(".onnx", "_small.onnx") not in ALL]
 
 
 def _softmax_then_matmul():
@@ -185,8 +188,8 @@ def test_compile_with_rewrites_records_them_and_the_artifact_replays(tmp_path, c
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ALL)
-def test_every_shared_model_stays_correct_with_rewrites(name):
+@pytest.mark.parametrize("name", NETWORKS)
+def test_every_shared_network_stays_correct_with_rewrites(name):
     report = verify(MODELS / name, stage="rewrites")
     assert report.passed, report.as_dict()
 
