@@ -8,7 +8,7 @@ the job (`(mini graph, plan)` pickled by `fault_check.py --save`) in a process p
 - `time-pdl`, `time-off`: the tuning's timing (`profiler._time`) with and without PDL;
 - `graph-same`: the timing's CUDA graph of launches on one input copy, PDL on.
 
-    python scripts/fault_repro.py JOB.pkl [--warps 4,8]
+    python scripts/fault_repro.py JOB.pkl [--configs 4x64,8x64,4x32]   # warps x BLOCK_M
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from pathlib import Path
 MODES = ["launch-pdl", "launch-off", "time-pdl", "time-off", "graph-same"]
 
 
-def one(path: str, mode: str, warps: int) -> int:
+def one(path: str, mode: str, warps: int, block_m: int) -> int:
     os.environ["TESSERA_PDL"] = "0" if mode.endswith("-off") else "1"
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import torch
@@ -34,13 +34,14 @@ def one(path: str, mode: str, warps: int) -> int:
     mini, plan = pickle.loads(Path(path).read_bytes())
     plan = copy.deepcopy(plan)
     plan["kernels"][0]["schedule"]["num_warps"] = warps
+    plan["kernels"][0]["schedule"]["block_m"] = block_m
     try:
         if mode.startswith("time"):
             seconds, why, _ = _time((mini, plan))
             if why:
-                print(f"  {mode} w{warps}: {why[:160]}")
+                print(f"  {mode} w{warps}m{block_m}: {why[:160]}")
                 return 3
-            print(f"  {mode} w{warps}: ran, {seconds * 1e6:.2f} us per launch")
+            print(f"  {mode} w{warps}m{block_m}: ran, {seconds * 1e6:.2f} us per launch")
             return 0
         exe = Executable(mini, plan, "cuda", cuda_graph=False)
         feeds = [_inputs(mini, "cuda", s) for s in range(3)]
@@ -57,27 +58,28 @@ def one(path: str, mode: str, warps: int) -> int:
             for i in range(300):
                 exe._launch(feeds[i % 3])
         torch.cuda.synchronize()
-        print(f"  {mode} w{warps}: ran (pdl {exe.steps[0].kernel.pdl})")
+        print(f"  {mode} w{warps}m{block_m}: ran (pdl {exe.steps[0].kernel.pdl})")
         return 0
     except Exception as e:  # noqa: BLE001 - the fault is the answer
-        print(f"  {mode} w{warps}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        print(f"  {mode} w{warps}m{block_m}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
         return 3
 
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--one":
-        return one(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return one(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("job")
-    ap.add_argument("--warps", default="4,8")
+    ap.add_argument("--configs", default="4x64,8x64,4x32", help="warps x BLOCK_M, comma-separated")
     ap.add_argument("--modes", default=",".join(MODES))
     args = ap.parse_args()
-    for w in args.warps.split(","):
+    for config in args.configs.split(","):
+        w, m = config.split("x")
         for mode in args.modes.split(","):
-            r = subprocess.run([sys.executable, __file__, "--one", args.job, mode, w], timeout=300,
+            r = subprocess.run([sys.executable, __file__, "--one", args.job, mode, w, m], timeout=300,
                                capture_output=True, text=True)
             lines = [ln for ln in r.stdout.splitlines() if ln.startswith("  ")]
-            print(lines[-1] if lines else f"  {mode} w{w}: exit {r.returncode} {r.stderr.strip()[-200:]}", flush=True)
+            print(lines[-1] if lines else f"  {mode} {config}: exit {r.returncode} {r.stderr.strip()[-200:]}", flush=True)
     return 0
 
 
