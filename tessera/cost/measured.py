@@ -549,7 +549,7 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
     firsts: dict[tuple[str, str], int] = {}
     measured: dict[str, list[tuple[AnySchedule | None, float]]] = {}
     # A chain schedule that faulted the GPU for one kernel is not run for another: Triton has
-    # miscompiled one (codegen/chain.py KNOWN_FAULTS) into kernels that fault now and then, so one
+    # miscompiled some (codegen/chain.py known_fault) into kernels that fault now and then, so one
     # clean timing does not clear it (gpt2's plan on the H200, session 26).
     unsafe = db.faulted(device, versions, "chain-")
     for name, prims, prologue, outputs in kernels:
