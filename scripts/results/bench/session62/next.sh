@@ -7,6 +7,10 @@
 #    files; scripts/pdl_ab.py --spans on gemm_g7, gemm_g5 (fp16) and gemm_g5 (tf32): one plan with and without
 #    PDL, each kernel's span in a call (what PDL leaves of the second kernel); the fault check with timing.
 # 2: scripts/pdl_ab.py on gpt2.
+# 3: scripts/fault_repro.py on gpt_neox's chain candidate that faulted timed at 4 warps (carry/fault_job.pkl,
+#    pickled here from session 60's log): which modes (launch, CUDA graph, timing; PDL or not) and which tiles
+#    fault; then issue 15's attention rows in fp16 beside SDPA and Inductor with the faulting family (32-column
+#    output blocks at 64+ rows per warp group) out of the chain spaces.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
@@ -25,5 +29,12 @@ case $1 in
     2)
         (cd .pin16 && timeout 330 python3 scripts/pdl_ab.py --models gpt2 \
             --json "$OUT/pdl_ab_gpt2.json" 2>&1 | grep -v Warn > "$OUT/pdl_ab_gpt2.txt"; tail -4 "$OUT/pdl_ab_gpt2.txt") ;;
-    *) echo "next.sh: calls 1-2"; exit 2 ;;
+    3)
+        (cd .pin16 && cat CODE && timeout 200 python3 scripts/fault_repro.py carry/fault_job.pkl \
+            --configs 4/64/32/128/64/2 2>&1 | grep -v Warn | tee "$OUT/fault_repro_a.txt"
+         timeout 330 python3 scripts/fault_repro.py carry/fault_job.pkl --modes time-pdl,time-off --configs \
+            8/64/32/128/64/2,4/32/32/128/64/2,4/64/64/128/64/2,4/64/32/64/64/2,4/64/32/128/32/2,8/128/32/128/64/2 \
+            2>&1 | grep -v Warn | tee "$OUT/fault_repro_b.txt")
+        gemms afp16 "$(echo attn_s{1..9} | tr " " ,)" fp16 250 eager,sdpa,inductor ;;
+    *) echo "next.sh: calls 1-3"; exit 2 ;;
 esac
