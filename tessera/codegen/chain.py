@@ -175,21 +175,22 @@ class ChainSpace:
     rejected: dict[str, int]  # pruning rule -> schedules it removed
 
 
-# Schedules that Triton 3.6 compiles into kernels that fault now and then on Hopper (an illegal
-# memory access, mostly while timed in a CUDA graph), with no out-of-bounds address in them: the
+# Schedules that Triton 3.6 compiles into kernels that fault on Hopper (an illegal memory access, now
+# and then or every time, launched directly or in a CUDA graph), with no out-of-bounds address in them: the
 # interpreter runs the same sources within bounds and right (`scripts/fault_check.py`). Of every
 # chain timing kept in scripts/results (H100 and H200, sessions 13-61), 165 of the 168 faults were
 # schedules whose output block is 32 columns wide with 64 rows or more per warp group (4 warps per
 # group), so that each group's second product is a wgmma of N = 32: 165 faults in 3898 timings of
 # such schedules, 3 in 10246 of all others. m64 n32 l128 k64 w4 s3 once timed clean for a GPT-2
-# attention kernel and then faulted in the plan (session 26); gpt_neox's m64 n32 l128 k64 w4 s2
-# ran one launch and faulted timed, at 1 stage and at 2 (session 62). Triton's issues 10486, 10573
-# and 11366 report the same for kernels of several dots with a 32-wide one at 4 warps.
+# attention kernel and then faulted in the plan (session 26); a gpt_neox attention chain at m64 n32
+# l128 k64 w4 faulted in 300 direct launches and when timed, with PDL and without, at 1 and 2
+# stages, and ran at 8 warps or 64 columns (session 62). Triton's issues 10486, 10573 and 11366
+# report the same for kernels of several dots with a 32-wide one at 4 warps.
 
 
 def known_fault(block_m: int, block_n: int, num_warps: int) -> bool:
     """Whether Triton's Hopper code for this chain tile is known to fault (above): kept out of
-    every space. The same tile at twice the warps (N split over two groups) or 64 columns wide
+    every space. At 64 rows the same tile at 8 warps (two groups of 16 columns) or 64 columns wide
     stays."""
     return block_n == 32 and block_m >= 64 * max(1, num_warps // 4)
 
