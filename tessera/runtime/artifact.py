@@ -23,10 +23,12 @@ from typing import Any
 import onnx
 import torch
 
+from tessera.codegen.chain import known_fault
 from tessera.errors import ModelLoadError, TesseraError
 from tessera.fission import fission
 from tessera.frontend import LoadedModel, load as frontend_load
 from tessera.ir.graph import Graph
+from tessera.log import logger
 from tessera.orchestrate.layout import assign_layouts
 from tessera.rewrite import convert_precision, mark_tf32_operands
 from tessera.rewrite.bias_after import BIAS_AFTER, move_bias_after_matmul
@@ -166,11 +168,27 @@ def load_artifact(path: str | Path, device: str | torch.device = "cpu") -> Execu
         raise ModelLoadError(f"{path}: this tessera ({__version__}) rebuilds another graph than the one tessera "
                              f"{meta.get('tessera')} planned; compile the model again")
     _check_plan(path, graph, plan)
+    faulty = faulting_chains(plan)
+    if faulty:  # a plan saved before session 62 excluded these tiles: it runs, but may fault on Hopper
+        logger.warning("%s: kernels %s are GEMM chains at tiles that Triton compiles into kernels that fault "
+                       "now and then on Hopper GPUs (32-column blocks, 64 rows a warp group); compile the model "
+                       "again to have them tuned without those tiles", path, ", ".join(faulty))
     try:
         return Executable(graph, plan, device)
     except (KeyError, ValueError, TypeError, AttributeError) as e:
         raise ModelLoadError(f"{path}: plan.json does not match the saved graph ({type(e).__name__}: {e}); "
                              "the artifact is damaged, compile it again") from None
+
+
+def faulting_chains(plan: dict[str, Any]) -> list[str]:
+    """The plan's chain kernels whose tile Triton is known to miscompile (`codegen/chain.known_fault`)."""
+    out = []
+    for k in plan["kernels"]:
+        s = k.get("schedule")
+        if isinstance(s, dict) and s.get("form") == "chain" and \
+                known_fault(int(s.get("block_m", 0)), int(s.get("block_n", 0)), int(s.get("num_warps", 4))):
+            out.append(str(k.get("name")))
+    return out
 
 
 def _check_plan(path: Path, graph: Graph, plan: Any) -> None:
