@@ -11,8 +11,10 @@
 #    pickled here from session 60's log): which modes (launch, CUDA graph, timing; PDL or not) and which tiles
 #    fault; then issue 15's attention rows in fp16 beside SDPA and Inductor with the faulting family (32-column
 #    output blocks at 64+ rows per warp group) out of the chain spaces.
-# 4 (for session 63): attn_s3's plan replayed with and without PDL (spans), then attn_s3 and attn_s1 tuned
-#    and benched with TESSERA_PDL=0 and =1 from empty databases: is the 8.03 µs of call 3 PDL's?
+# 4 (for session 63): attn_s3's plan replayed with and without PDL (spans); the faulting chain tile under
+#    compute-sanitizer (which access is out of range: a shared-memory read would be Triton's wgmma); then
+#    attn_s3 and attn_s1 tuned and benched with TESSERA_PDL=0 and =1 from empty databases: is the 8.03 µs of
+#    call 3 PDL's?
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
@@ -41,6 +43,9 @@ case $1 in
     4)  # for session 63: attn_s3 ran 1.00 of SDPA in call 3 (8.03 µs) where its tile ran 6.32 at 9b2c5fd
         (cd .pin16 && cat CODE && timeout 150 python3 scripts/pdl_ab.py --models attn_s3,attn_s2 --spans \
             --json "$OUT/pdl_ab_attn.json" 2>&1 | grep -v Warn > "$OUT/pdl_ab_attn.txt"; tail -6 "$OUT/pdl_ab_attn.txt")
+        (cd .pin16 && cp ../scripts/results/bench/session62/call3/fault_job.pkl /tmp/ && (command -v compute-sanitizer \
+            && timeout 150 compute-sanitizer --tool memcheck --print-limit 5 python3 scripts/fault_repro.py --one \
+            /tmp/fault_job.pkl launch-off 4/64/32/128/64/2 > "$OUT/sanitizer.txt" 2>&1; head -40 "$OUT/sanitizer.txt"))
         TESSERA_PDL=0 gemms a3off attn_s3,attn_s1 fp16 120 eager,sdpa,inductor
         TESSERA_PDL=1 gemms a3pdl attn_s3,attn_s1 fp16 120 eager,sdpa,inductor ;;
     *) echo "next.sh: calls 1-4"; exit 2 ;;
