@@ -43,7 +43,7 @@ case $1 in
     4)  # for session 63: attn_s3 ran 1.00 of SDPA in call 3 (8.03 µs) where its tile ran 6.32 at 9b2c5fd
         (cd .pin16 && cat CODE && timeout 150 python3 scripts/pdl_ab.py --models attn_s3,attn_s2 --spans \
             --json "$OUT/pdl_ab_attn.json" 2>&1 | grep -v Warn > "$OUT/pdl_ab_attn.txt"; tail -6 "$OUT/pdl_ab_attn.txt")
-        (cd .pin16 && cp ../scripts/results/bench/session62/call3/fault_job.pkl /tmp/ && (command -v compute-sanitizer \
+        (cd .pin16 && export PATH=$PATH:$(ls -d /usr/local/cuda*/bin 2>/dev/null | tr "\n" :) && cp ../scripts/results/bench/session62/call3/fault_job.pkl /tmp/ && (command -v compute-sanitizer \
             && timeout 150 compute-sanitizer --tool memcheck --print-limit 5 python3 scripts/fault_repro.py --one \
             /tmp/fault_job.pkl launch-off 4/64/32/128/64/2 > "$OUT/sanitizer.txt" 2>&1; head -40 "$OUT/sanitizer.txt"))
         TESSERA_PDL=0 gemms a3off attn_s3,attn_s1 fp16 120 eager,sdpa,inductor
