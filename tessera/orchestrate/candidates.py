@@ -193,8 +193,30 @@ class StructuralLegality:
                 return f"{op} cannot join a linear kernel"
             if (og.anc[i] >> root) & 1:
                 continue  # an epilogue
+            if _epilogue_view(og, mask, root, i):
+                continue  # a value the epilogue reads through a broadcast or reshape: index arithmetic there
             return f"{og.nodes[i].name} is neither computed from the linear result nor feeds its operands"
         return None
+
+
+def _epilogue_view(og: OGraph, mask: int, root: int, i: int) -> bool:
+    """Whether node `i` of linear kernel `mask` is a broadcast or reshape of a value from outside that
+    only the kernel's epilogue reads, through views alone (a rotary embedding's cos and sin gathered
+    at runtime positions, broadcast over the heads): the epilogue reads the smaller tensor at the view's
+    indices, so the view is never written. It must not feed the product nor be read outside."""
+    todo, seen = [i], 0
+    while todo:
+        j = todo.pop()
+        if (seen >> j) & 1:
+            continue
+        seen |= 1 << j
+        if og.nodes[j].op not in _POINTWISE or (og.desc[j] >> root) & 1 or og.succs[j] & ~mask \
+                or (og.graph_outputs >> j) & 1:
+            return False
+        for k in bits(og.succs[j]):
+            if not (og.anc[k] >> root) & 1:
+                todo.append(k)  # another view on the way to the epilogue
+    return True
 
 
 def _reads(og: OGraph, mask: int, start: int) -> tuple[int, frozenset[str]]:
