@@ -288,6 +288,28 @@ def pick_schedules(result: CompileResult, seed: int) -> None:
     result.kernels = generate_kernels(result.graph, result.plan, tuned)
 
 
+def _reads_through_view(impl) -> bool:
+    """Whether a linear kernel's epilogue reads a value from outside through a broadcast or reshape
+    (`orchestrate/candidates._epilogue_view`): a view of the kernel neither computed from its product
+    nor feeding it."""
+    made = {t: n for n in impl.prims for t in n.outputs}
+    def reaches(n, goal: str, up: bool) -> bool:  # along the kernel's own edges only
+        todo, seen = [n], set()
+        while todo:
+            m = todo.pop()
+            if m.name == goal:
+                return True
+            if m.name in seen:
+                continue
+            seen.add(m.name)
+            todo += [made[t] for t in m.inputs if t in made] if up else \
+                [k for k in impl.prims if set(k.inputs) & set(m.outputs)]
+        return False
+    root = impl.linear
+    return any(n.op in ("broadcast", "reshape") and not reaches(n, root.name, True) and not reaches(n, root.name, False)
+               for n in impl.prims if n is not root)
+
+
 def kernel_forms(result: CompileResult) -> Counter:
     """What the plan exercises: generated pointwise/reduction/tiled kernels, library linears,
     channels-last convolutions, padded channels, closed-form tables, views and fallbacks."""
@@ -316,6 +338,7 @@ def kernel_forms(result: CompileResult) -> Counter:
         if impl.linear is not None:
             op = impl.linear.op
             c[f"linear:{op}"] += 1
+            c["linear:epilogue_view"] += _reads_through_view(impl)
             if not g.types[impl.linear.inputs[0]].plain:
                 c[f"linear:{op}:channels_last"] += 1
             if impl.bias:
