@@ -51,6 +51,9 @@ from tessera.fission import fission
 from tessera.frontend import load
 from tessera.ir import interp, onnx_export
 from tessera.ir.tables import table_form
+from tessera.orchestrate import build_ograph
+from tessera.orchestrate.candidates import epilogue_view
+from tessera.orchestrate.graphview import OGraph, bits
 from tessera.orchestrate.layout import is_conversion
 from tessera.runtime.executable import Executable
 from tessera.tolerance import TOLERANCE, rel_l2
@@ -288,26 +291,14 @@ def pick_schedules(result: CompileResult, seed: int) -> None:
     result.kernels = generate_kernels(result.graph, result.plan, tuned)
 
 
-def _reads_through_view(impl) -> bool:
-    """Whether a linear kernel's epilogue reads a value from outside through a broadcast or reshape
-    (`orchestrate/candidates._epilogue_view`): a view of the kernel neither computed from its product
-    nor feeding it."""
-    made = {t: n for n in impl.prims for t in n.outputs}
-    def reaches(n, goal: str, up: bool) -> bool:  # along the kernel's own edges only
-        todo, seen = [n], set()
-        while todo:
-            m = todo.pop()
-            if m.name == goal:
-                return True
-            if m.name in seen:
-                continue
-            seen.add(m.name)
-            todo += [made[t] for t in m.inputs if t in made] if up else \
-                [k for k in impl.prims if set(k.inputs) & set(m.outputs)]
-        return False
-    root = impl.linear
-    return any(n.op in ("broadcast", "reshape") and not reaches(n, root.name, True) and not reaches(n, root.name, False)
-               for n in impl.prims if n is not root)
+def _reads_through_view(og: OGraph, impl) -> bool:
+    """Whether a linear kernel's epilogue reads a value from outside through a broadcast or reshape:
+    a node of the kernel that is not computed from its product and that `candidates.epilogue_view`
+    admits."""
+    idx = {n.name: i for i, n in enumerate(og.nodes)}
+    mask = sum(1 << idx[n.name] for n in impl.prims if n.name in idx)
+    root = idx.get(impl.linear.name)
+    return root is not None and any(epilogue_view(og, mask, root, i) for i in bits(mask) if i != root and not (og.anc[i] >> root) & 1)
 
 
 def kernel_forms(result: CompileResult) -> Counter:
@@ -315,6 +306,7 @@ def kernel_forms(result: CompileResult) -> Counter:
     channels-last convolutions, padded channels, closed-form tables, views and fallbacks."""
     c: Counter = Counter()
     g = result.graph
+    og = build_ograph(g) if any(impl.linear is not None for impl in result.kernels) else None
     for impl in result.kernels:
         c[f"backend:{impl.backend}"] += 1
         ks = impl.triton
@@ -338,7 +330,7 @@ def kernel_forms(result: CompileResult) -> Counter:
         if impl.linear is not None:
             op = impl.linear.op
             c[f"linear:{op}"] += 1
-            c["linear:epilogue_view"] += _reads_through_view(impl)
+            c["linear:epilogue_view"] += _reads_through_view(og, impl)
             if not g.types[impl.linear.inputs[0]].plain:
                 c[f"linear:{op}:channels_last"] += 1
             if impl.bias:

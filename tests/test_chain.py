@@ -554,6 +554,22 @@ def test_a_saved_plan_with_a_faulting_chain_tile_loads_with_a_warning(tmp_path, 
     assert rel_l2(got, ref) < TOLERANCE["fp32"]
 
 
+def test_a_cached_plan_with_a_faulting_chain_tile_is_planned_again(tmp_path, monkeypatch, caplog):
+    # The plan cache's key names tessera's and the software's versions, which this exclusion did not
+    # change: an entry planned before it is stale, removed and planned again, not run.
+    import logging
+
+    from tessera.runtime import plan_cache
+
+    monkeypatch.setenv("TESSERA_CACHE", str(tmp_path))
+    tile = {"form": "chain", "block_m": 64, "block_n": 32, "block_l": 128, "block_k": 64, "num_warps": 4}
+    plan_cache.store("k", {"kernels": [{"name": "k0_chain", "schedule": tile}]}, {})
+    with caplog.at_level(logging.INFO, logger="tessera"):
+        assert plan_cache.lookup("k", None, "cpu") is None
+    assert "k0_chain" in caplog.text and "fault" in caplog.text
+    assert not (plan_cache.plan_dir() / "k.json").exists()
+
+
 @GQA
 def test_forced_compile_runs_gqa_attention_as_one_kernel(kv_heads, repeat, tmp_path):
     model, feeds = attention(13, 31, 64, heads=4, kv_heads=kv_heads, mask="causal", seed=6, repeat=repeat)

@@ -1,5 +1,5 @@
 """A linear kernel's epilogue may read a runtime value through broadcasts and reshapes
-(`orchestrate/candidates._epilogue_view`): the kernel before it writes the small tensor, and the
+(`orchestrate/candidates.epilogue_view`): the kernel before it writes the small tensor, and the
 epilogue reads it at the view's indices. A rotary embedding at runtime positions is the case that
 needs it: the gathered cos and sin rows, broadcast over the heads, were written H times (session 61's
 weak point); now the gather writes one row per position."""

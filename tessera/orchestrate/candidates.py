@@ -193,13 +193,13 @@ class StructuralLegality:
                 return f"{op} cannot join a linear kernel"
             if (og.anc[i] >> root) & 1:
                 continue  # an epilogue
-            if _epilogue_view(og, mask, root, i):
+            if epilogue_view(og, mask, root, i):
                 continue  # a value the epilogue reads through a broadcast or reshape: index arithmetic there
             return f"{og.nodes[i].name} is neither computed from the linear result nor feeds its operands"
         return None
 
 
-def _epilogue_view(og: OGraph, mask: int, root: int, i: int) -> bool:
+def epilogue_view(og: OGraph, mask: int, root: int, i: int) -> bool:
     """Whether node `i` of linear kernel `mask` is a broadcast or reshape of a value from outside that
     only the kernel's epilogue reads, through views alone (a rotary embedding's cos and sin gathered
     at runtime positions, broadcast over the heads): the epilogue reads the smaller tensor at the view's

@@ -29,7 +29,7 @@ from tessera import cache
 from tessera.errors import TesseraError
 from tessera.frontend import LoadedModel
 from tessera.log import logger
-from tessera.runtime.artifact import graph_digest, rebuild_graph
+from tessera.runtime.artifact import faulting_chains, graph_digest, rebuild_graph
 from tessera.runtime.executable import Executable
 from tessera.version import __version__
 
@@ -84,6 +84,9 @@ def lookup(key: str, model: LoadedModel, device: torch.device) -> Executable | N
         return None
     try:
         doc = json.loads(f.read_text())
+        faulty = faulting_chains(doc["plan"])
+        if faulty:  # planned before those tiles left the search (session 62): plan again without them
+            raise ValueError(f"kernels {', '.join(faulty)} use chain tiles that Triton compiles into faulting kernels")
         graph = rebuild_graph(model, doc["meta"])
         if graph_digest(graph) != doc["meta"]["graph_digest"]:
             raise ValueError("the rebuilt graph differs from the planned one")
