@@ -1,0 +1,32 @@
+#!/bin/bash
+# Session 63's device calls: `bash scripts/results/bench/session63/next.sh N` from the repository root on one
+# H100 or H200, carrying .whl (the highspy wheel) and .pin16 (a `git archive` of the commit measured, its hash
+# in CODE, without scripts/results' session folders; carry/a/ holds candy_small, bert_tiny and gpt2_tiny).
+# 1: attn_s3's plan replayed with and without PDL (spans); the faulting chain tile under compute-sanitizer
+#    (which access is out of range); then attn_s3 and attn_s1 tuned and benched with TESSERA_PDL=0 and =1 from
+#    empty databases: is call 3 of session 62's 8.03 µs on attn_s3 PDL's?
+# 2: tf32 attention attn_s1-s9 beside eager, SDPA and Inductor (not re-run since the faulting family left the
+#    chain spaces).
+# 3: end to end, fp16, cold, with --profile (the plan's attention kernels named): gpt2 and bert_base beside eager
+#    and Inductor. 4: segformer_b0 the same way.
+source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
+export TESSERA_SOLVER=highs
+case $1 in
+    1)
+        (cd .pin16 && cat CODE && timeout 150 python3 scripts/pdl_ab.py --models attn_s3,attn_s2 --spans \
+            --json "$OUT/pdl_ab_attn.json" 2>&1 | grep -v Warn > "$OUT/pdl_ab_attn.txt"; tail -6 "$OUT/pdl_ab_attn.txt")
+        (cd .pin16 && export PATH=$PATH:$(ls -d /usr/local/cuda*/bin 2>/dev/null | tr "\n" :) \
+            && cp ../scripts/results/bench/session62/call3/fault_job.pkl /tmp/ && (command -v compute-sanitizer \
+            && timeout 150 compute-sanitizer --tool memcheck --print-limit 5 python3 scripts/fault_repro.py --one \
+            /tmp/fault_job.pkl launch-off 4/64/32/128/64/2 > "$OUT/sanitizer.txt" 2>&1; head -40 "$OUT/sanitizer.txt"))
+        TESSERA_PDL=0 gemms a3off attn_s3,attn_s1 fp16 120 eager,sdpa,inductor
+        TESSERA_PDL=1 gemms a3pdl attn_s3,attn_s1 fp16 120 eager,sdpa,inductor ;;
+    2)
+        gemms atf32 "$(echo attn_s{1..9} | tr " " ,)" tf32 280 eager,sdpa,inductor ;;
+    3)
+        export PROFILE=1
+        gemms e2e_a gpt2 fp16 290 eager,inductor; gemms e2e_b bert_base fp16 270 eager,inductor ;;
+    4)
+        PROFILE=1 gemms e2e_c segformer_b0 fp16 400 eager,inductor ;;
+    *) echo "next.sh: calls 1-4"; exit 2 ;;
+esac
