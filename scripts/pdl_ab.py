@@ -13,11 +13,19 @@ once (measured costs, one tuning database, timed with `TESSERA_PDL=1`), builds t
 on the GPU relative to the call's first kernel (medians over the profiled calls): under PDL the tail of
 the last kernel after the one before ends is what PDL leaves of its time.
 
+`--chain W/M/N/L/K/S,...` replays the plan once per listed schedule of its chain kernels (warps, BLOCK_M, BLOCK_N,
+BLOCK_L, BLOCK_K, stages) instead of the tuned one. `--split` adds two executables that separate PDL's two
+parts: `code` compiles the prologue in but launches without the attribute (griddepcontrol does nothing),
+`attr` launches with the attribute a kernel without the prologue. Each kernel binary's registers, spills and
+shared memory are printed (is a slower PDL kernel a different binary?).
+
     python scripts/pdl_ab.py [--models llama,gpt2] [--precision fp16] [--db PATH] [--json OUT.json] [--spans]
+        [--chain 4/64/64/128/64/3] [--split]
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -44,6 +52,48 @@ def _executable(result, plan: dict, pdl: bool) -> Executable:
         return Executable(result.graph, plan, "cuda")
     finally:
         os.environ.pop("TESSERA_PDL") if saved is None else os.environ.__setitem__("TESSERA_PDL", saved)
+
+
+CHAIN_FIELDS = ("num_warps", "block_m", "block_n", "block_l", "block_k", "num_stages")
+
+
+def _with_chain(plan: dict, config: str) -> dict:
+    """The plan with every chain kernel's schedule set to `config` (W/M/N/L/K/S)."""
+    plan = copy.deepcopy(plan)
+    for k in plan["kernels"]:
+        s = k.get("schedule")
+        if isinstance(s, dict) and "block_l" in s:
+            s.update(zip(CHAIN_FIELDS, map(int, config.split("/"))))
+    return plan
+
+
+def _split(exe: Executable, part: str) -> Executable:
+    """A PDL executable's kernels launched with one of PDL's two parts: `code` (prologue, no attribute) or
+    `attr` (attribute, no prologue)."""
+    for step in exe.steps:
+        k = getattr(step, "kernel", None)
+        if k is None or not getattr(k, "pdl", False):
+            continue
+        k.pdl = False
+        extra = {"PDL": True} if part == "code" else {"launch_pdl": True}
+        k.launches = [(fn, grid, {**meta, **extra}) for fn, grid, meta in k.launches]
+    return exe
+
+
+def _binaries(exe: Executable) -> list[str]:
+    """Each launched Triton binary: its kernel, registers per thread, spills and shared memory in bytes."""
+    out = []
+    for step in exe.steps:
+        k = getattr(step, "kernel", None)
+        for fn, _, _ in getattr(k, "launches", []):
+            try:  # Triton's per-device cache of compiled kernels (3.6: a tuple whose first item is the dict)
+                for compiled in fn.device_caches[torch.cuda.current_device()][0].values():
+                    compiled._init_handles()
+                    out.append(f"{fn.__name__[:24]} regs {compiled.n_regs} spills {compiled.n_spills} "
+                               f"shared {compiled.metadata.shared}")
+            except Exception as e:  # noqa: BLE001 - a Triton without this cache: say so, go on
+                out.append(f"{getattr(fn, '__name__', '?')}: {type(e).__name__}")
+    return out
 
 
 def _wall_us(exe: Executable, feeds: dict, calls: int) -> float:
@@ -86,6 +136,41 @@ def _spans(exe: Executable, feeds: dict, calls: int = 50) -> list[tuple[str, flo
     return rows
 
 
+def _measure(label: str, result, plan: dict, path: Path, args: argparse.Namespace, compile_s: float) -> list[dict]:
+    """Build the plan's executables (PDL on and off, with --split its two parts), check they compute the same
+    bits, time them interleaved; one row each."""
+    rows: list[dict] = []
+    exes = {"pdl": _executable(result, plan, True), "off": _executable(result, plan, False)}
+    if args.split:
+        exes.update(code=_split(_executable(result, plan, True), "code"), attr=_split(_executable(result, plan, True), "attr"))
+    assert exes["pdl"].pdl and not exes["off"].pdl
+    graph = load(path).graph
+    raw = {k: torch.from_numpy(v) for k, v in random_inputs(graph, 1).items()}
+    feeds = {k: exe.bind_inputs(exe.prepare_inputs(**raw)) for k, exe in exes.items()}
+    outs = {k: exe.run_static(feeds[k]) for k, exe in exes.items()}
+    same = all(torch.equal(outs[k][o], outs["off"][o]) for k in outs for o in outs["off"])
+    walls: dict[str, list[float]] = {k: [] for k in exes}
+    for _ in range(args.repeats):  # interleaved, before any profile (CUPTI stays attached after one)
+        for k, exe in exes.items():
+            walls[k].append(_wall_us(exe, feeds[k], args.calls))
+    profs = {k: profile_executable(exe, feeds[k], 30, bind=False) for k, exe in exes.items()}
+    spans = {k: _spans(exe, feeds[k]) for k, exe in exes.items()} if args.spans else {}
+    for k, rs in spans.items():
+        print(f"{label} {k} spans (µs from the first kernel's start): " + "; ".join(
+            f"{n} {a:.2f}-{b:.2f}" for n, a, b in rs), flush=True)
+    for k in exes:
+        p = profs[k]
+        rows.append(dict(model=label, precision=args.precision, pdl=k, wall_us=min(walls[k]), walls=walls[k],
+                         sum_us=p.total_us, busy_us=p.busy_us, kernels=len(exes[k].steps),
+                         compile_s=round(compile_s, 1), same_bits=same, spans=spans.get(k, [])))
+    print(f"{label}: compiled in {compile_s:.0f} s, outputs with and without PDL equal: {same}; " + ", ".join(
+        f"{r['pdl']} wall {r['wall_us']:.1f} sum {r['sum_us']:.1f} busy {r['busy_us']:.1f}" for r in rows),
+        flush=True)
+    for k, exe in exes.items():
+        print(f"{label} {k} binaries: " + "; ".join(_binaries(exe)), flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", default="llama,gpt2")
@@ -95,6 +180,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", default=None)
     parser.add_argument("--spans", action="store_true", help="print each kernel's span in a call (few-kernel plans)")
+    parser.add_argument("--chain", default="", help="chain schedules W/M/N/L/K/S to replay instead of the tuned")
+    parser.add_argument("--split", action="store_true", help="also PDL's prologue alone and its attribute alone")
     args = parser.parse_args()
     os.environ["TESSERA_PDL"] = "1"  # the tuning's timing workers launch as the PDL executable does
     tmp = Path(tempfile.mkdtemp())
@@ -106,39 +193,19 @@ def main() -> None:
         result = compile_model(path, CompileOptions(precision=args.precision, io="precision", cost="measured",
                                                     db=db, solver="highs"))
         compile_s = time.perf_counter() - t0
-        plan = plan_document(result)
-        exes = {"pdl": _executable(result, plan, True), "off": _executable(result, plan, False)}
-        assert exes["pdl"].pdl and not exes["off"].pdl
-        graph = load(path).graph
-        raw = {k: torch.from_numpy(v) for k, v in random_inputs(graph, 1).items()}
-        feeds = {k: exe.bind_inputs(exe.prepare_inputs(**raw)) for k, exe in exes.items()}
-        outs = {k: exe.run_static(feeds[k]) for k, exe in exes.items()}
-        same = all(torch.equal(outs["pdl"][o], outs["off"][o]) for o in outs["off"])
-        walls: dict[str, list[float]] = {k: [] for k in exes}
-        for _ in range(args.repeats):  # interleaved, before any profile (CUPTI stays attached after one)
-            for k, exe in exes.items():
-                walls[k].append(_wall_us(exe, feeds[k], args.calls))
-        profs = {k: profile_executable(exe, feeds[k], 30, bind=False) for k, exe in exes.items()}
-        spans = {k: _spans(exe, feeds[k]) for k, exe in exes.items()} if args.spans else {}
-        for k, rs in spans.items():
-            print(f"{name} {k} spans (µs from the first kernel's start): " + "; ".join(
-                f"{n} {a:.2f}-{b:.2f}" for n, a, b in rs), flush=True)
-        for k in exes:
-            p = profs[k]
-            rows.append(dict(model=name, precision=args.precision, pdl=k, wall_us=min(walls[k]), walls=walls[k],
-                             sum_us=p.total_us, busy_us=p.busy_us, kernels=len(exes[k].steps),
-                             compile_s=round(compile_s, 1), same_bits=same, spans=spans.get(k, [])))
-        print(f"{name}: compiled in {compile_s:.0f} s, outputs with and without PDL equal: {same}; " + ", ".join(
-            f"{r['pdl']} wall {r['wall_us']:.1f} sum {r['sum_us']:.1f} busy {r['busy_us']:.1f}" for r in rows[-2:]),
-            flush=True)
+        tuned = plan_document(result)
+        for chain in args.chain.split(",") if args.chain else [""]:
+            plan = _with_chain(tuned, chain) if chain else tuned
+            label = f"{name} {chain}".strip()
+            rows += _measure(label, result, plan, path, args, compile_s)
         if args.json:  # after each model: a run cut off by a time limit keeps what it measured
             Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                                    "torch": torch.__version__, "rows": rows}, indent=1))
     dev = torch.cuda.get_device_name()
     print(f"\n{dev}; torch {torch.__version__}; µs per call")
-    print(f"{'model':8} {'pdl':4} {'wall':>7} {'sum':>7} {'busy':>7}  walls")
+    print(f"{'model':24} {'pdl':4} {'wall':>7} {'sum':>7} {'busy':>7}  walls")
     for r in rows:
-        print(f"{r['model']:8} {r['pdl']:4} {r['wall_us']:7.1f} {r['sum_us']:7.1f} {r['busy_us']:7.1f}  "
+        print(f"{r['model']:24} {r['pdl']:4} {r['wall_us']:7.1f} {r['sum_us']:7.1f} {r['busy_us']:7.1f}  "
               + " ".join(f"{w:.1f}" for w in r["walls"]))
 
 

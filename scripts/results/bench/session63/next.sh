@@ -9,6 +9,9 @@
 #    chain spaces).
 # 3: end to end, fp16, cold, with --profile (the plan's attention kernels named): gpt2 and bert_base beside eager
 #    and Inductor. 4: segformer_b0 the same way.
+# 5: why PDL slows attn_s3's best tile (m64 n64 l128 k64 w4 s3: 8.59 µs timed with PDL, 6.85 without, in call 1's
+#    tunings): scripts/pdl_ab.py --chain --split on attn_s3 and attn_s1 at that tile and its 8-warp twin, with the
+#    prologue alone and the launch attribute alone, and each binary's registers, spills and shared memory.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
@@ -28,5 +31,9 @@ case $1 in
         gemms e2e_a gpt2 fp16 290 eager,inductor; gemms e2e_b bert_base fp16 270 eager,inductor ;;
     4)
         PROFILE=1 gemms e2e_c segformer_b0 fp16 400 eager,inductor ;;
-    *) echo "next.sh: calls 1-4"; exit 2 ;;
+    5)
+        (cd .pin16 && cat CODE && timeout 400 python3 scripts/pdl_ab.py --models attn_s3,attn_s1 --split \
+            --chain 4/64/64/128/64/3,8/64/64/128/64/3 --json "$OUT/pdl_split.json" 2>&1 | grep -v Warn > "$OUT/pdl_split.txt"
+         tail -30 "$OUT/pdl_split.txt") ;;
+    *) echo "next.sh: calls 1-5"; exit 2 ;;
 esac
