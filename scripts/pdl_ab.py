@@ -6,7 +6,7 @@ once (measured costs, one tuning database, timed with `TESSERA_PDL=1`), builds t
 `TESSERA_PDL=0`, checks that they compute the same bits, and times both, interleaved:
 
 - `wall`: CUDA events around `--calls` back-to-back replays (what a call costs on the GPU's timeline);
-- `sum`: the profiler's kernel time summed (counts a PDL kernel's wait while the one before runs);
+- `sum`: the kernels' spans summed (`Profile.span_us`: counts a PDL kernel's wait while the one before runs);
 - `busy`: the time at least one kernel ran (what `tessera bench --timing gpu` reports since session 60).
 
 `--spans` also prints, for a plan of a few kernels (issue 15's GEMM chains), each kernel's start and end
@@ -161,7 +161,7 @@ def _measure(label: str, result, plan: dict, path: Path, args: argparse.Namespac
     for k in exes:
         p = profs[k]
         rows.append(dict(model=label, precision=args.precision, pdl=k, wall_us=min(walls[k]), walls=walls[k],
-                         sum_us=p.total_us, busy_us=p.busy_us, kernels=len(exes[k].steps),
+                         sum_us=p.span_us, busy_us=p.busy_us, kernels=len(exes[k].steps),
                          compile_s=round(compile_s, 1), same_bits=same, spans=spans.get(k, [])))
     print(f"{label}: compiled in {compile_s:.0f} s, outputs with and without PDL equal: {same}; " + ", ".join(
         f"{r['pdl']} wall {r['wall_us']:.1f} sum {r['sum_us']:.1f} busy {r['busy_us']:.1f}" for r in rows),

@@ -103,6 +103,24 @@ def test_busy_time_counts_overlapping_kernels_once():
     assert busy_us([]) == 0
 
 
+def test_each_kernel_counts_its_time_after_the_kernels_before_it():
+    # A plan kernel's profiled time under PDL is its span after the kernel before it ended, not the
+    # span that counts its wait (session 63: bert_base's 12 attention kernels read 133 µs by their
+    # spans). The times sum to the busy time; without overlap they are the spans.
+    from tessera.runtime.profile import _attribute, exposed_us
+
+    def ev(name, start, end):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end,
+                                                                     elapsed_us=lambda: end - start))
+    spans = [_span(0, 10), _span(4, 12), _span(5, 6), _span(15, 20)]
+    assert exposed_us(spans) == [10, 2, 0, 5]
+    replay = [ev("k0_a", 0, 3), ev("k1_b", 1, 7), ev("k0_a", 10, 13), ev("k1_b", 11, 15)]
+    rows, how = _attribute([("k0", "k0_a"), ("k1", "k1_b")], replay, 2)
+    assert how == "order"
+    assert [(pk, us) for pk, _, us, _ in rows] == [("k0", 3), ("k1", 3)]  # spans 6 and 4
+    assert sum(us for *_, us, _ in rows) == busy_us(replay) / 2
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", ["gpt2_tiny.onnx", "candy_small.onnx"])
 def test_a_pdl_replay_computes_what_the_same_plan_computes_without_it(name, monkeypatch):

@@ -230,12 +230,22 @@ def test_bound_feeds_copy_nothing_before_a_replay():
 
 
 class _Ev:
-    """A stand-in for a profiler's device event: a name and a duration."""
+    """A stand-in for a profiler's device event: a name and a span."""
 
-    def __init__(self, name: str, us: float) -> None:
+    def __init__(self, name: str, start: float, us: float) -> None:
         from types import SimpleNamespace
 
-        self.name, self.time_range = name, SimpleNamespace(elapsed_us=lambda: us)
+        self.name = name
+        self.time_range = SimpleNamespace(start=start, end=start + us, elapsed_us=lambda: us)
+
+
+def _timeline(pairs: list[tuple[str, float]]) -> list[_Ev]:
+    """(name, µs) events one after another on the GPU, 1 µs apart."""
+    out, t = [], 0.0
+    for name, us in pairs:
+        out.append(_Ev(name, t, us))
+        t += us + 1.0
+    return out
 
 
 def test_attribution_lines_up_sequences_that_differ_a_little():
@@ -248,7 +258,7 @@ def test_attribution_lines_up_sequences_that_differ_a_little():
                 ("k5", "c"), ("k6", "d"), ("k7", "e"), ("k8", "f"), ("k9", "g")]
     one = [("a", 1.0), ("gemm", 10.0), ("conv_y", 3.0), ("gemm", 30.0), ("b", 1.0), ("memset", 0.5),
            ("c", 1.0), ("d", 1.0), ("e", 1.0), ("f", 1.0), ("g", 1.0)]
-    replay = [_Ev(n, us) for _ in range(2) for n, us in one]
+    replay = _timeline(one + one)
     rows, how = _attribute(expected, replay, 2)
     assert how == "aligned"
     got = {(pk, name): us for pk, name, us, _ in rows}
@@ -257,9 +267,9 @@ def test_attribution_lines_up_sequences_that_differ_a_little():
     assert got[(None, "memset")] == 0.5  # inserted: no eager kernel launched it
     assert sum(us for *_, us, _ in rows) == pytest.approx(sum(us for _, us in one))
     # Exact repeats are matched by order; replays that differ from each other fall back to names.
-    exact = [_Ev(n, 1.0) for _ in range(2) for _, n in expected]
+    exact = _timeline([(n, 1.0) for _ in range(2) for _, n in expected])
     assert _attribute(expected, exact, 2)[1] == "order"
-    assert _attribute(expected, replay[:-1] + [_Ev("h", 1.0)], 2)[1] == "name"
+    assert _attribute(expected, _timeline(one + one[:-1] + [("h", 1.0)]), 2)[1] == "name"
 
 
 def test_bench_times_every_contender_before_any_profile(monkeypatch):
