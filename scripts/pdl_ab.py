@@ -16,7 +16,8 @@ the last kernel after the one before ends is what PDL leaves of its time.
 `--chain W/M/N/L/K/S,...` replays the plan once per listed schedule of its chain kernels (warps, BLOCK_M, BLOCK_N,
 BLOCK_L, BLOCK_K, stages) instead of the tuned one. `--split` adds two executables that separate PDL's two
 parts: `code` compiles the prologue in but launches without the attribute (griddepcontrol does nothing),
-`attr` launches with the attribute a kernel without the prologue. Each kernel binary's registers, spills and
+`attr` launches with the attribute a kernel without the prologue, `late` with the attribute and the wait but
+without the early trigger (the next kernel launches as this one ends). Each kernel binary's registers, spills and
 shared memory are printed (is a slower PDL kernel a different binary?).
 
     python scripts/pdl_ab.py [--models llama,gpt2] [--precision fp16] [--db PATH] [--json OUT.json] [--spans]
@@ -69,13 +70,14 @@ def _with_chain(plan: dict, config: str) -> dict:
 
 def _split(exe: Executable, part: str) -> Executable:
     """A PDL executable's kernels launched with one of PDL's two parts: `code` (prologue, no attribute) or
-    `attr` (attribute, no prologue)."""
+    `attr` (attribute, no prologue); or `late`: the attribute and the wait, but no early trigger (the next
+    kernel launches as this one ends)."""
     for step in exe.steps:
         k = getattr(step, "kernel", None)
         if k is None or not getattr(k, "pdl", False):
             continue
         k.pdl = False
-        extra = {"PDL": True} if part == "code" else {"launch_pdl": True}
+        extra = {"code": {"PDL": 1}, "attr": {"launch_pdl": True}, "late": {"PDL": 2, "launch_pdl": True}}[part]
         k.launches = [(fn, grid, {**meta, **extra}) for fn, grid, meta in k.launches]
     return exe
 
@@ -142,7 +144,7 @@ def _measure(label: str, result, plan: dict, path: Path, args: argparse.Namespac
     rows: list[dict] = []
     exes = {"pdl": _executable(result, plan, True), "off": _executable(result, plan, False)}
     if args.split:
-        exes.update(code=_split(_executable(result, plan, True), "code"), attr=_split(_executable(result, plan, True), "attr"))
+        exes.update({part: _split(_executable(result, plan, True), part) for part in ("code", "attr", "late")})
     assert exes["pdl"].pdl and not exes["off"].pdl
     graph = load(path).graph
     raw = {k: torch.from_numpy(v) for k, v in random_inputs(graph, 1).items()}

@@ -21,12 +21,17 @@ FORCE = tessera.CompileOptions(cost="analytical", templates="force", precision="
 
 
 def _first_statement_waits(fn: ast.FunctionDef) -> bool:
-    """The function's first statement is `if PDL:` calling launch_dependents and then wait."""
+    """The function's first statement is `if PDL:` that calls launch_dependents (at PDL 1 only: PDL 2 lets
+    the next kernel launch as this one ends) and then wait, and nothing else."""
     first = fn.body[0]
     if not (isinstance(first, ast.If) and isinstance(first.test, ast.Name) and first.test.id == "PDL"):
         return False
-    calls = [s.value.func.id for s in first.body if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)]
-    return calls == ["gdc_launch_dependents", "gdc_wait"]
+
+    def calls(body: list[ast.stmt]) -> list[str]:
+        return [s.value.func.id for s in body if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)]
+    early, wait = first.body
+    return (isinstance(early, ast.If) and ast.unparse(early.test) == "PDL == 1"
+            and calls(early.body) == ["gdc_launch_dependents"] and calls([wait]) == ["gdc_wait"])
 
 
 @pytest.mark.parametrize("name", ["gpt2_tiny.onnx", "candy_small.onnx"])
@@ -45,7 +50,7 @@ def test_every_generated_kernel_waits_for_the_kernel_before_it_first_thing(name)
             functions += 1
             assert _first_statement_waits(fn), f"{st.impl.name}: {fn.name} touches memory before gdc_wait"
             pdl = [a for a in fn.args.args if a.arg == "PDL"]
-            assert pdl and isinstance(fn.args.defaults[-1], ast.Constant) and fn.args.defaults[-1].value is False
+            assert pdl and isinstance(fn.args.defaults[-1], ast.Constant) and fn.args.defaults[-1].value == 0
     assert functions > len(forms) > 1, forms  # several forms, and more functions than kernels of one
 
 
@@ -72,7 +77,7 @@ def test_a_pdl_kernel_is_launched_and_compiled_with_the_flag():
     kernel(*args)
     kernel.compile_only(*args)
     assert [w for w, _ in seen] == ["launch"] * len(kernel.launches) + ["warmup"] * len(kernel.launches)
-    assert all(meta["PDL"] is True and meta["launch_pdl"] is True for _, meta in seen)
+    assert all(meta["PDL"] == 1 and meta["launch_pdl"] is True for _, meta in seen)
 
 
 def test_pdl_needs_hopper_and_can_be_turned_on_and_off(monkeypatch):

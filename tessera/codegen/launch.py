@@ -244,7 +244,7 @@ class TritonKernel:
         try:
             for fn, grid, meta in self.launches:
                 # launch_pdl is a compile option too (a binary of its own), so a warmup compiles what runs
-                go(fn, grid, {**meta, "PDL": True, "launch_pdl": True} if self.pdl else meta)
+                go(fn, grid, {**meta, "PDL": 1, "launch_pdl": True} if self.pdl else meta)
         except Exception as e:
             raise KernelCompileError(f"kernel {self.ks.name} ({', '.join(self.ks.prims)}) failed: "
                                      f"{type(e).__name__}: {e}") from e

@@ -53,13 +53,14 @@ def tf32_round(x):
 
 # Every generated kernel takes this constexpr parameter and, when it is set, starts with these lines. A
 # kernel launched with programmatic dependent launch (Hopper and later; `codegen.launch.pdl_supported`)
-# lets the next kernel in the stream launch at once, so that kernel's programs are resident when this
-# one ends, and waits for the kernel before it to finish (its writes visible) before it touches memory.
+# waits for the kernel before it to finish (its writes visible) before it touches memory; at PDL=1 it
+# also lets the next kernel in the stream launch at once, so that kernel's programs are resident when
+# this one ends (at PDL=2 the next launches as this one ends, as without the call).
 # Unset (the interpreter, GPUs before Hopper, TESSERA_PDL=0) the branch is compiled away.
-PDL_PARAM = "PDL: tl.constexpr = False"
+PDL_PARAM = "PDL: tl.constexpr = 0"
 PDL_PROLOGUE = (
     "if PDL:  # programmatic dependent launch: the next kernel may launch; memory once the one before ended",
-    "    gdc_launch_dependents()", "    gdc_wait()")
+    "    if PDL == 1:", "        gdc_launch_dependents()", "    gdc_wait()")
 
 
 def module_source(lines: Sequence[str]) -> str:

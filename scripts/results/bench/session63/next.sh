@@ -11,7 +11,8 @@
 #    and Inductor. 4: segformer_b0 the same way.
 # 5: why PDL slows attn_s3's best tile (m64 n64 l128 k64 w4 s3: 8.59 µs timed with PDL, 6.85 without, in call 1's
 #    tunings): scripts/pdl_ab.py --chain --split on attn_s3 and attn_s1 at that tile and its 8-warp twin, with the
-#    prologue alone and the launch attribute alone, and each binary's registers, spills and shared memory.
+#    prologue alone, the launch attribute alone, and both without the early trigger (PDL=2), and each binary's
+#    registers, spills and shared memory.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
