@@ -18,10 +18,12 @@ BLOCK_L, BLOCK_K, stages) instead of the tuned one. `--split` adds two executabl
 parts: `code` compiles the prologue in but launches without the attribute (griddepcontrol does nothing),
 `attr` launches with the attribute a kernel without the prologue, `late` with the attribute and the wait but
 without the early trigger (the next kernel launches as this one ends). Each kernel binary's registers, spills and
-shared memory are printed (is a slower PDL kernel a different binary?).
+shared memory are printed (is a slower PDL kernel a different binary?). `--in-graph N` also times N calls
+captured in one CUDA graph, where under PDL one call's kernels overlap the next call's (a replay of one call
+has nothing before it to overlap: PDL works within a graph, not across replays).
 
     python scripts/pdl_ab.py [--models llama,gpt2] [--precision fp16] [--db PATH] [--json OUT.json] [--spans]
-        [--chain 4/64/64/128/64/3] [--split]
+        [--chain 4/64/64/128/64/3] [--split] [--in-graph 20]
 """
 from __future__ import annotations
 
@@ -108,6 +110,27 @@ def _wall_us(exe: Executable, feeds: dict, calls: int) -> float:
     return start.elapsed_time(end) * 1e3 / calls
 
 
+def _in_graph_us(exe: Executable, feeds: dict, launches: int, reps: int = 50) -> float:
+    """µs per call of `launches` calls captured into one CUDA graph (a call's kernels under PDL overlap the
+    next call's, as the tuning's timing graph launches a candidate), median of `reps` replays."""
+    exe._launch(feeds)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(launches):
+            exe._launch(feeds)
+    g.replay()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / launches)
+    return sorted(times)[reps // 2]
+
+
 def _spans(exe: Executable, feeds: dict, calls: int = 50) -> list[tuple[str, float, float]]:
     """(kernel, start, end) in µs from the call's first kernel start, medians over `calls` replays."""
     from torch.autograd import DeviceType
@@ -170,6 +193,11 @@ def _measure(label: str, result, plan: dict, path: Path, args: argparse.Namespac
         flush=True)
     for k, exe in exes.items():
         print(f"{label} {k} binaries: " + "; ".join(_binaries(exe)), flush=True)
+    if args.in_graph:
+        for k, exe in exes.items():
+            us = _in_graph_us(exe, feeds[k], args.in_graph)
+            next(r for r in rows if r["pdl"] == k)["in_graph_us"] = us
+            print(f"{label} {k}: {us:.2f} us per call, {args.in_graph} calls in one graph", flush=True)
     return rows
 
 
@@ -184,6 +212,7 @@ def main() -> None:
     parser.add_argument("--spans", action="store_true", help="print each kernel's span in a call (few-kernel plans)")
     parser.add_argument("--chain", default="", help="chain schedules W/M/N/L/K/S to replay instead of the tuned")
     parser.add_argument("--split", action="store_true", help="also PDL's prologue alone and its attribute alone")
+    parser.add_argument("--in-graph", type=int, default=0, help="also time N calls captured in one graph")
     args = parser.parse_args()
     os.environ["TESSERA_PDL"] = "1"  # the tuning's timing workers launch as the PDL executable does
     tmp = Path(tempfile.mkdtemp())

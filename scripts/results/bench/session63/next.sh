@@ -36,5 +36,10 @@ case $1 in
         (cd .pin16 && cat CODE && timeout 400 python3 scripts/pdl_ab.py --models attn_s3,attn_s1 --split \
             --chain 4/64/64/128/64/3,8/64/64/128/64/3 --json "$OUT/pdl_split.json" 2>&1 | grep -v Warn > "$OUT/pdl_split.txt"
          tail -30 "$OUT/pdl_split.txt") ;;
-    *) echo "next.sh: calls 1-5"; exit 2 ;;
+    6)  # call 5: every mode replays both tiles at the same time; the tuning's timing graph (launches of one
+        # candidate back to back) timed w4 8.59 µs under PDL: do 20 calls in one graph run slower under PDL?
+        (cd .pin16 && cat CODE && timeout 200 python3 scripts/pdl_ab.py --models attn_s3 --split --in-graph 20 \
+            --chain 4/64/64/128/64/3,8/64/64/128/64/3 --repeats 2 --json "$OUT/pdl_graph.json" 2>&1 | grep -v Warn > "$OUT/pdl_graph.txt"
+         grep "in one graph" "$OUT/pdl_graph.txt") ;;
+    *) echo "next.sh: calls 1-6"; exit 2 ;;
 esac
