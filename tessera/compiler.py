@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -507,9 +507,9 @@ def chain_searches(graph: Graph, kernels: Sequence[KernelImpl], precision: str, 
     for k in kernels:
         if k.triton is not None and isinstance(k.triton.schedule, ChainSchedule):
             found = chain_search(graph, k.nodes, k.outputs, precision, dev)
+            tile = replace(k.triton.schedule, late=False)  # the model ranks tiles; `late` is how the next launches
             out[k.name] = {**found.summary(), "runs": k.triton.schedule.to_json(),
-                           "model_rank_of_run": found.ranked.index(k.triton.schedule) + 1
-                           if k.triton.schedule in found.ranked else None}
+                           "model_rank_of_run": found.ranked.index(tile) + 1 if tile in found.ranked else None}
             if measured is not None:
                 db, device_name, versions = measured
                 sig = kernel_signature(graph, k.prims, k.prologue, k.outputs, math_mode(k.prims, precision))

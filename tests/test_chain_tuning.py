@@ -248,3 +248,84 @@ def test_a_chain_core_is_timed_at_its_fastest_first_schedules_other_warps_before
     price = min(1e-5 * (1 + (s.block_m + s.block_l) / 1000) / (2 if s.num_warps == 4 else 1)
                 for s in (fastest, twin))
     assert any(k.cost_s == pytest.approx(price) for k in plan.kernels)
+
+
+def test_under_pdl_the_walk_times_each_start_with_the_late_trigger(tmp_path, monkeypatch):
+    """Timed back to back under programmatic dependent launch, a chain tile can run slower than it runs
+    alone (attn_s3's m64 n64 l128 k64 w4 s3 on the H100, session 63: 8.59 µs, against 6.85 without PDL).
+    Where the tuning times PDL launches, the walk also times each start with the late trigger (the next
+    kernel launches as it ends) and keeps it where it is faster; without PDL it times no such twin."""
+    from dataclasses import replace
+
+    from tessera.cost import measured
+    from tessera.cost.db import TuningDB
+    from tessera.cost.measured import template_space, tune_schedules
+
+    g, prims, pro, outputs = tuned_attention()
+    head = template_space(g, prims, pro, outputs, "fp32", None)[0]
+
+    class Profiler:
+        def __init__(self) -> None:
+            self.schedules: list = []
+
+        def measure(self, jobs, record) -> None:
+            for i, j in enumerate(jobs):
+                self.schedules.append(j.schedule)
+                s = j.schedule
+                t = 1e-3 if s is None else 5e-6 if s == replace(head, late=True) else 8e-6 if s == head else 9e-6
+                record(i, t, "")
+
+    for pdl in (False, True):
+        monkeypatch.setattr(measured, "_pdl_timing", lambda: pdl)
+        prof = Profiler()
+        with TuningDB(tmp_path / f"t{pdl}.db") as db:
+            best = tune_schedules(g, [("k_chain", prims, pro, outputs)], db, prof, "fake", "v1")
+        late = [s for s in prof.schedules if s is not None and s.late]
+        if pdl:
+            assert best["k_chain"] == (replace(head, late=True), 5e-6)
+            assert replace(head, late=True) in late and all(replace(s, late=False) in prof.schedules for s in late)
+        else:
+            assert best["k_chain"] == (head, 8e-6) and not late
+
+
+def test_the_late_trigger_is_a_schedule_key_a_plan_field_and_a_launch_mode(monkeypatch):
+    """`late` round-trips through the tuning database's key and plan.json, stays out of the chain model's
+    samples (it prices the tile, not how the next kernel launches), and launches the kernel with PDL=2."""
+    from dataclasses import fields, replace
+
+    from tessera.codegen import launch
+    from tessera.codegen.kernels import schedule_from_json
+    from tessera.cost.chain_search import ChainFeatures, chain_key, db_samples, parse_chain_key
+    from tessera.runtime import executable
+
+    s = ChainSchedule(64, 64, 128, 64, 4, 3)
+    late = replace(s, late=True)
+    assert chain_key(late) == "chain-m64-n64-l128-k64-w4-s3-late" and parse_chain_key(chain_key(late)) == late
+    assert parse_chain_key(chain_key(replace(late, split_l=2))) == replace(late, split_l=2)
+    assert parse_chain_key(chain_key(s)) == s and "late" not in s.to_json()
+    assert schedule_from_json(late.to_json()) == late
+    feat = {f.name: 1 for f in fields(ChainFeatures)}
+    assert [x for _, (_, x, _) in db_samples([("sig", chain_key(x), 1e-5, feat) for x in (s, late)])] == [s]
+
+    model, _ = attention(13, 31, 64, heads=2, mask="causal", seed=2)
+    from test_chain import FORCE, compile_model
+    from tessera.compiler import plan_document
+
+    result = compile_model(model, FORCE)
+    plan = plan_document(result)
+    (kernel,) = [k for k in plan["kernels"] if k.get("schedule", {}).get("form") == "chain"]
+    monkeypatch.setattr(executable, "pdl_supported", lambda device: True)
+
+    def mode() -> int:
+        exe = executable.Executable(result.graph, plan, "cpu")
+        return next(st.kernel.pdl for st in exe.steps if st.impl.name == kernel["name"])
+    assert mode() == 1
+    kernel["schedule"]["late"] = True
+    assert mode() == 2
+    exe = executable.Executable(result.graph, plan, "cpu")
+    seen = []
+    k = next(st.kernel for st in exe.steps if st.impl.name == kernel["name"])
+    k.launches = [(type("F", (), {"__getitem__": lambda self, grid: lambda *a, **m: seen.append(m)})(), g, m)
+                  for _, g, m in k.launches]
+    k(*[launch.torch.empty(0)] * (len(k.ks.inputs) + len(k.ks.outputs)))
+    assert seen and all(m["PDL"] == 2 and m["launch_pdl"] for m in seen)

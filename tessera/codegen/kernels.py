@@ -128,7 +128,10 @@ class ChainSchedule:
     at a time, computing each chunk of the first product over K in block_k steps (block_k >= K:
     the left operand's row tile is loaded once, before the walk), with warps and pipeline stages.
     split_l > 1 splits the walk over that many programs per tile (a middle without row
-    reductions): the last to finish sums their partial products."""
+    reductions): the last to finish sums their partial products. `late`: under programmatic
+    dependent launch the next kernel launches as this one ends, not as it starts (PDL=2,
+    `codegen/triton_ops.PDL_PROLOGUE`); the same binary otherwise, chosen by measurement
+    (`cost/measured._neighbours`)."""
 
     block_m: int
     block_n: int
@@ -137,6 +140,7 @@ class ChainSchedule:
     num_warps: int = 4
     num_stages: int = 2
     split_l: int = 1
+    late: bool = False
 
     @property
     def group_m(self) -> int:  # the tile's swizzle (codegen/tile.py): none, programs walk rows
@@ -148,6 +152,8 @@ class ChainSchedule:
                                   "num_stages": self.num_stages}
         if self.split_l > 1:  # plans written before split L read the same
             doc["split_l"] = self.split_l
+        if self.late:
+            doc["late"] = True
         return doc
 
 

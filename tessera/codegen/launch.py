@@ -206,8 +206,9 @@ class TritonKernel:
         # Launched with programmatic dependent launch (the executable sets it where `pdl_supported`,
         # the profiler's timing executables too, so a candidate is timed as it runs in the model and
         # its binary is the one the model's executable loads): the kernel's PDL prologue is compiled
-        # in, and the next kernel may launch while this one runs.
-        self.pdl = False
+        # in, and the next kernel may launch while this one runs (1), or as it ends (2: a chain schedule
+        # measured faster so, `ChainSchedule.late`); 0 (False): launched without PDL.
+        self.pdl: int = 0
 
     def __call__(self, *tensors: torch.Tensor) -> None:
         """Launch on tensors in argument order: the inputs, then the outputs to write (a kernel with a
@@ -244,7 +245,7 @@ class TritonKernel:
         try:
             for fn, grid, meta in self.launches:
                 # launch_pdl is a compile option too (a binary of its own), so a warmup compiles what runs
-                go(fn, grid, {**meta, "PDL": 1, "launch_pdl": True} if self.pdl else meta)
+                go(fn, grid, {**meta, "PDL": int(self.pdl), "launch_pdl": True} if self.pdl else meta)
         except Exception as e:
             raise KernelCompileError(f"kernel {self.ks.name} ({', '.join(self.ks.prims)}) failed: "
                                      f"{type(e).__name__}: {e}") from e

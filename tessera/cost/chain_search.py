@@ -197,16 +197,18 @@ def calibrate_from_db(samples: Sequence[tuple[str, Sample]], dev: Device) -> Cha
 def chain_key(s: ChainSchedule) -> str:
     """A chain schedule's name in the tuning database."""
     key = f"chain-m{s.block_m}-n{s.block_n}-l{s.block_l}-k{s.block_k}-w{s.num_warps}-s{s.num_stages}"
-    return key + (f"-p{s.split_l}" if s.split_l > 1 else "")  # rows measured before split L keep their keys
+    key += f"-p{s.split_l}" if s.split_l > 1 else ""  # rows measured before split L keep their keys
+    return key + ("-late" if s.late else "")
 
 
 def parse_chain_key(key: str) -> ChainSchedule | None:
     """The schedule `chain_key` named (None for any other key)."""
-    parts = key.split("-")
+    late = key.endswith("-late")
+    parts = key.removesuffix("-late").split("-")
     if len(parts) not in (7, 8) or parts[0] != "chain" or (len(parts) == 8 and parts[7][:1] != "p"):
         return None
     try:
-        return ChainSchedule(*(int(p[1:]) for p in parts[1:]))
+        return ChainSchedule(*(int(p[1:]) for p in parts[1:]), late=late)
     except ValueError:
         return None
 
@@ -216,7 +218,7 @@ def db_samples(rows: Sequence[tuple[str, str, float, dict[str, object]]]) -> lis
     out = []
     for sig, key, seconds, feat in rows:
         s = parse_chain_key(key)
-        if s is not None:
+        if s is not None and not s.late:  # the model prices the kernel, not how the next one launches
             out.append((sig, (ChainFeatures(**feat), s, seconds)))  # type: ignore[arg-type]
     return out
 

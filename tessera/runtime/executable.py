@@ -150,8 +150,9 @@ class Executable:
             self.steps.append(Step(impl, kernel))
         self.pdl = pdl_supported(self.device)  # each generated kernel lets the next launch while it runs
         for st in self.steps:
-            if st.kernel is not None:
-                st.kernel.pdl = self.pdl
+            if st.kernel is not None:  # or as it ends, where its chain schedule was measured faster so
+                late = getattr(st.kernel.ks.schedule, "late", False)
+                st.kernel.pdl = (2 if late else 1) if self.pdl else 0
         self._fold_torch_prologues()
         self._stored_constants()
         # Bias vectors the library calls take (constant-derived, computed once); zero-padded to the
