@@ -250,11 +250,11 @@ def test_a_chain_core_is_timed_at_its_fastest_first_schedules_other_warps_before
     assert any(k.cost_s == pytest.approx(price) for k in plan.kernels)
 
 
-def test_under_pdl_the_walk_times_each_start_with_the_late_trigger(tmp_path, monkeypatch):
+def test_under_pdl_the_walk_times_each_start_launched_late(tmp_path, monkeypatch):
     """Timed back to back under programmatic dependent launch, a chain tile can run slower than it runs
     alone (attn_s3's m64 n64 l128 k64 w4 s3 on the H100, session 63: 8.59 µs, against 6.85 without PDL).
-    Where the tuning times PDL launches, the walk also times each start with the late trigger (the next
-    kernel launches as it ends) and keeps it where it is faster; without PDL it times no such twin."""
+    Where the tuning times PDL launches, the walk also times each start launched late (only as the kernel
+    before it ends) and keeps it where it is faster; without PDL it times no such twin."""
     from dataclasses import replace
 
     from tessera.cost import measured
@@ -290,7 +290,8 @@ def test_under_pdl_the_walk_times_each_start_with_the_late_trigger(tmp_path, mon
 
 def test_the_late_trigger_is_a_schedule_key_a_plan_field_and_a_launch_mode(monkeypatch):
     """`late` round-trips through the tuning database's key and plan.json, stays out of the chain model's
-    samples (it prices the tile, not how the next kernel launches), and launches the kernel with PDL=2."""
+    samples (it prices the tile, not how it launches), and in a one-kernel plan launches the kernel with
+    PDL=2: the kernel before it is itself, in the next call (as in the tuning's timing graph)."""
     from dataclasses import fields, replace
 
     from tessera.codegen import launch
@@ -329,3 +330,22 @@ def test_the_late_trigger_is_a_schedule_key_a_plan_field_and_a_launch_mode(monke
                   for _, g, m in k.launches]
     k(*[launch.torch.empty(0)] * (len(k.ks.inputs) + len(k.ks.outputs)))
     assert seen and all(m["PDL"] == 2 and m["launch_pdl"] for m in seen)
+
+
+def test_the_kernel_before_a_late_one_lets_it_launch_only_as_it_ends():
+    """`pdl_modes`: a generated kernel launches with PDL=2 where the next step that runs on the GPU is a
+    late kernel, else 1; views run nothing and are passed over; the last kernel's next is the first (the
+    next call's). Steps without a generated kernel (library calls) get 0."""
+    from types import SimpleNamespace as NS
+
+    from tessera.runtime.executable import pdl_modes
+
+    def step(backend: str, late: bool | None = None):
+        kernel = None if late is None else NS(ks=NS(schedule=ChainSchedule(64, 64, 64, 64, late=late)))
+        return NS(impl=NS(backend=backend), kernel=kernel)
+
+    gen, late, lib, view = step("triton", False), step("template", True), step("linear"), step("view")
+    assert pdl_modes([gen, view, late, gen]) == [2, 0, 1, 1]
+    assert pdl_modes([late, gen, lib, gen]) == [1, 1, 0, 2]  # the last one's next is the first, late
+    assert pdl_modes([gen, lib, late]) == [1, 0, 1]  # after a library call a kernel launches as it ends anyway
+    assert pdl_modes([late]) == [2] and pdl_modes([gen]) == [1]

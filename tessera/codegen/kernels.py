@@ -129,9 +129,9 @@ class ChainSchedule:
     the left operand's row tile is loaded once, before the walk), with warps and pipeline stages.
     split_l > 1 splits the walk over that many programs per tile (a middle without row
     reductions): the last to finish sums their partial products. `late`: under programmatic
-    dependent launch the next kernel launches as this one ends, not as it starts (PDL=2,
-    `codegen/triton_ops.PDL_PROLOGUE`); the same binary otherwise, chosen by measurement
-    (`cost/measured._neighbours`)."""
+    dependent launch this kernel launches only as the kernel before it ends, not while it runs
+    (that kernel launches with PDL=2, `runtime/executable.pdl_modes`); the same binary, chosen by
+    measurement (`cost/measured._neighbours`)."""
 
     block_m: int
     block_n: int

@@ -206,8 +206,8 @@ class TritonKernel:
         # Launched with programmatic dependent launch (the executable sets it where `pdl_supported`,
         # the profiler's timing executables too, so a candidate is timed as it runs in the model and
         # its binary is the one the model's executable loads): the kernel's PDL prologue is compiled
-        # in, and the next kernel may launch while this one runs (1), or as it ends (2: a chain schedule
-        # measured faster so, `ChainSchedule.late`); 0 (False): launched without PDL.
+        # in, and the next kernel may launch while this one runs (1), or as it ends (2: the next one's
+        # schedule launches late, `runtime/executable.pdl_modes`); 0 (False): launched without PDL.
         self.pdl: int = 0
 
     def __call__(self, *tensors: torch.Tensor) -> None:

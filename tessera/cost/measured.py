@@ -712,9 +712,9 @@ def _neighbours(state: tuple[Callable[[AnySchedule | None], Job], set[ChainSched
     best (attn_s2 fp16, session 14: m128 n32 w8 at 8.97 us beat m64 n64 w8 at 9.18 us, the family of
     the probe's 4-warp winner)."""
     job, space, done = state
-    # Under programmatic dependent launch each start's twin with the late trigger (`ChainSchedule.late`):
-    # timed back to back under PDL, attn_s3's fastest tile (m64 n64 l128 k64 w4 s3) ran 8.59 µs where
-    # it ran 6.85 without PDL and 6.2 in the plan's replay (session 63, H100).
+    # Under programmatic dependent launch each start's twin launched late (`ChainSchedule.late`: only as
+    # the kernel before it ends): timed back to back under PDL, attn_s3's fastest tile (m64 n64 l128 k64
+    # w4 s3) ran 8.59 µs where it ran 6.85 without PDL and 6.2 in the plan's replay (session 63, H100).
     late_twins = _pdl_timing()
     ok = [(s, t) for s, t in runs if isinstance(s, ChainSchedule) and math.isfinite(t)]
     if not ok:

@@ -115,6 +115,21 @@ class Step:
     args: list[str] | None = None  # the kernel's input tensors by name, where they differ from its inputs
 
 
+def pdl_modes(steps: Sequence[Step]) -> list[int]:
+    """Each step's launch under programmatic dependent launch: 0 for a step without a generated kernel;
+    for a generated kernel 1 (the next kernel may launch while it runs), or 2 where the next step that
+    runs on the GPU (the plan's first after its last: the next call's, as the tuning's timing graph
+    launches a candidate) is a kernel whose schedule launches late (`ChainSchedule.late`), which then
+    launches only as this one ends. A late schedule was timed so, after itself."""
+    runs = [i for i, st in enumerate(steps) if st.impl.backend != "view"]
+    modes = [0] * len(steps)
+    for j, i in enumerate(runs):
+        if steps[i].kernel is not None:
+            nxt = steps[runs[(j + 1) % len(runs)]].kernel
+            modes[i] = 2 if nxt is not None and getattr(nxt.ks.schedule, "late", False) else 1
+    return modes
+
+
 def own_bias(impl: KernelImpl) -> bool:
     """Whether the bias add of the library call `impl` is its product's own ONNX node's (a Gemm's C, a
     Conv's B: `Node.same_source`), which onnxruntime adds before the product rounds, as
@@ -149,10 +164,9 @@ class Executable:
                 raise KernelBuildError(f"kernel {k['name']} ({', '.join(k['prims'])}) cannot be built: {e}") from None
             self.steps.append(Step(impl, kernel))
         self.pdl = pdl_supported(self.device)  # each generated kernel lets the next launch while it runs
-        for st in self.steps:
-            if st.kernel is not None:  # or as it ends, where its chain schedule was measured faster so
-                late = getattr(st.kernel.ks.schedule, "late", False)
-                st.kernel.pdl = (2 if late else 1) if self.pdl else 0
+        for st, mode in zip(self.steps, pdl_modes(self.steps)):
+            if st.kernel is not None:
+                st.kernel.pdl = mode if self.pdl else 0
         self._fold_torch_prologues()
         self._stored_constants()
         # Bias vectors the library calls take (constant-derived, computed once); zero-padded to the

@@ -15,7 +15,7 @@
 #    prologue alone, the launch attribute alone, and both without the early trigger (PDL=2), and each binary's
 #    registers, spills and shared memory.
 # 6: attn_s3 at both tiles, 20 calls captured in one graph (PDL overlaps one call with the next) in every mode.
-# 7: fp16 attn_s1-s9 at HEAD (the chain walk times its starts with the late trigger). 8: gpt2 and bert_base fp16.
+# 7: fp16 attn_s1-s9 at HEAD (the chain walk times its starts launched late). 8: gpt2 and bert_base fp16.
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
@@ -44,7 +44,7 @@ case $1 in
         (cd .pin16 && cat CODE && timeout 200 python3 scripts/pdl_ab.py --models attn_s3 --split --in-graph 20 \
             --chain 4/64/64/128/64/3,8/64/64/128/64/3 --repeats 2 --json "$OUT/pdl_graph.json" 2>&1 | grep -v Warn > "$OUT/pdl_graph.txt"
          grep "in one graph" "$OUT/pdl_graph.txt") ;;
-    7)  # after f5c0976 (the chain walk also times its starts with the late trigger): fp16 attention again
+    7)  # now that the chain walk also times its starts launched late (ChainSchedule.late): fp16 attention again
         gemms afp16 "$(echo attn_s{1..9} | tr " " ,)" fp16 280 eager,sdpa,inductor ;;
     8)  # and whole models: does a plan keep a late chain kernel, and what does it cost?
         PROFILE=1 gemms e2e_g gpt2 fp16 290 eager,inductor; PROFILE=1 gemms e2e_b bert_base fp16 270 eager,inductor ;;
