@@ -110,25 +110,18 @@ def _wall_us(exe: Executable, feeds: dict, calls: int) -> float:
     return start.elapsed_time(end) * 1e3 / calls
 
 
-def _in_graph_us(exe: Executable, feeds: dict, launches: int, reps: int = 50) -> float:
+def _in_graph_us(exe: Executable, feeds: dict, launches: int) -> float:
     """µs per call of `launches` calls captured into one CUDA graph (a call's kernels under PDL overlap the
-    next call's, as the tuning's timing graph launches a candidate), median of `reps` replays."""
+    next call's, as the tuning's timing graph launches a candidate), timed as the tuning times a graph."""
+    from tessera.cost.profiler import _replay_seconds
+
     exe._launch(feeds)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for _ in range(launches):
             exe._launch(feeds)
-    g.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / launches)
-    return sorted(times)[reps // 2]
+    return _replay_seconds(g) * 1e6 / launches
 
 
 def _spans(exe: Executable, feeds: dict, calls: int = 50) -> list[tuple[str, float, float]]:
