@@ -507,7 +507,7 @@ def chain_searches(graph: Graph, kernels: Sequence[KernelImpl], precision: str, 
     for k in kernels:
         if k.triton is not None and isinstance(k.triton.schedule, ChainSchedule):
             found = chain_search(graph, k.nodes, k.outputs, precision, dev)
-            tile = replace(k.triton.schedule, late=False)  # the model ranks tiles; `late` is how the next launches
+            tile = replace(k.triton.schedule, late=False)  # the model ranks tiles; `late` is how the kernel launches
             out[k.name] = {**found.summary(), "runs": k.triton.schedule.to_json(),
                            "model_rank_of_run": found.ranked.index(tile) + 1 if tile in found.ranked else None}
             if measured is not None:

@@ -218,7 +218,7 @@ def db_samples(rows: Sequence[tuple[str, str, float, dict[str, object]]]) -> lis
     out = []
     for sig, key, seconds, feat in rows:
         s = parse_chain_key(key)
-        if s is not None and not s.late:  # the model prices the kernel, not how the next one launches
+        if s is not None and not s.late:  # the model prices the tile, not how the kernel launches
             out.append((sig, (ChainFeatures(**feat), s, seconds)))  # type: ignore[arg-type]
     return out
 

@@ -6,7 +6,8 @@ every library kernel cuBLAS or cuDNN picks at run time. This profile measures wh
 
 - on a GPU, one eager run of the annotated steps (`Executable.annotate`: each step inside
   `record_function(plan kernel name)`) says which CUDA kernels each plan kernel launches; then
-  `reps` replays of the CUDA graph give each kernel's GPU time. A graph on one stream runs its
+  `reps` replays of the CUDA graph give each kernel's GPU time (its exposed time: the part of its
+  span after every kernel before it ended, `exposed_us`). A graph on one stream runs its
   kernels in capture order, so replay kernels map to plan kernels by position; where the
   sequences differ a little, by the positions that line up (the rest by name); else by name;
 - on a CPU there are no CUDA kernels: the same ranges attribute host time to plan kernels, with
