@@ -20,10 +20,12 @@ parts: `code` compiles the prologue in but launches without the attribute (gridd
 without the early trigger (the next kernel launches as this one ends). Each kernel binary's registers, spills and
 shared memory are printed (is a slower PDL kernel a different binary?). `--in-graph N` also times N calls
 captured in one CUDA graph, where under PDL one call's kernels overlap the next call's (a replay of one call
-has nothing before it to overlap: PDL works within a graph, not across replays).
+has nothing before it to overlap: PDL works within a graph, not across replays). `--late-chains` adds the
+plan with every chain kernel launched late (`ChainSchedule.late`: the kernel before it takes PDL=2), to
+time what that costs or saves in a whole model.
 
     python scripts/pdl_ab.py [--models llama,gpt2] [--precision fp16] [--db PATH] [--json OUT.json] [--spans]
-        [--chain 4/64/64/128/64/3] [--split] [--in-graph 20]
+        [--chain 4/64/64/128/64/3] [--split] [--in-graph 20] [--late-chains]
 """
 from __future__ import annotations
 
@@ -161,6 +163,12 @@ def _measure(label: str, result, plan: dict, path: Path, args: argparse.Namespac
     exes = {"pdl": _executable(result, plan, True), "off": _executable(result, plan, False)}
     if args.split:
         exes.update({part: _split(_executable(result, plan, True), part) for part in ("code", "attr", "late")})
+    if args.late_chains:  # every chain kernel launched late: the kernel before each takes PDL=2
+        late = copy.deepcopy(plan)
+        for k in late["kernels"]:
+            if k.get("schedule", {}).get("form") == "chain":
+                k["schedule"]["late"] = True
+        exes["chains-late"] = _executable(result, late, True)
     assert exes["pdl"].pdl and not exes["off"].pdl
     graph = load(path).graph
     raw = {k: torch.from_numpy(v) for k, v in random_inputs(graph, 1).items()}
@@ -206,6 +214,8 @@ def main() -> None:
     parser.add_argument("--chain", default="", help="chain schedules W/M/N/L/K/S to replay instead of the tuned")
     parser.add_argument("--split", action="store_true", help="also PDL's prologue alone and its attribute alone")
     parser.add_argument("--in-graph", type=int, default=0, help="also time N calls captured in one graph")
+    parser.add_argument("--late-chains", action="store_true",
+                        help="also the plan with every chain kernel launched late (ChainSchedule.late)")
     args = parser.parse_args()
     os.environ["TESSERA_PDL"] = "1"  # the tuning's timing workers launch as the PDL executable does
     tmp = Path(tempfile.mkdtemp())
@@ -227,9 +237,9 @@ def main() -> None:
                                                    "torch": torch.__version__, "rows": rows}, indent=1))
     dev = torch.cuda.get_device_name()
     print(f"\n{dev}; torch {torch.__version__}; µs per call")
-    print(f"{'model':24} {'pdl':4} {'wall':>7} {'sum':>7} {'busy':>7}  walls")
+    print(f"{'model':24} {'pdl':11} {'wall':>7} {'sum':>7} {'busy':>7}  walls")
     for r in rows:
-        print(f"{r['model']:24} {r['pdl']:4} {r['wall_us']:7.1f} {r['sum_us']:7.1f} {r['busy_us']:7.1f}  "
+        print(f"{r['model']:24} {r['pdl']:11} {r['wall_us']:7.1f} {r['sum_us']:7.1f} {r['busy_us']:7.1f}  "
               + " ".join(f"{w:.1f}" for w in r["walls"]))
 
 

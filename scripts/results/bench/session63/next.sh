@@ -2,7 +2,7 @@
 # Session 63's device calls: `bash scripts/results/bench/session63/next.sh N` from the repository root on one
 # H100 or H200, carrying .whl (the highspy wheel) and .pin16 (a `git archive` of the commit measured, its hash
 # in CODE, without scripts/results' session folders; carry/a/ holds candy_small, bert_tiny and gpt2_tiny).
-# (for session 64: calls 6-8 have not run)
+# (for session 64: calls 6-9 have not run)
 # 1: attn_s3's plan replayed with and without PDL (spans); the faulting chain tile under compute-sanitizer
 #    (which access is out of range); then attn_s3 and attn_s1 tuned and benched with TESSERA_PDL=0 and =1 from
 #    empty databases: is call 3 of session 62's 8.03 µs on attn_s3 PDL's?
@@ -16,6 +16,7 @@
 #    registers, spills and shared memory.
 # 6: attn_s3 at both tiles, 20 calls captured in one graph (PDL overlaps one call with the next) in every mode.
 # 7: fp16 attn_s1-s9 at HEAD (the chain walk times its starts launched late). 8: gpt2 and bert_base fp16.
+# 9: gpt2 and bert_base, one plan each, with every chain kernel launched late and as tuned (pdl_ab --late-chains).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
 export TESSERA_SOLVER=highs
 case $1 in
@@ -48,5 +49,8 @@ case $1 in
         gemms afp16 "$(echo attn_s{1..9} | tr " " ,)" fp16 280 eager,sdpa,inductor ;;
     8)  # and whole models: does a plan keep a late chain kernel, and what does it cost?
         PROFILE=1 gemms e2e_g gpt2 fp16 290 eager,inductor; PROFILE=1 gemms e2e_b bert_base fp16 270 eager,inductor ;;
-    *) echo "next.sh: calls 1-8"; exit 2 ;;
+    9)  # in whole models, what launching every attention chain late costs or saves (same plan, PDL on)
+        (cd .pin16 && cat CODE && timeout 500 python3 scripts/pdl_ab.py --models gpt2,bert_base --late-chains \
+            --json "$OUT/pdl_late.json" 2>&1 | grep -v Warn > "$OUT/pdl_late.txt"; tail -8 "$OUT/pdl_late.txt") ;;
+    *) echo "next.sh: calls 1-9"; exit 2 ;;
 esac
