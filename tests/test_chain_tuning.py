@@ -250,14 +250,13 @@ def test_a_chain_core_is_timed_at_its_fastest_first_schedules_other_warps_before
     assert any(k.cost_s == pytest.approx(price) for k in plan.kernels)
 
 
-def test_under_pdl_the_walk_times_each_start_launched_late(tmp_path, monkeypatch):
+def test_under_pdl_the_walk_times_each_start_launched_late(tmp_path):
     """Timed back to back under programmatic dependent launch, a chain tile can run slower than it runs
     alone (attn_s3's m64 n64 l128 k64 w4 s3 on the H100, session 63: 8.59 µs, against 6.85 without PDL).
     Where the tuning times PDL launches, the walk also times each start launched late (only as the kernel
     before it ends) and keeps it where it is faster; without PDL it times no such twin."""
     from dataclasses import replace
 
-    from tessera.cost import measured
     from tessera.cost.db import TuningDB
     from tessera.cost.measured import template_space, tune_schedules
 
@@ -276,10 +275,10 @@ def test_under_pdl_the_walk_times_each_start_launched_late(tmp_path, monkeypatch
                 record(i, t, "")
 
     for pdl in (False, True):
-        monkeypatch.setattr(measured, "_pdl_timing", lambda: pdl)
         prof = Profiler()
+        versions = "tessera 0 codegen 1 timing 2" + (" pdl" if pdl else "") + "; torch 2"
         with TuningDB(tmp_path / f"t{pdl}.db") as db:
-            best = tune_schedules(g, [("k_chain", prims, pro, outputs)], db, prof, "fake", "v1")
+            best = tune_schedules(g, [("k_chain", prims, pro, outputs)], db, prof, "fake", versions)
         late = [s for s in prof.schedules if s is not None and s.late]
         if pdl:
             assert best["k_chain"] == (replace(head, late=True), 5e-6)

@@ -715,7 +715,7 @@ def _neighbours(state: tuple[Callable[[AnySchedule | None], Job], set[ChainSched
     # Under programmatic dependent launch each start's twin launched late (`ChainSchedule.late`: only as
     # the kernel before it ends): timed back to back under PDL, attn_s3's fastest tile (m64 n64 l128 k64
     # w4 s3) ran 8.59 µs where it ran 6.85 without PDL and 6.2 in the plan's replay (session 63, H100).
-    late_twins = _pdl_timing()
+    late_twins = _pdl_timing(job(None).key.versions)
     ok = [(s, t) for s, t in runs if isinstance(s, ChainSchedule) and math.isfinite(t)]
     if not ok:
         return []
@@ -735,13 +735,10 @@ def _neighbours(state: tuple[Callable[[AnySchedule | None], Job], set[ChainSched
     return [job(s) for s in dict.fromkeys(near) if replace(s, late=False) in space and s not in tried]
 
 
-def _pdl_timing() -> bool:
-    """Whether this process times candidates as programmatic-dependent launches (a Hopper GPU, PDL on)."""
-    import torch
-
-    from tessera.codegen.launch import pdl_supported
-
-    return torch.cuda.is_available() and pdl_supported(torch.device("cuda"))
+def _pdl_timing(versions: str) -> bool:
+    """Whether the tuning's candidates are timed as programmatic-dependent launches: its database's
+    versions say so (`db.software_versions`: "timing N pdl")."""
+    return "pdl" in versions.split(";")[0].split()
 
 
 def _nearest(best: TemplateSchedule, ranked: Sequence[TemplateSchedule]) -> TemplateSchedule:
