@@ -314,6 +314,7 @@ def kernel_forms(result: CompileResult) -> Counter:
             head = next((ln for ln in ks.source.splitlines() if ln.startswith("# tessera kernel")), "")
             if impl.backend == "template":  # its form, and a norm's statistics in its prologue (codegen/norm.py)
                 c["template:" + ("chain" if "chain" in head else "conv" if "conv" in head else "gemm")] += 1
+                c["template:chain:late"] += bool(getattr(ks.schedule, "late", False))  # ChainSchedule.late
                 c["template:row_factor"] += "deferred" in ks.source
                 c["template:row_statistic_loop"] += "  # " in ks.source and "for r" in ks.source
                 c["template:column_slices"] += "read through its column slices" in ks.source  # codegen/gemm.py
