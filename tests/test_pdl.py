@@ -144,6 +144,35 @@ def test_a_pdl_replay_computes_what_the_same_plan_computes_without_it(name, monk
     assert with_pdl._graph is not None
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="needs a Hopper GPU")
+def test_late_chain_kernels_compute_the_same_bits(monkeypatch):
+    # A chain kernel launched late (`ChainSchedule.late`) makes the kernel before it launch with PDL=2:
+    # it waits for its own predecessor but lets the next launch only as it ends. Same kernels, same
+    # order: the same bits as the plan launched as tuned.
+    from tessera.compiler import compile_model, plan_document
+    from tessera.runtime.executable import Executable
+
+    monkeypatch.setenv("TESSERA_PDL", "1")
+    result = compile_model(MODELS / "gpt2_tiny.onnx", FORCE)
+    plan = plan_document(result)
+    chains = [k for k in plan["kernels"] if k.get("schedule", {}).get("form") == "chain"]
+    assert chains, "gpt2_tiny's attention should be chain kernels under forced templates"
+    tuned = Executable(result.graph, plan, "cuda")
+    for k in chains:
+        k["schedule"]["late"] = True
+    late = Executable(result.graph, plan, "cuda")
+    assert sorted(st.kernel.pdl for st in late.steps if st.kernel is not None).count(2) >= 1
+    assert all(st.kernel.pdl == 1 for st in tuned.steps if st.kernel is not None)
+    graph = load(MODELS / "gpt2_tiny.onnx").graph
+    for seed in (1, 2):
+        raw = {k: torch.from_numpy(v) for k, v in random_inputs(graph, seed).items()}
+        got = late.run_static(late.bind_inputs(late.prepare_inputs(**raw)))
+        want = tuned.run_static(tuned.bind_inputs(tuned.prepare_inputs(**raw)))
+        for k in want:
+            assert torch.equal(got[k], want[k])
+
+
 def test_timings_with_pdl_are_kept_apart_from_those_without(monkeypatch):
     # A PDL launch overlaps the one before it in the timing graph: its timings must not answer for a
     # compile without PDL, nor the reverse.

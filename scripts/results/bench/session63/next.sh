@@ -14,7 +14,8 @@
 #    tunings): scripts/pdl_ab.py --chain --split on attn_s3 and attn_s1 at that tile and its 8-warp twin, with the
 #    prologue alone, the launch attribute alone, and both without the early trigger (PDL=2), and each binary's
 #    registers, spills and shared memory.
-# 6: attn_s3 at both tiles, 20 calls captured in one graph (PDL overlaps one call with the next) in every mode.
+# 6: tests/test_pdl.py on the GPU (late chain kernels compute the same bits); attn_s3 at both tiles, 20 calls
+#    captured in one graph (PDL overlaps one call with the next) in every mode.
 # 7: fp16 attn_s1-s9 at HEAD (the chain walk times its starts launched late). 8: gpt2 and bert_base fp16.
 # 9: gpt2 and bert_base, one plan each, with every chain kernel launched late and as tuned (pdl_ab --late-chains).
 source "$(dirname "$0")/../device_lib.sh"  # the Hopper check, highspy, `gemms`, `models` and `on_gpu`
@@ -42,6 +43,8 @@ case $1 in
          tail -30 "$OUT/pdl_split.txt") ;;
     6)  # call 5: every mode replays both tiles at the same time; the tuning's timing graph (launches of one
         # candidate back to back) timed w4 8.59 µs under PDL: do 20 calls in one graph run slower under PDL?
+        (cd .pin16 && TESSERA_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider \
+            tests/test_pdl.py > "$OUT/test_pdl.txt" 2>&1; tail -2 "$OUT/test_pdl.txt")
         (cd .pin16 && cat CODE && timeout 200 python3 scripts/pdl_ab.py --models attn_s3 --split --in-graph 20 \
             --chain 4/64/64/128/64/3,8/64/64/128/64/3 --repeats 2 --json "$OUT/pdl_graph.json" 2>&1 | grep -v Warn > "$OUT/pdl_graph.txt"
          grep "in one graph" "$OUT/pdl_graph.txt") ;;
