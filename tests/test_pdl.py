@@ -162,7 +162,7 @@ def test_late_chain_kernels_compute_the_same_bits(monkeypatch):
     for k in chains:
         k["schedule"]["late"] = True
     late = Executable(result.graph, plan, "cuda")
-    assert sorted(st.kernel.pdl for st in late.steps if st.kernel is not None).count(2) >= 1
+    assert any(st.kernel.pdl == 2 for st in late.steps if st.kernel is not None)
     assert all(st.kernel.pdl == 1 for st in tuned.steps if st.kernel is not None)
     graph = load(MODELS / "gpt2_tiny.onnx").graph
     for seed in (1, 2):
