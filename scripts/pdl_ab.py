@@ -46,7 +46,7 @@ from tessera import zoo  # noqa: E402
 from tessera.compiler import CompileOptions, compile_model, plan_document  # noqa: E402
 from tessera.frontend import load  # noqa: E402
 from tessera.runtime.executable import Executable  # noqa: E402
-from tessera.runtime.profile import profile_executable  # noqa: E402
+from tessera.runtime.profile import _wall_us, profile_executable  # noqa: E402
 from tessera.verify import random_inputs  # noqa: E402
 
 
@@ -62,13 +62,12 @@ def _executable(result, plan: dict, pdl: bool) -> Executable:
 CHAIN_FIELDS = ("num_warps", "block_m", "block_n", "block_l", "block_k", "num_stages")
 
 
-def _with_chain(plan: dict, config: str) -> dict:
-    """The plan with every chain kernel's schedule set to `config` (W/M/N/L/K/S)."""
+def _with_chains(plan: dict, **fields: object) -> dict:
+    """A copy of the plan with these fields set in every chain kernel's schedule."""
     plan = copy.deepcopy(plan)
     for k in plan["kernels"]:
-        s = k.get("schedule")
-        if isinstance(s, dict) and "block_l" in s:
-            s.update(zip(CHAIN_FIELDS, map(int, config.split("/"))))
+        if k.get("schedule", {}).get("form") == "chain":
+            k["schedule"].update(fields)
     return plan
 
 
@@ -80,7 +79,7 @@ def _split(exe: Executable, part: str) -> Executable:
         k = getattr(step, "kernel", None)
         if k is None or not getattr(k, "pdl", False):
             continue
-        k.pdl = False
+        k.pdl = 0
         extra = {"code": {"PDL": 1}, "attr": {"launch_pdl": True}, "late": {"PDL": 2, "launch_pdl": True}}[part]
         k.launches = [(fn, grid, {**meta, **extra}) for fn, grid, meta in k.launches]
     return exe
@@ -100,16 +99,6 @@ def _binaries(exe: Executable) -> list[str]:
             except Exception as e:  # noqa: BLE001 - a Triton without this cache: say so, go on
                 out.append(f"{getattr(fn, '__name__', '?')}: {type(e).__name__}")
     return out
-
-
-def _wall_us(exe: Executable, feeds: dict, calls: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        exe.run_static(feeds)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / calls
 
 
 def _in_graph_us(exe: Executable, feeds: dict, launches: int) -> float:
@@ -164,11 +153,7 @@ def _measure(label: str, result, plan: dict, path: Path, args: argparse.Namespac
     if args.split:
         exes.update({part: _split(_executable(result, plan, True), part) for part in ("code", "attr", "late")})
     if args.late_chains:  # every chain kernel launched late: the kernel before each takes PDL=2
-        late = copy.deepcopy(plan)
-        for k in late["kernels"]:
-            if k.get("schedule", {}).get("form") == "chain":
-                k["schedule"]["late"] = True
-        exes["chains-late"] = _executable(result, late, True)
+        exes["chains-late"] = _executable(result, _with_chains(plan, late=True), True)
     assert exes["pdl"].pdl and not exes["off"].pdl
     graph = load(path).graph
     raw = {k: torch.from_numpy(v) for k, v in random_inputs(graph, 1).items()}
@@ -178,7 +163,7 @@ def _measure(label: str, result, plan: dict, path: Path, args: argparse.Namespac
     walls: dict[str, list[float]] = {k: [] for k in exes}
     for _ in range(args.repeats):  # interleaved, before any profile (CUPTI stays attached after one)
         for k, exe in exes.items():
-            walls[k].append(_wall_us(exe, feeds[k], args.calls))
+            walls[k].append(_wall_us(lambda: exe.run_static(feeds[k]), args.calls, exe.device))
     profs = {k: profile_executable(exe, feeds[k], 30, bind=False) for k, exe in exes.items()}
     spans = {k: _spans(exe, feeds[k]) for k, exe in exes.items()} if args.spans else {}
     for k, rs in spans.items():
@@ -229,7 +214,7 @@ def main() -> None:
         compile_s = time.perf_counter() - t0
         tuned = plan_document(result)
         for chain in args.chain.split(",") if args.chain else [""]:
-            plan = _with_chain(tuned, chain) if chain else tuned
+            plan = _with_chains(tuned, **dict(zip(CHAIN_FIELDS, map(int, chain.split("/"))))) if chain else tuned
             label = f"{name} {chain}".strip()
             rows += _measure(label, result, plan, path, args, compile_s)
         if args.json:  # after each model: a run cut off by a time limit keeps what it measured

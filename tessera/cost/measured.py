@@ -622,6 +622,7 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
 
     batch = {lane: take(lane, max(0, firsts[lane])) for lane in lanes}
     walked: dict[str, int] = {}  # chain kernel -> rounds of its neighbour walk
+    late_twins = _pdl_timing(versions)  # the walk also times its starts launched late (`_neighbours`)
     while any(batch.values()):
         jobs = [j for js in batch.values() for j in js]
         got = tune(jobs, profiler, db, progress=progress)
@@ -636,7 +637,7 @@ def tune_schedules(graph: Graph, kernels: Sequence[tuple[str, list[Node], list[N
             left = CHAIN_WALK - len(measured[lane[0]])
             if lane[1] == "template" and lane[0] in refine and walked.get(lane[0], 0) < CHAIN_ROUNDS and left > 0:
                 walked[lane[0]] = walked.get(lane[0], 0) + 1
-                nxt[lane] = _neighbours(refine[lane[0]], measured[lane[0]])[:left] or nxt[lane]
+                nxt[lane] = _neighbours(refine[lane[0]], measured[lane[0]], late_twins)[:left] or nxt[lane]
             if lane[1] == "template" and not nxt[lane] and lane[0] in families:
                 nxt[lane] = _family_walk(*families.pop(lane[0]), measured[lane[0]])
         batch = nxt
@@ -699,7 +700,7 @@ def _family_walk(job: Callable[[AnySchedule | None], Job], space: Sequence[GemmS
 
 
 def _neighbours(state: tuple[Callable[[AnySchedule | None], Job], set[ChainSchedule], set[ChainSchedule]],
-                runs: Sequence[tuple[AnySchedule | None, float]]) -> list[Job]:
+                runs: Sequence[tuple[AnySchedule | None, float]], late_twins: bool = False) -> list[Job]:
     """A GEMM chain's next measurements: the neighbours (within the pruned space, not yet measured)
     with other warps or pipeline stages, or half or twice the row block, the output column block,
     the L step, K step or L split, of each chain schedule measured within CHAIN_NEAR of the fastest,
@@ -712,10 +713,9 @@ def _neighbours(state: tuple[Callable[[AnySchedule | None], Job], set[ChainSched
     best (attn_s2 fp16, session 14: m128 n32 w8 at 8.97 us beat m64 n64 w8 at 9.18 us, the family of
     the probe's 4-warp winner)."""
     job, space, done = state
-    # Under programmatic dependent launch each start's twin launched late (`ChainSchedule.late`: only as
-    # the kernel before it ends): timed back to back under PDL, attn_s3's fastest tile (m64 n64 l128 k64
-    # w4 s3) ran 8.59 µs where it ran 6.85 without PDL and 6.2 in the plan's replay (session 63, H100).
-    late_twins = _pdl_timing(job(None).key.versions)
+    # `late_twins` (the tuning times PDL launches): each start's twin launched late (`ChainSchedule.late`:
+    # only as the kernel before it ends). Timed back to back under PDL, attn_s3's fastest tile (m64 n64
+    # l128 k64 w4 s3) ran 8.59 µs where it ran 6.85 without PDL and 6.2 in the plan's replay (session 63).
     ok = [(s, t) for s, t in runs if isinstance(s, ChainSchedule) and math.isfinite(t)]
     if not ok:
         return []
